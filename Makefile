@@ -1,0 +1,40 @@
+# The README's commands.  Each target creates its own virtualenv on first use.
+#   make demo   - set up and run the demo on the embedded store (no HBase, no Docker)
+#   make test   - set up and run the whole test suite against a real local HBase
+#   make lint   - ruff and mypy
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint venv bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev,spark]'
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/percolator demo $(DEMO_ARGS)
+
+# Resolves HBase's jars through Maven (cached in ~/.m2) before pytest starts, so a fresh
+# machine shows the download as its own step; the test session then starts HBase itself
+# and stops it at the end.  pytest's exit code 5 ("no tests collected") is a failure here.
+test: $(STAMP)
+	$(BIN)/percolator hbase classpath
+	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests - treating as failure" >&2; exit 1; fi; \
+	exit $$rc
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/python bench/store_bench.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,285 @@
+"""The store interface: exactly what a Bigtable-like store gives, and nothing more.
+
+Every backend (``memory:``, ``embedded:PATH``, ``hbase://HOST:PORT``) implements
+:class:`Store` and passes the same contract test suite (``tests/store/``).
+
+Data model
+----------
+A store holds tables.  A table has column *families* fixed at creation.  A cell is
+addressed by ``(row, family, qualifier)`` and holds several *versions*, each an integer
+timestamp with a byte value.  Rows and qualifiers are bytes and sort as unsigned bytes.
+
+What is atomic (this is the whole contract the transaction protocol relies on)
+-----------------------------------------------------------------------------
+* :meth:`Store.compare_and_set` is the **only** atomic read-modify-write: it compares
+  **one** cell's newest version and, on a match, writes **one** cell.  The version of the
+  written cell is chosen by the store (HBase stamps server time); callers cannot choose it.
+  ``expected=None`` matches a cell that is absent **or holds the empty value** (HBase's
+  Thrift-1 ``checkAndPut`` semantics, kept identical on every backend); values that are
+  compare-and-set should therefore never be empty.
+* :meth:`Store.put` is atomic per row only (all cells of one row land together); a batch
+  spanning rows may be applied partially if the call fails.  Puts are blind and idempotent:
+  re-putting the same value at the same version is harmless.
+* A single-row read sees a consistent snapshot of that row.  Reads of many rows and scans
+  are **not** a consistent snapshot across rows.
+* :meth:`Store.delete_versions` removes every version **at or below** a timestamp, and the
+  delete also masks puts at or below that timestamp written **later** (HBase keeps that mask
+  until a major compaction; the embedded and memory stores keep it forever).  Never rely on
+  either: the protocol never re-puts at or below a version it deleted.
+
+Version ranges
+--------------
+Reads take ``before`` (an **exclusive** upper bound, like HBase's timestamped reads: pass
+``read_ts + 1`` to see versions ``<= read_ts``), an optional inclusive ``min_version``, and
+``max_versions``.  Reading more than one version requires explicit columns (Thrift-1 cannot
+name the qualifier of multi-version results of a whole family).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+# A version is (timestamp, value); lists of versions are always newest first.
+Version = tuple[int, bytes]
+# A column inside a store table: (family, qualifier).
+Column = tuple[str, bytes]
+# What a row read returns: column -> versions newest first (only columns that have any).
+RowCells = dict[Column, list[Version]]
+
+# Largest version a store accepts (HBase timestamps are signed 64-bit; LATEST is max).
+MAX_VERSION = (1 << 63) - 2
+# HBase stores the row length in a signed short; an empty row key is not a row.
+MAX_ROW_LENGTH = 32767
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """Options of one column family, set explicitly at table creation.
+
+    ``max_versions`` is how many versions a cell keeps (older ones disappear);
+    ``in_memory`` and ``block_cache`` are hints honoured by HBase and ignored elsewhere.
+    """
+
+    name: str
+    max_versions: int = 2**31 - 1
+    in_memory: bool = False
+    block_cache: bool = True
+
+
+@dataclass(frozen=True)
+class Put:
+    """A blind write of one version of one cell."""
+
+    row: bytes
+    family: str
+    qualifier: bytes
+    version: int
+    value: bytes
+
+
+@dataclass(frozen=True)
+class Delete:
+    """Remove every version of one cell at or below ``at_or_below``."""
+
+    row: bytes
+    family: str
+    qualifier: bytes
+    at_or_below: int
+
+
+@dataclass(frozen=True)
+class ScanOptions:
+    """Options of :meth:`Store.scan`.
+
+    ``stop`` is exclusive; ``None`` means the end of the table.  ``columns`` restricts the
+    scan to qualifiers of the scanned family.  ``batch_size`` is how many rows one store
+    round trip fetches.  ``before`` is an exclusive upper bound on versions; only the newest
+    version below it is returned for each cell.
+    """
+
+    start: bytes = b""
+    stop: bytes | None = None
+    qualifiers: Sequence[bytes] | None = None
+    before: int | None = None
+    batch_size: int = 1000
+    limit: int | None = None
+
+
+@dataclass
+class StoreStats:
+    """Counters every backend keeps, for metrics and benchmarks (round trips to the store)."""
+
+    calls: dict[str, int] = field(default_factory=dict)
+
+    def count(self, op: str, n: int = 1) -> None:
+        self.calls[op] = self.calls.get(op, 0) + n
+
+
+class Store(abc.ABC):
+    """A Bigtable-like store.  See the module docstring for what is atomic.
+
+    All methods are thread-safe.  Methods raise :class:`~percolator.errors.TableNotFoundError`
+    for an unknown table, :class:`~percolator.errors.StoreUnavailableError` when the store
+    cannot be reached, and :class:`~percolator.errors.InvalidArgumentError` for malformed
+    arguments (before anything is written).
+    """
+
+    #: the URL this store was opened with (without secrets)
+    url: str
+
+    def __init__(self) -> None:
+        self.stats = StoreStats()
+
+    # ------------------------------------------------------------------ admin
+
+    @abc.abstractmethod
+    def create_table(self, name: str, families: Sequence[FamilySpec]) -> None:
+        """Create a table.  Raises :class:`TableExistsError` if it exists."""
+
+    @abc.abstractmethod
+    def drop_table(self, name: str) -> None:
+        """Drop a table and all its data.  Raises :class:`TableNotFoundError`."""
+
+    @abc.abstractmethod
+    def list_tables(self) -> list[str]:
+        """Names of all tables, sorted."""
+
+    def table_exists(self, name: str) -> bool:
+        return name in self.list_tables()
+
+    @abc.abstractmethod
+    def table_families(self, name: str) -> list[FamilySpec]:
+        """The families a table was created with."""
+
+    # ------------------------------------------------------------------ reads
+
+    @abc.abstractmethod
+    def read_rows(
+        self,
+        table: str,
+        rows: Sequence[bytes],
+        columns: Sequence[Column] | None = None,
+        families: Sequence[str] | None = None,
+        *,
+        before: int | None = None,
+        min_version: int = 0,
+        max_versions: int = 1,
+    ) -> dict[bytes, RowCells]:
+        """Read several rows in one round trip where the store allows it.
+
+        Selects ``columns`` and/or whole ``families`` (both ``None`` means every family).
+        Returns only rows that have at least one selected cell.  Each row is a consistent
+        snapshot of that row; the rows together are not.
+        """
+
+    def read_row(
+        self,
+        table: str,
+        row: bytes,
+        columns: Sequence[Column] | None = None,
+        families: Sequence[str] | None = None,
+        *,
+        before: int | None = None,
+        min_version: int = 0,
+        max_versions: int = 1,
+    ) -> RowCells:
+        """Read one row (a consistent snapshot of it).  Empty dict if nothing matches."""
+        result = self.read_rows(
+            table,
+            [row],
+            columns,
+            families,
+            before=before,
+            min_version=min_version,
+            max_versions=max_versions,
+        )
+        return result.get(row, {})
+
+    @abc.abstractmethod
+    def scan(
+        self, table: str, family: str, options: ScanOptions | None = None
+    ) -> Iterator[tuple[bytes, dict[bytes, Version]]]:
+        """Scan one family over a row range in row order, fetching ``batch_size`` rows per
+        round trip.  Yields ``(row, {qualifier: (version, value)})`` with the newest version
+        below ``options.before`` of each cell.  Not a snapshot across rows."""
+
+    # ------------------------------------------------------------------ writes
+
+    @abc.abstractmethod
+    def put(self, table: str, puts: Sequence[Put]) -> None:
+        """Blind-write versions, batched in as few round trips as the store allows.
+
+        Atomic per row; idempotent.  Versions must be in ``[0, MAX_VERSION]``."""
+
+    @abc.abstractmethod
+    def compare_and_set(
+        self,
+        table: str,
+        row: bytes,
+        family: str,
+        qualifier: bytes,
+        expected: bytes | None,
+        new: bytes,
+    ) -> bool:
+        """Atomically: if the newest version of the cell equals ``expected`` (``None``:
+        absent or empty), write ``new`` as a new version stamped by the store, and return
+        True; otherwise change nothing and return False.
+
+        If the call raises :class:`StoreUnavailableError`, the write may or may not have
+        happened: the caller must re-read, never blindly re-issue."""
+
+    @abc.abstractmethod
+    def delete_versions(self, table: str, deletes: Sequence[Delete]) -> None:
+        """Delete every version at or below each delete's timestamp (batched).  The deletes
+        also mask later puts at or below that timestamp (see the module docstring)."""
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:  # noqa: B027 - optional for backends holding nothing
+        """Release connections.  Idempotent."""
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def check_cell_args(
+    row: object, family: object, qualifier: object, families: Mapping[str, object] | None = None
+) -> None:
+    """Validate the address of one cell; raises InvalidArgumentError naming what is wrong."""
+    from percolator.errors import InvalidArgumentError
+
+    if not isinstance(row, bytes):
+        raise InvalidArgumentError(f"row must be bytes, got {type(row).__name__}: {row!r}")
+    if not 0 < len(row) <= MAX_ROW_LENGTH:
+        raise InvalidArgumentError(
+            f"row key must be 1..{MAX_ROW_LENGTH} bytes, got {len(row)} bytes"
+        )
+    if not isinstance(family, str) or not family:
+        raise InvalidArgumentError(f"family must be a non-empty str, got {family!r}")
+    if not isinstance(qualifier, bytes):
+        raise InvalidArgumentError(
+            f"qualifier must be bytes, got {type(qualifier).__name__}: {qualifier!r}"
+        )
+    if families is not None and family not in families:
+        raise InvalidArgumentError(f"unknown family {family!r}; known: {sorted(families)}")
+
+
+def check_version(version: object) -> None:
+    from percolator.errors import InvalidArgumentError
+
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise InvalidArgumentError(f"version must be an int, got {version!r}")
+    if not 0 <= version <= MAX_VERSION:
+        raise InvalidArgumentError(f"version {version} outside [0, {MAX_VERSION}]")
+
+
+def check_value(value: object) -> None:
+    from percolator.errors import InvalidArgumentError
+
+    if not isinstance(value, bytes):
+        raise InvalidArgumentError(f"value must be bytes, got {type(value).__name__}")

@@ -1,0 +1,117 @@
+"""Parse store URLs and open the matching backend.
+
+A malformed URL raises :class:`~percolator.errors.ConfigError` with one line that names the
+URL and what is wrong with it, before any connection is attempted.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from urllib.parse import parse_qsl, urlsplit
+
+from percolator.errors import ConfigError
+from percolator.store.base import Store
+
+DEFAULT_STORE_URL = "embedded:./percolator-data"
+
+_HBASE_OPTIONS = {"prefix", "pool_size", "timeout_ms"}
+
+
+@dataclass(frozen=True)
+class StoreURL:
+    """A parsed store URL."""
+
+    scheme: str  # "memory", "embedded" or "hbase"
+    path: str = ""  # embedded: directory; memory: optional shared name
+    host: str = ""
+    port: int = 0
+    options: dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        if self.scheme == "hbase":
+            query = "&".join(f"{k}={v}" for k, v in sorted(self.options.items()))
+            return f"hbase://{self.host}:{self.port}" + (f"?{query}" if query else "")
+        return f"{self.scheme}:{self.path}"
+
+
+def parse_store_url(url: str) -> StoreURL:
+    """Parse ``memory:[NAME]``, ``embedded:PATH`` or ``hbase://HOST:PORT[?options]``."""
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigError(f"store URL must be a non-empty string, got {url!r}")
+    url = url.strip()
+    scheme, sep, rest = url.partition(":")
+    if not sep:
+        raise ConfigError(
+            f"store URL {url!r} has no scheme; use memory:, embedded:PATH or hbase://HOST:PORT"
+        )
+    scheme = scheme.lower()
+    if scheme == "memory":
+        return StoreURL("memory", path=rest)
+    if scheme == "embedded":
+        if not rest:
+            raise ConfigError(f"store URL {url!r} needs a directory: embedded:PATH")
+        return StoreURL("embedded", path=os.path.abspath(os.path.expanduser(rest)))
+    if scheme == "hbase":
+        return _parse_hbase(url)
+    raise ConfigError(
+        f"store URL {url!r} has unknown scheme {scheme!r}; "
+        "use memory:, embedded:PATH or hbase://HOST:PORT"
+    )
+
+
+def _parse_hbase(url: str) -> StoreURL:
+    parts = urlsplit(url)
+    if not url.lower().startswith("hbase://"):
+        raise ConfigError(f"store URL {url!r} must look like hbase://HOST:PORT")
+    if parts.path not in ("", "/"):
+        raise ConfigError(f"store URL {url!r} must not have a path (got {parts.path!r})")
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"store URL {url!r} has a bad port: {exc}") from None
+    host = parts.hostname or ""
+    if not host:
+        raise ConfigError(f"store URL {url!r} has no host; use hbase://HOST:PORT")
+    if port is None:
+        port = 9090
+    options = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False))
+    unknown = set(options) - _HBASE_OPTIONS
+    if unknown:
+        raise ConfigError(
+            f"store URL {url!r} has unknown option(s) {sorted(unknown)}; "
+            f"known: {sorted(_HBASE_OPTIONS)}"
+        )
+    for key in ("pool_size", "timeout_ms"):
+        if key in options and not (options[key].isdigit() and int(options[key]) > 0):
+            raise ConfigError(f"store URL {url!r}: {key} must be a positive integer")
+    prefix = options.get("prefix", "")
+    if prefix and not all(c.isalnum() or c in "_-." for c in prefix):
+        raise ConfigError(f"store URL {url!r}: prefix may hold only letters, digits, _ - .")
+    return StoreURL("hbase", host=host, port=port, options=options)
+
+
+def open_store(url: str | None = None) -> Store:
+    """Open the store a URL names (``None``: the embedded default ``./percolator-data``).
+
+    Raises :class:`ConfigError` for a malformed URL and
+    :class:`~percolator.errors.StoreUnavailableError` for an unreachable store.
+    """
+    parsed = parse_store_url(url if url is not None else DEFAULT_STORE_URL)
+    if parsed.scheme == "memory":
+        from percolator.store.memory import MemoryStore
+
+        return MemoryStore.named(parsed.path) if parsed.path else MemoryStore()
+    if parsed.scheme == "embedded":
+        from percolator.store.embedded import EmbeddedStore
+
+        return EmbeddedStore(parsed.path)
+    from percolator.store.hbase import HBaseStore
+
+    return HBaseStore(
+        parsed.host,
+        parsed.port,
+        prefix=parsed.options.get("prefix", ""),
+        pool_size=int(parsed.options.get("pool_size", "8")),
+        timeout_ms=int(parsed.options.get("timeout_ms", "30000")),
+    )
