@@ -1,0 +1,304 @@
+"""Two-phase commit of one transaction's buffered writes (design notes §3).
+
+Order of steps, each marked with its failpoint:
+
+1. prewrite the **primary** alone (``prewrite.before_primary`` / ``prewrite.after_primary``):
+   no secondary may be locked before the primary's lock exists, or a resolver could find
+   a secondary whose primary shows no trace of the transaction and wrongly conclude
+   "rolled back" while the transaction goes on to commit;
+2. prewrite the secondaries, batched per table, compare-and-sets in parallel
+   (``prewrite.after_secondaries``);
+3. get ``commit_ts``; put notifications at ``commit_ts`` (``commit.before_notify``) - before the
+   commit point, so a crash cannot lose them (a spurious one for an aborted transaction
+   is harmless);
+4. **commit point**: compare-and-set the primary's lock cell from our exact lock bytes to
+   ``Committed{commit_ts}`` (``commit.before_primary``, ``commit.primary_cas``,
+   ``commit.primary_cas_applied``).  Failure means someone rolled us back: abort.  An unknown
+   outcome raises :class:`UndeterminedCommitError`, never a guess;
+5. write records of every cell at ``commit_ts`` in one batch (``commit.after_write_records``),
+   then compare-and-set each secondary to ``Committed`` in parallel
+   (``commit.after_secondaries``).  Failures after the commit point are left to lazy
+   roll-forward by readers.
+
+While the locks are held, a heartbeat extends the primary's TTL so a long commit is not
+rolled back by others.  On any error before the commit point, every lock this transaction
+placed is rolled back, the primary first.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from percolator import failpoints
+from percolator.concurrency import run_all
+from percolator.context import EngineContext
+from percolator.errors import (
+    PercolatorError,
+    StoreUnavailableError,
+    TransactionAbortedError,
+    UndeterminedCommitError,
+)
+from percolator.layout import LOCK, NOTIFY
+from percolator.protocol.cells import CellKey, Mutation, group_by_table
+from percolator.protocol.commit import commit_cell, write_record_puts
+from percolator.protocol.prewrite import prewrite
+from percolator.protocol.rollback import rollback_cell
+from percolator.records import Kind, LockCell, LockInfo
+from percolator.store.base import Put
+from percolator.timestamps import now_ms, physical_ms
+
+log = logging.getLogger(__name__)
+
+NOTIFY_VALUE = b"1"
+
+
+@dataclass
+class CommitResult:
+    commit_ts: int
+    secondaries_committed: bool
+
+
+class Committer:
+    """Commits one transaction.  Not reusable: one :meth:`commit` call per instance."""
+
+    def __init__(
+        self,
+        ctx: EngineContext,
+        start_ts: int,
+        mutations: Sequence[Mutation],
+        notify: Sequence[CellKey] = (),
+    ) -> None:
+        if not mutations:
+            raise ValueError("nothing to commit")
+        self._ctx = ctx
+        self.start_ts = start_ts
+        ordered = sorted(mutations, key=lambda m: m.key)
+        self.primary = ordered[0]
+        self.secondaries = ordered[1:]
+        self._notify = list(notify)
+        # Every cell we locked, with the exact lock bytes we wrote there.
+        self._locked: dict[CellKey, bytes] = {}
+        self._locked_guard = threading.Lock()
+        # The exact bytes of our primary lock; the heartbeat replaces them, the commit
+        # compare-and-set expects them.  Guarded by _primary_guard.
+        self._primary_bytes: bytes | None = None
+        self._primary_guard = threading.Lock()
+        self._committing = False
+        self._heartbeat_stop = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+
+    # ---------------------------------------------------------------- phase 1
+
+    def _make_lock(self, mutation: Mutation) -> LockInfo:
+        ttl = self._ttl_ms()
+        key = self.primary.key
+        return LockInfo(self.start_ts, ttl, mutation.kind, key.table, key.row, key.column)
+
+    def _ttl_ms(self) -> int:
+        # The TTL counts from start_ts: a transaction that ran its user code for a while
+        # before committing must not find its fresh locks already expired.
+        age = max(0, now_ms() - physical_ms(self.start_ts))
+        return age + self._ctx.options.lock_ttl_ms
+
+    def _on_locked(self, key: CellKey, lock_bytes: bytes) -> None:
+        with self._locked_guard:
+            self._locked[key] = lock_bytes
+
+    def prewrite_all(self) -> None:
+        ctx = self._ctx
+        failpoints.failpoint("prewrite.before_primary")
+        prewrite(
+            ctx.store,
+            ctx.resolver,
+            [self.primary],
+            self.start_ts,
+            self._make_lock,
+            on_locked=self._on_locked,
+        )
+        with self._primary_guard, self._locked_guard:
+            self._primary_bytes = self._locked[self.primary.key]
+        self._start_heartbeat()
+        failpoints.failpoint("prewrite.after_primary")
+        if self.secondaries:
+            prewrite(
+                ctx.store,
+                ctx.resolver,
+                self.secondaries,
+                self.start_ts,
+                self._make_lock,
+                executor=ctx.executor,
+                on_locked=self._on_locked,
+            )
+        failpoints.failpoint("prewrite.after_secondaries")
+
+    # ---------------------------------------------------------------- heartbeat
+
+    def _start_heartbeat(self) -> None:
+        interval = self._ctx.options.lock_ttl_ms / 3000
+        self._heartbeat = threading.Thread(
+            target=self._heartbeat_loop,
+            args=(interval,),
+            daemon=True,
+            name=f"heartbeat-{self.start_ts}",
+        )
+        self._heartbeat.start()
+
+    def _heartbeat_loop(self, interval: float) -> None:
+        while not self._heartbeat_stop.wait(interval):
+            try:
+                self._extend_ttl()
+            except PercolatorError as exc:  # the commit path will notice on its own
+                log.warning("heartbeat of transaction %d failed: %s", self.start_ts, exc)
+                return
+
+    def _extend_ttl(self) -> None:
+        key = self.primary.key
+        with self._primary_guard:
+            if self._committing or self._primary_bytes is None:
+                return
+            cell = LockCell.decode(self._primary_bytes)
+            assert cell.lock is not None
+            lock = cell.lock
+            extended = LockInfo(
+                lock.start_ts,
+                self._ttl_ms(),
+                lock.kind,
+                lock.primary_table,
+                lock.primary_row,
+                lock.primary_column,
+            )
+            new = cell.with_lock(extended).encode()
+            if self._ctx.store.compare_and_set(
+                key.table, key.row, LOCK, key.qualifier, self._primary_bytes, new
+            ):
+                self._primary_bytes = new
+            else:
+                self._heartbeat_stop.set()  # rolled back by someone: commit will fail
+
+    def _stop_heartbeat(self) -> None:
+        self._heartbeat_stop.set()
+        if self._heartbeat is not None and self._heartbeat is not threading.current_thread():
+            self._heartbeat.join()
+
+    # ---------------------------------------------------------------- phase 2
+
+    def commit(self) -> CommitResult:
+        """Run both phases.  Returns the commit timestamp once the commit point passed.
+
+        Raises ConflictError / TransactionAbortedError (nothing committed, locks rolled
+        back) or UndeterminedCommitError (outcome unknown)."""
+        try:
+            self.prewrite_all()
+            commit_ts = self._ctx.oracle.get_timestamp()
+            failpoints.failpoint("commit.before_notify")
+            self._write_notifications(commit_ts)
+            failpoints.failpoint("commit.before_primary")
+            self._commit_primary(commit_ts)
+        except UndeterminedCommitError:
+            self._stop_heartbeat()
+            raise
+        except BaseException:
+            self._stop_heartbeat()
+            self._rollback_locked()
+            raise
+        failpoints.failpoint("commit.after_primary")
+        done = self._commit_secondaries(commit_ts)
+        return CommitResult(commit_ts, done)
+
+    def _write_notifications(self, commit_ts: int) -> None:
+        for table, keys in group_by_table(self._notify).items():
+            puts = [Put(k.row, NOTIFY, k.qualifier, commit_ts, NOTIFY_VALUE) for k in keys]
+            self._ctx.store.put(table, puts)
+
+    def _commit_primary(self, commit_ts: int) -> None:
+        key = self.primary.key
+        with self._primary_guard:
+            self._committing = True
+            expected = self._primary_bytes
+            assert expected is not None
+            new = LockCell.decode(expected).committed(commit_ts).encode()
+            try:
+                failpoints.failpoint("commit.primary_cas")
+                ok = self._ctx.store.compare_and_set(
+                    key.table, key.row, LOCK, key.qualifier, expected, new
+                )
+                failpoints.failpoint("commit.primary_cas_applied")
+            except StoreUnavailableError as exc:
+                raise UndeterminedCommitError(
+                    f"transaction {self.start_ts}: the commit of primary {key} at "
+                    f"{commit_ts} has an unknown outcome ({exc}); a later read shows "
+                    "whether it committed"
+                ) from exc
+        self._stop_heartbeat()
+        if not ok:
+            raise TransactionAbortedError(
+                f"transaction {self.start_ts} was rolled back by another client before "
+                f"its commit point (primary {key})"
+            )
+
+    def _commit_secondaries(self, commit_ts: int) -> bool:
+        """Write records, then secondary locks.  Errors are logged: the transaction is
+        committed and readers roll forward whatever is left."""
+        ctx = self._ctx
+        try:
+            by_table: dict[str, list[tuple[CellKey, Kind]]] = {}
+            for m in (self.primary, *self.secondaries):
+                by_table.setdefault(m.key.table, []).append((m.key, m.kind))
+            for table, cells in by_table.items():
+                ctx.store.put(table, write_record_puts(cells, self.start_ts, commit_ts))
+            failpoints.failpoint("commit.after_write_records")
+            with self._locked_guard:
+                lock_bytes = dict(self._locked)
+            run_all(
+                ctx.executor,
+                lambda m: commit_cell(
+                    ctx.store,
+                    m.key,
+                    self.start_ts,
+                    commit_ts,
+                    lock_bytes.get(m.key),
+                    write_record_done=True,
+                ),
+                self.secondaries,
+            )
+            failpoints.failpoint("commit.after_secondaries")
+            return True
+        except PercolatorError as exc:
+            log.warning(
+                "transaction %d committed at %d; finishing its secondaries failed (%s); "
+                "readers will roll them forward",
+                self.start_ts,
+                commit_ts,
+                exc,
+            )
+            return False
+
+    # ---------------------------------------------------------------- abort
+
+    def _rollback_locked(self) -> None:
+        """Roll back every lock we placed, the primary first (that decides the fate)."""
+        with self._locked_guard:
+            locked = dict(self._locked)
+        ctx = self._ctx
+        try:
+            if self.primary.key in locked:
+                with self._primary_guard:
+                    primary_bytes = self._primary_bytes or locked[self.primary.key]
+                rollback_cell(ctx.store, self.primary.key, self.start_ts, primary_bytes)
+                failpoints.failpoint("rollback.after_primary")
+            others = [k for k in locked if k != self.primary.key]
+            run_all(
+                ctx.executor,
+                lambda k: rollback_cell(ctx.store, k, self.start_ts, locked[k]),
+                others,
+            )
+        except PercolatorError as exc:
+            log.warning(
+                "transaction %d: rollback incomplete (%s); its locks expire and are "
+                "rolled back by readers",
+                self.start_ts,
+                exc,
+            )

@@ -1,0 +1,48 @@
+"""What every protocol step of one client shares: store, oracle, resolver, thread pool, options."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from percolator.protocol.cells import CellKey
+from percolator.resolver import LockResolver
+from percolator.store.base import Store
+from percolator.timestamps import TimestampOracle
+
+
+@dataclass(frozen=True)
+class ClientOptions:
+    """Tunables of a client, with their defaults.
+
+    ``lock_ttl_ms``: how long a lock outlives its transaction's last sign of life before
+    others may roll it back (a heartbeat extends it while the commit runs).
+    ``lock_wait_ms``: the bound on how long a reader backs off on a live lock.
+    ``parallelism``: threads for parallel compare-and-sets of secondaries.
+    ``safe_point_refresh_ms``: how stale the cached GC safe point may be.
+    """
+
+    lock_ttl_ms: int = 3000
+    lock_wait_ms: int = 10_000
+    parallelism: int = 16
+    safe_point_refresh_ms: int = 10_000
+
+    def __post_init__(self) -> None:
+        from percolator.errors import InvalidArgumentError
+
+        for name in ("lock_ttl_ms", "lock_wait_ms", "parallelism", "safe_point_refresh_ms"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise InvalidArgumentError(f"{name} must be a positive int, got {value!r}")
+
+
+@dataclass
+class EngineContext:
+    store: Store
+    oracle: TimestampOracle
+    resolver: LockResolver
+    executor: ThreadPoolExecutor
+    options: ClientOptions
+    #: which written cells must leave a notification (observed columns); set by observers
+    is_observed: Callable[[CellKey], bool] = field(default=lambda key: False)

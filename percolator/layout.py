@@ -1,0 +1,117 @@
+"""Physical layout of a user table in the store (design notes §2).
+
+One store table per user table, with four families.  For a user cell ``(row, column)`` the
+store qualifier is the column's UTF-8 bytes in every family:
+
+========  =======================  ====================  ================================
+family    version                  value                 kept versions
+========  =======================  ====================  ================================
+``d``     ``start_ts``             the user's bytes      all (GC removes old ones)
+``w``     ``commit_ts``            write record          all (GC removes old ones)
+``l``     store time (ms)          lock cell             1, in memory: compare-and-set only
+``n``     ``commit_ts``            notification hint     all (observer cleanup removes)
+========  =======================  ====================  ================================
+
+Column names starting with ``!`` are reserved for the engine (observer acknowledgements);
+user code cannot write them through the public API.
+"""
+
+from __future__ import annotations
+
+import re
+
+from percolator.errors import InvalidArgumentError
+from percolator.store.base import MAX_ROW_LENGTH, FamilySpec
+
+DATA = "d"
+WRITE = "w"
+LOCK = "l"
+NOTIFY = "n"
+
+FAMILIES = (DATA, WRITE, LOCK, NOTIFY)
+
+TABLE_FAMILIES = [
+    FamilySpec(DATA),
+    FamilySpec(WRITE),
+    # One version: the lock cell is only ever compare-and-set, its history is never read.
+    FamilySpec(LOCK, max_versions=1, in_memory=True),
+    FamilySpec(NOTIFY),
+]
+
+RESERVED_PREFIX = "!"
+SYSTEM_TABLE_PREFIX = "percolator_"
+META_TABLE = "percolator_meta"
+META_FAMILY = "m"
+META_FAMILIES = [FamilySpec(META_FAMILY, max_versions=1, in_memory=True)]
+
+_TABLE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
+MAX_COLUMN_BYTES = 1024
+MAX_VALUE_BYTES = 64 * 1024 * 1024
+
+
+def check_table_name(name: object, *, allow_system: bool = False) -> str:
+    if not isinstance(name, str):
+        raise InvalidArgumentError(f"table name must be a str, got {type(name).__name__}")
+    if not _TABLE_NAME.match(name):
+        raise InvalidArgumentError(
+            f"table name {name!r} is invalid: use letters, digits, '_', '-', '.', "
+            "starting with a letter or digit (at most 200 characters)"
+        )
+    if name.startswith(SYSTEM_TABLE_PREFIX) and not allow_system:
+        raise InvalidArgumentError(
+            f"table name {name!r} is reserved: names starting with {SYSTEM_TABLE_PREFIX!r} "
+            "belong to the engine"
+        )
+    return name
+
+
+def encode_row(row: object) -> bytes:
+    """Rows are bytes; str is accepted and encoded as UTF-8."""
+    if isinstance(row, str):
+        row = row.encode("utf-8")
+    if not isinstance(row, bytes):
+        raise InvalidArgumentError(f"row must be bytes or str, got {type(row).__name__}: {row!r}")
+    if not 0 < len(row) <= MAX_ROW_LENGTH:
+        raise InvalidArgumentError(f"row key must be 1..{MAX_ROW_LENGTH} bytes, got {len(row)}")
+    return row
+
+
+def encode_column(column: object, *, allow_reserved: bool = False) -> bytes:
+    """Columns are non-empty str; the store qualifier is their UTF-8 bytes."""
+    if not isinstance(column, str):
+        raise InvalidArgumentError(f"column must be a str, got {type(column).__name__}: {column!r}")
+    if not column:
+        raise InvalidArgumentError("column name must not be empty")
+    if column.startswith(RESERVED_PREFIX) and not allow_reserved:
+        raise InvalidArgumentError(
+            f"column {column!r} is reserved: names starting with {RESERVED_PREFIX!r} "
+            "belong to the engine"
+        )
+    encoded = column.encode("utf-8")
+    if len(encoded) > MAX_COLUMN_BYTES:
+        raise InvalidArgumentError(
+            f"column {column[:40]!r}... is {len(encoded)} bytes; the limit is {MAX_COLUMN_BYTES}"
+        )
+    return encoded
+
+
+def decode_column(qualifier: bytes) -> str:
+    return qualifier.decode("utf-8")
+
+
+def check_value(value: object, *, table: str, row: bytes, column: str) -> bytes:
+    if not isinstance(value, bytes):
+        raise InvalidArgumentError(
+            f"value for {table}/{row!r}/{column} must be bytes, got {type(value).__name__}"
+        )
+    if len(value) > MAX_VALUE_BYTES:
+        raise InvalidArgumentError(
+            f"value for {table}/{row!r}/{column} is {len(value)} bytes; "
+            f"the limit is {MAX_VALUE_BYTES}"
+        )
+    return value
+
+
+def ack_column(observer: str, column: str) -> str:
+    """The reserved column holding an observer's acknowledgement of ``column``."""
+    return f"{RESERVED_PREFIX}ack/{observer}/{column}"

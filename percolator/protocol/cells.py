@@ -1,0 +1,125 @@
+"""Addresses and raw state of user cells, shared by every protocol step.
+
+:func:`fetch_cells` is the one place that turns a set of user cells into store reads; every
+step reads through it, so "one round trip per table" holds everywhere.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from percolator.layout import DATA, LOCK, WRITE
+from percolator.records import CommitInfo, Kind, LockCell, WriteRecord
+from percolator.store.base import Column, Store
+
+
+@dataclass(frozen=True, order=True)
+class CellKey:
+    """One user cell.  ``column`` is the user's column name (qualifier = its UTF-8)."""
+
+    table: str
+    row: bytes
+    column: str
+
+    @property
+    def qualifier(self) -> bytes:
+        return self.column.encode("utf-8")
+
+    def __str__(self) -> str:
+        return f"{self.table}/{self.row!r}/{self.column}"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """A buffered write: PUT with a value, or DELETE."""
+
+    key: CellKey
+    kind: Kind
+    value: bytes = b""
+
+
+@dataclass(frozen=True)
+class RawCell:
+    """What one Get returned for a user cell.
+
+    ``lock_bytes`` are the exact bytes of the lock cell (the expected value of any later
+    compare-and-set); ``write`` is the newest write record in the read's range as
+    ``(commit_ts, record)``; ``data`` the newest data version in range as ``(start_ts, value)``.
+    """
+
+    key: CellKey
+    lock_bytes: bytes | None
+    lock_cell: LockCell
+    write: tuple[int, WriteRecord] | None
+    data: tuple[int, bytes] | None
+
+    def latest_commit(self, read_ts: int | None = None) -> CommitInfo | None:
+        """The newest commit visible at ``read_ts`` (``None``: the newest at all).
+
+        The lock cell always knows the latest commit of the cell; the write record covers
+        older commits (the protocol writes a commit's write record before the lock cell can
+        forget it), so the newer of the two, if it is not above ``read_ts``, is the answer.
+        """
+        candidates: list[CommitInfo] = []
+        last = self.lock_cell.last_commit
+        if last is not None and (read_ts is None or last.commit_ts <= read_ts):
+            candidates.append(last)
+        if self.write is not None:
+            commit_ts, record = self.write
+            if read_ts is None or commit_ts <= read_ts:
+                candidates.append(CommitInfo(commit_ts, record.start_ts, record.kind))
+        if not candidates:
+            return None
+        return max(candidates, key=lambda c: c.commit_ts)
+
+
+def group_by_table(keys: Iterable[CellKey]) -> dict[str, list[CellKey]]:
+    groups: dict[str, list[CellKey]] = defaultdict(list)
+    for key in keys:
+        groups[key.table].append(key)
+    return groups
+
+
+def fetch_cells(
+    store: Store,
+    keys: Sequence[CellKey],
+    *,
+    before: int | None,
+    with_data: bool = True,
+) -> dict[CellKey, RawCell]:
+    """Read lock cell, newest write record and (optionally) newest data version of each
+    cell, below ``before`` (exclusive), in one store round trip per table.
+
+    The lock cell is stamped with store time (milliseconds), which is always far below any
+    hybrid timestamp, so it is always inside the range.
+    """
+    result: dict[CellKey, RawCell] = {}
+    for table, table_keys in group_by_table(keys).items():
+        columns: list[Column] = []
+        for key in table_keys:
+            q = key.qualifier
+            columns.append((LOCK, q))
+            columns.append((WRITE, q))
+            if with_data:
+                columns.append((DATA, q))
+        rows = sorted({k.row for k in table_keys})
+        fetched = store.read_rows(table, rows, columns=_dedupe(columns), before=before)
+        for key in table_keys:
+            cells = fetched.get(key.row, {})
+            q = key.qualifier
+            lock_versions = cells.get((LOCK, q))
+            lock_bytes = lock_versions[0][1] if lock_versions else None
+            write_versions = cells.get((WRITE, q))
+            write = None
+            if write_versions:
+                write = (write_versions[0][0], WriteRecord.decode(write_versions[0][1]))
+            data_versions = cells.get((DATA, q))
+            data = data_versions[0] if data_versions else None
+            result[key] = RawCell(key, lock_bytes, LockCell.decode(lock_bytes), write, data)
+    return result
+
+
+def _dedupe(columns: list[Column]) -> list[Column]:
+    return list(dict.fromkeys(columns))

@@ -1,0 +1,138 @@
+"""Check a transaction's status from its primary, and resolve one of its locks.
+
+The primary's lock cell decides a transaction's fate.  Reading it gives one of:
+
+* ``Locked{start_ts}`` not expired -> the transaction is alive (readers back off, writers
+  conflict);
+* ``Locked{start_ts}`` expired -> roll the primary back first (that makes the decision
+  final), then the transaction is rolled back;
+* ``last_commit.start_ts == start_ts`` -> committed at ``last_commit.commit_ts``;
+* rollback marker for ``start_ts`` -> rolled back;
+* anything else -> search the primary's write history for a record pointing at
+  ``start_ts``: found -> committed; absent -> rolled back.
+
+The last case covers a primary whose lock was rolled back and then overwritten by later
+commits, and a primary that was **never written**: a lock of ``start_ts`` exists somewhere
+only after its primary's prewrite succeeded (the committer guarantees that order), so a
+primary with no trace of ``start_ts`` was rolled back, and any late compare-and-set of that
+transaction fails because the primary's bytes have changed.
+
+Every function here may be called concurrently by any number of clients and is idempotent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from percolator import failpoints
+from percolator.layout import WRITE
+from percolator.protocol.cells import CellKey, fetch_cells
+from percolator.protocol.commit import commit_cell
+from percolator.protocol.rollback import rollback_cell
+from percolator.records import LockInfo, WriteRecord
+from percolator.store.base import Store
+from percolator.timestamps import now_ms, physical_ms
+
+# How many versions of the primary's write history a status check reads at most.
+_HISTORY_LIMIT = 100_000
+
+
+@dataclass(frozen=True)
+class TxnStatus:
+    """``state`` is "committed", "rolled_back" or "alive"."""
+
+    state: str
+    commit_ts: int = 0
+    expires_at_ms: int = 0
+
+    @property
+    def final(self) -> bool:
+        return self.state != "alive"
+
+
+ALIVE = "alive"
+COMMITTED = "committed"
+ROLLED_BACK = "rolled_back"
+
+
+def lock_expires_at_ms(lock: LockInfo) -> int:
+    return physical_ms(lock.start_ts) + lock.ttl_ms
+
+
+def check_txn_status(
+    store: Store,
+    primary: CellKey,
+    start_ts: int,
+    *,
+    rollback_if_expired: bool = True,
+    clock_ms: int | None = None,
+) -> TxnStatus:
+    """The status of transaction ``start_ts`` as recorded by its primary cell.
+
+    With ``rollback_if_expired`` an expired primary lock is rolled back (and reported as
+    rolled back).  ``clock_ms`` is the current wall-clock time (defaults to this machine's).
+    """
+    for _ in range(100):
+        raw = fetch_cells(store, [primary], before=None, with_data=False)[primary]
+        cell = raw.lock_cell
+        if cell.lock is not None and cell.lock.start_ts == start_ts:
+            expires = lock_expires_at_ms(cell.lock)
+            now = now_ms() if clock_ms is None else clock_ms
+            if now < expires or not rollback_if_expired:
+                return TxnStatus(ALIVE, expires_at_ms=expires)
+            failpoints.failpoint("resolve.before_roll_back")
+            if rollback_cell(store, primary, start_ts, raw.lock_bytes):
+                return TxnStatus(ROLLED_BACK)
+            continue  # the primary changed under us (heartbeat or commit): look again
+        if cell.last_commit is not None and cell.last_commit.start_ts == start_ts:
+            return TxnStatus(COMMITTED, commit_ts=cell.last_commit.commit_ts)
+        if cell.rolled_back == start_ts:
+            return TxnStatus(ROLLED_BACK)
+        commit_ts = find_commit_in_history(store, primary, start_ts)
+        if commit_ts is not None:
+            return TxnStatus(COMMITTED, commit_ts=commit_ts)
+        return TxnStatus(ROLLED_BACK)
+    raise RuntimeError(f"status of transaction {start_ts} at {primary} did not settle")
+
+
+def find_commit_in_history(store: Store, key: CellKey, start_ts: int) -> int | None:
+    """The ``commit_ts`` of ``start_ts``'s write record on ``key``, if there is one.
+
+    Only versions above ``start_ts`` can belong to it (``commit_ts > start_ts``)."""
+    versions = store.read_row(
+        key.table,
+        key.row,
+        columns=[(WRITE, key.qualifier)],
+        min_version=start_ts + 1,
+        max_versions=_HISTORY_LIMIT,
+    ).get((WRITE, key.qualifier), [])
+    for commit_ts, value in versions:
+        if WriteRecord.decode(value).start_ts == start_ts:
+            return commit_ts
+    return None
+
+
+def resolve_lock(
+    store: Store,
+    key: CellKey,
+    lock: LockInfo,
+    lock_bytes: bytes | None,
+    status: TxnStatus,
+) -> bool:
+    """Apply a final ``status`` of ``lock``'s transaction to the lock on ``key``.
+
+    Returns True when the lock is gone (rolled forward or back).  A non-final status does
+    nothing and returns False.
+    """
+    if status.state == COMMITTED:
+        failpoints.failpoint("resolve.before_roll_forward")
+        commit_cell(store, key, lock.start_ts, status.commit_ts, lock_bytes)
+        return True
+    if status.state == ROLLED_BACK:
+        rollback_cell(store, key, lock.start_ts, lock_bytes)
+        return True
+    return False
+
+
+def primary_of(lock: LockInfo) -> CellKey:
+    return CellKey(lock.primary_table, lock.primary_row, lock.primary_column)
