@@ -217,7 +217,7 @@ class Client:
             self.store,
             self._ctx.resolver,
             names,
-            now_ms=now_ms(),
+            now_ts=self.oracle.get_timestamp(),
             life_time_ms=life_time_ms,
             progress=progress,
         )

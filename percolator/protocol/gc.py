@@ -31,7 +31,7 @@ from percolator.protocol.cells import CellKey, RawCell
 from percolator.records import LockCell, WriteRecord
 from percolator.resolver import LockResolver
 from percolator.store.base import Delete, ScanOptions, Store
-from percolator.timestamps import compose, describe
+from percolator.timestamps import compose, describe, physical_ms
 
 _U64 = struct.Struct(">Q")
 SAFE_POINT_ROW = b"gc"
@@ -110,15 +110,18 @@ def run_gc(
     resolver: LockResolver,
     tables: Sequence[str],
     *,
-    now_ms: int,
+    now_ts: int,
     life_time_ms: int,
     progress: Callable[[str], None] | None = None,
 ) -> GcReport:
-    """One garbage-collection pass over ``tables``."""
+    """One garbage-collection pass over ``tables``.
+
+    ``now_ts`` is a fresh timestamp from the oracle: with ``life_time_ms=0`` the safe point
+    is above every transaction that started before this call."""
     say = progress or (lambda message: None)
     report = GcReport(tables=list(tables))
-    candidate = compose(max(0, now_ms - life_time_ms))
-    oldest, expired = published_min_start_ts(store, now_ms)
+    candidate = max(0, now_ts - compose(life_time_ms))
+    oldest, expired = published_min_start_ts(store, physical_ms(now_ts))
     if oldest is not None:
         candidate = min(candidate, oldest)
     previous, _ = read_safe_point(store)

@@ -1,0 +1,85 @@
+"""Garbage collection: safe point, lock resolution below it, old versions removed."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import percolator
+from percolator.errors import SafePointError
+from percolator.layout import DATA, WRITE
+from percolator.protocol.gc import lock_report, read_safe_point
+
+
+def versions(client: percolator.Client, family: str, row: bytes, column: str) -> list[int]:
+    cells = client.store.read_row("t", row, columns=[(family, column.encode())], max_versions=1000)
+    return [ts for ts, _ in cells.get((family, column.encode()), [])]
+
+
+def test_gc_keeps_newest_version_below_safe_point(client: percolator.Client) -> None:
+    commits = []
+    for i in range(5):
+        txn = client.transaction()
+        txn.set("t", b"k", "c", f"v{i}".encode())
+        txn.set("t", b"other", "c", b"x" if i == 0 else f"o{i}".encode())
+        commits.append(txn.commit())
+    assert len(versions(client, DATA, b"k", "c")) == 5
+
+    report = client.gc(life_time_ms=0)
+
+    assert report.safe_point >= commits[-1]
+    assert read_safe_point(client.store)[0] == report.safe_point
+    assert versions(client, DATA, b"k", "c") == [versions(client, DATA, b"k", "c")[0]]
+    assert len(versions(client, WRITE, b"k", "c")) == 1
+    assert client.snapshot().get("t", b"k", "c") == b"v4"
+    # Reads below the safe point are refused with a clear error, not a wrong answer.
+    with pytest.raises(SafePointError, match="safe point"):
+        client.snapshot(commits[0])
+    # A second run has nothing left to collect.
+    assert client.gc(life_time_ms=0).cells_collected == 0
+
+
+def test_gc_resolves_dead_locks_first(client: percolator.Client) -> None:
+    from percolator.testing import ProtocolHarness
+
+    client.run(lambda t: t.set("t", b"k", "c", b"committed"))
+    h = ProtocolHarness(client.store, "t")
+    start_ts = client.oracle.get_timestamp()
+    h.must_prewrite([(b"k", "c", b"dead")], primary=(b"k", "c"), start_ts=start_ts, ttl_ms=1)
+    assert len(lock_report(client.store, "t")) == 1
+    time.sleep(0.01)  # let the 1 ms TTL lapse on the real clock the GC uses
+    report = client.gc(life_time_ms=0)
+    assert report.locks_resolved == 1
+    assert lock_report(client.store, "t") == []
+    assert client.snapshot().get("t", b"k", "c") == b"committed"
+
+
+def test_gc_safe_point_stays_below_live_lock(client: percolator.Client) -> None:
+    from percolator.testing import ProtocolHarness
+
+    h = ProtocolHarness(client.store, "t")
+    start_ts = client.oracle.get_timestamp()
+    h.must_prewrite([(b"k", "c", b"live")], primary=(b"k", "c"), start_ts=start_ts, ttl_ms=60_000)
+    report = client.gc(life_time_ms=0)
+    assert report.locks_alive == 1
+    assert report.safe_point <= start_ts
+    h.must_locked(b"k", "c", start_ts)
+
+
+def test_gc_safe_point_stays_below_published_transaction(client: percolator.Client) -> None:
+    long_txn = client.transaction()
+    long_txn.get("t", b"k", "c")
+    client.publish_min_start_ts()
+    client.run(lambda t: t.set("t", b"k", "c", b"later"))
+    report = client.gc(life_time_ms=0)
+    assert report.safe_point <= long_txn.start_ts
+    assert long_txn.get("t", b"k", "c") is None  # its snapshot is intact
+    long_txn.rollback()
+
+
+def test_gc_safe_point_never_moves_back(client: percolator.Client) -> None:
+    client.run(lambda t: t.set("t", b"k", "c", b"v"))
+    first = client.gc(life_time_ms=0).safe_point
+    second = client.gc(life_time_ms=3_600_000).safe_point
+    assert second == first
