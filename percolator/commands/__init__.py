@@ -1,0 +1,1 @@
+"""Engine-level sub-commands of the ``percolator`` command line (one module each)."""

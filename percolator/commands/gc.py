@@ -1,0 +1,54 @@
+"""``percolator gc``: one garbage-collection pass (see percolator/protocol/gc.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from percolator.commands.common import add_oracle_option, add_store_option
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "gc",
+        help="remove versions older than the GC life time",
+        description="Resolve locks below the safe point, advance the safe point and delete "
+        "versions below it.  Reads below the safe point fail with a clear error afterwards.",
+    )
+    add_store_option(parser)
+    add_oracle_option(parser)
+    parser.add_argument(
+        "--life-time",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="keep versions younger than this (default %(default)s s)",
+    )
+    parser.add_argument("--table", action="append", help="only this table (repeatable)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import percolator
+    from percolator.errors import ConfigError
+
+    if args.life_time < 0:
+        raise ConfigError(f"--life-time must be >= 0, got {args.life_time}")
+    with percolator.connect(args.store, oracle=args.oracle) as client:
+        quiet = args.json
+
+        def progress(message: str) -> None:
+            if not quiet:
+                print(f"gc: {message}", file=sys.stderr, flush=True)
+
+        report = client.gc(
+            life_time_ms=int(args.life_time * 1000), tables=args.table, progress=progress
+        )
+    if args.json:
+        print(json.dumps(report.__dict__, sort_keys=True))
+    else:
+        print(report.summary())
+    return 0
