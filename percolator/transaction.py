@@ -35,7 +35,7 @@ from percolator.layout import (
     encode_row,
 )
 from percolator.protocol.cells import CellKey, Mutation
-from percolator.protocol.read import read_cells
+from percolator.protocol.read import read_cells, read_commits
 from percolator.records import Kind
 from percolator.store.base import ScanOptions
 
@@ -81,6 +81,20 @@ class Snapshot:
         self._check_usable()
         key = self._key(table, row, column, reserved=self._allow_reserved)
         return self._read([key])[key]
+
+    def get_with_commit_ts(
+        self, table: str, row: bytes | str, column: str
+    ) -> tuple[bytes | None, int | None]:
+        """The committed value of one cell as of this snapshot and the ``commit_ts`` that
+        wrote it (``None`` if never written; a delete gives ``(None, commit_ts)``).  Ignores
+        a transaction's own buffered writes: it answers "which commit is visible"."""
+        self._check_usable()
+        key = self._key(table, row, column, reserved=self._allow_reserved)
+        ctx = self._client._ctx
+        value, commit = read_commits(
+            ctx.store, ctx.resolver, [key], self.start_ts, lock_wait_ms=ctx.options.lock_wait_ms
+        )[key]
+        return value, (commit.commit_ts if commit is not None else None)
 
     def get_row(self, table: str, row: bytes | str, columns: Iterable[str]) -> dict[str, bytes]:
         """Several columns of one row in one round trip; absent columns are left out."""

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from percolator.errors import LockWaitTimeoutError, StoreError
 from percolator.layout import DATA
 from percolator.protocol.cells import CellKey, RawCell, fetch_cells
-from percolator.records import Kind
+from percolator.records import CommitInfo, Kind
 from percolator.resolver import LockResolver
 from percolator.store.base import Store
 
@@ -41,14 +41,28 @@ def read_cells(
     lock_wait_ms: int = 10_000,
 ) -> dict[CellKey, bytes | None]:
     """Values of ``keys`` as of ``read_ts`` (``None`` = absent or deleted)."""
-    results: dict[CellKey, bytes | None] = {}
+    found = read_commits(store, resolver, keys, read_ts, lock_wait_ms=lock_wait_ms)
+    return {key: value for key, (value, _) in found.items()}
+
+
+def read_commits(
+    store: Store,
+    resolver: LockResolver,
+    keys: Sequence[CellKey],
+    read_ts: int,
+    *,
+    lock_wait_ms: int = 10_000,
+) -> dict[CellKey, tuple[bytes | None, CommitInfo | None]]:
+    """Values of ``keys`` as of ``read_ts`` with the commit that wrote each (``None`` when
+    the cell was never written; a DELETE commit gives value ``None`` and its commit)."""
+    results: dict[CellKey, tuple[bytes | None, CommitInfo | None]] = {}
     pending = list(dict.fromkeys(keys))
     deadline = time.monotonic() + lock_wait_ms / 1000
     backoff = 0.002
     while pending:
         raws = fetch_cells(store, pending, before=read_ts + 1)
         blocked: list[RawCell] = []
-        need_data: list[tuple[CellKey, int]] = []
+        need_data: list[tuple[CellKey, CommitInfo]] = []
         for key in pending:
             raw = raws[key]
             lock = raw.lock_cell.lock
@@ -57,13 +71,15 @@ def read_cells(
                 continue
             commit = raw.latest_commit(read_ts)
             if commit is None or commit.kind == Kind.DELETE:
-                results[key] = None
+                results[key] = (None, commit)
             elif raw.data is not None and raw.data[0] == commit.start_ts:
-                results[key] = raw.data[1]
+                results[key] = (raw.data[1], commit)
             else:
-                need_data.append((key, commit.start_ts))
+                need_data.append((key, commit))
         if need_data:
-            results.update(_fetch_data_at(store, need_data))
+            fetched = _fetch_data_at(store, [(key, c.start_ts) for key, c in need_data])
+            for key, commit in need_data:
+                results[key] = (fetched[key], commit)
         pending = []
         if not blocked:
             break

@@ -260,3 +260,19 @@ def test_large_and_empty_values(client: percolator.Client) -> None:
 def test_connect_rejects_unknown_options() -> None:
     with pytest.raises(InvalidArgumentError, match="lock_ttl"):
         percolator.connect("memory:", oracle=percolator.testing.ManualOracle(), lock_tll_ms=5)
+
+
+def test_get_with_commit_ts_names_the_visible_commit(client: percolator.Client) -> None:
+    with client.transaction() as first:
+        first.set("t", b"k", "c", b"v1")
+    with client.transaction() as second:
+        second.delete("t", b"k", "c")
+    with client.transaction() as txn:
+        assert txn.get_with_commit_ts("t", b"k", "c") == (None, second.commit_ts)
+        assert txn.get_with_commit_ts("t", b"never", "c") == (None, None)
+        txn.set("t", b"k", "c", b"mine")  # own writes do not change the visible commit
+        assert txn.get_with_commit_ts("t", b"k", "c") == (None, second.commit_ts)
+    assert client.snapshot(first.commit_ts).get_with_commit_ts("t", b"k", "c") == (
+        b"v1",
+        first.commit_ts,
+    )
