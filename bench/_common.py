@@ -1,0 +1,258 @@
+"""Helpers shared by the benchmarks: timed runs over threads, percentiles, medians over
+repeats, and plain-text tables.
+
+A benchmark measures one operation with :func:`run_timed` (per-call latencies plus the
+wall-clock rate), repeats that a few times, and reports the **median** of the repeats with
+their spread (:func:`summarize`), because single runs on a shared two-core machine are noisy.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TextIO
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """The ``p``-th percentile (0..100) with linear interpolation between closest ranks
+    (numpy's default).  ``values`` need not be sorted; NaN for no values."""
+    if not 0 <= p <= 100:
+        raise ValueError(f"percentile must be in [0, 100], got {p}")
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * p / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One timed run: ``ops`` calls in ``seconds`` of wall-clock time, over all threads.
+
+    ``items_per_op`` says how many items (cells, rows, ...) one call handles, so a batched
+    operation can report both calls/s and items/s.
+    """
+
+    ops: int
+    seconds: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    max_ms: float
+    threads: int = 1
+    items_per_op: int = 1
+
+    @property
+    def rate(self) -> float:
+        """Calls per second."""
+        return self.ops / self.seconds if self.seconds > 0 else math.inf
+
+    @property
+    def item_rate(self) -> float:
+        """Items per second (calls per second times ``items_per_op``)."""
+        return self.rate * self.items_per_op
+
+    @staticmethod
+    def from_latencies(
+        latencies_s: Sequence[float], seconds: float, *, threads: int = 1, items_per_op: int = 1
+    ) -> Timing:
+        ms = [x * 1000 for x in latencies_s]
+        return Timing(
+            ops=len(ms),
+            seconds=seconds,
+            p50_ms=percentile(ms, 50),
+            p95_ms=percentile(ms, 95),
+            p99_ms=percentile(ms, 99),
+            max_ms=max(ms) if ms else math.nan,
+            threads=threads,
+            items_per_op=items_per_op,
+        )
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "ops": self.ops,
+            "seconds": self.seconds,
+            "rate": self.rate,
+            "item_rate": self.item_rate,
+            "items_per_op": self.items_per_op,
+            "threads": self.threads,
+            "p50_ms": self.p50_ms,
+            "p95_ms": self.p95_ms,
+            "p99_ms": self.p99_ms,
+            "max_ms": self.max_ms,
+        }
+
+
+def run_timed(
+    op: Callable[[int], object], count: int, *, threads: int = 1, items_per_op: int = 1
+) -> Timing:
+    """Call ``op(i)`` for every ``i`` in ``range(count)``, spread over ``threads`` threads
+    (thread ``t`` takes ``i = t, t + threads, ...``), timing each call and the whole run.
+
+    All threads start together (a barrier), and the wall-clock time runs from that start to
+    the end of the last thread.  The first exception raised by ``op`` in any thread is
+    re-raised here after every thread stopped, so a broken benchmark never reports numbers.
+    """
+    if count < 0 or threads < 1:
+        raise ValueError(f"need count >= 0 and threads >= 1, got {count}, {threads}")
+    threads = min(threads, max(count, 1))
+    latencies: list[list[float]] = [[] for _ in range(threads)]
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(threads + 1)
+    stop = threading.Event()
+
+    def worker(t: int) -> None:
+        barrier.wait()
+        out = latencies[t]
+        clock = time.perf_counter
+        for i in range(t, count, threads):
+            if stop.is_set():
+                return
+            started = clock()
+            try:
+                op(i)
+            except BaseException as exc:  # re-raised by the caller's thread
+                errors.append(exc)
+                stop.set()
+                return
+            out.append(clock() - started)
+
+    workers = [threading.Thread(target=worker, args=(t,), daemon=True) for t in range(threads)]
+    for w in workers:
+        w.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for w in workers:
+        w.join()
+    seconds = time.perf_counter() - started
+    if errors:
+        raise errors[0]
+    return Timing.from_latencies(
+        [x for per_thread in latencies for x in per_thread],
+        seconds,
+        threads=threads,
+        items_per_op=items_per_op,
+    )
+
+
+@dataclass(frozen=True)
+class Spread:
+    """The median of repeated measurements and their range."""
+
+    median: float
+    low: float
+    high: float
+    count: int
+
+    @property
+    def relative(self) -> float:
+        """``(high - low) / median``: 0.1 means the repeats spread over 10 % of the median."""
+        return (self.high - self.low) / self.median if self.median else math.nan
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {"median": self.median, "low": self.low, "high": self.high, "count": self.count}
+
+
+def spread(values: Sequence[float]) -> Spread:
+    """Median, minimum and maximum of repeated measurements."""
+    if not values:
+        raise ValueError("spread of no values")
+    return Spread(statistics.median(values), min(values), max(values), len(values))
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Repeated :class:`Timing` runs of one operation, reduced to medians.
+
+    ``rate`` and ``item_rate`` carry the spread over repeats; the latency percentiles are
+    the medians of each repeat's percentile.
+    """
+
+    rate: Spread
+    item_rate: Spread
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    ops_per_repeat: int
+    items_per_op: int
+    threads: int
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "rate": self.rate.as_dict(),
+            "item_rate": self.item_rate.as_dict(),
+            "p50_ms": self.p50_ms,
+            "p95_ms": self.p95_ms,
+            "p99_ms": self.p99_ms,
+            "ops_per_repeat": self.ops_per_repeat,
+            "items_per_op": self.items_per_op,
+            "threads": self.threads,
+        }
+
+
+def summarize(runs: Sequence[Timing]) -> Summary:
+    """Reduce repeats of one operation to medians (and the spread of the rates)."""
+    if not runs:
+        raise ValueError("summarize needs at least one run")
+    return Summary(
+        rate=spread([r.rate for r in runs]),
+        item_rate=spread([r.item_rate for r in runs]),
+        p50_ms=statistics.median(r.p50_ms for r in runs),
+        p95_ms=statistics.median(r.p95_ms for r in runs),
+        p99_ms=statistics.median(r.p99_ms for r in runs),
+        ops_per_repeat=runs[0].ops,
+        items_per_op=runs[0].items_per_op,
+        threads=runs[0].threads,
+    )
+
+
+def fmt_rate(value: float) -> str:
+    """A rate with a precision that suits its size: ``12.3``, ``1234``, ``45.6k``."""
+    if math.isnan(value):
+        return "-"
+    if value >= 100_000:
+        return f"{value / 1000:.0f}k"
+    if value >= 10_000:
+        return f"{value / 1000:.1f}k"
+    if value >= 100:
+        return f"{value:.0f}"
+    return f"{value:.1f}"
+
+
+def fmt_ms(value: float) -> str:
+    if math.isnan(value):
+        return "-"
+    return f"{value:.3f}" if value < 1 else f"{value:.2f}" if value < 100 else f"{value:.0f}"
+
+
+def fmt_spread(s: Spread) -> str:
+    """``low-high (x%)``: the range of a rate and its width relative to the median."""
+    return f"{fmt_rate(s.low)}-{fmt_rate(s.high)} ({s.relative * 100:.0f}%)"
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A plain-text table: the first column left-aligned, the others right-aligned."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+
+    def line(row: Sequence[str]) -> str:
+        return "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(cells[0]), rule, *(line(r) for r in cells[1:])])
+
+
+def print_table(
+    headers: Sequence[str], rows: Sequence[Sequence[object]], *, file: TextIO | None = None
+) -> None:
+    print(format_table(headers, rows), file=file if file is not None else sys.stdout)

@@ -1,0 +1,1062 @@
+"""The HBase backend: HBase through its Thrift-1 gateway (the protocol happybase speaks).
+
+``HBaseStore(host, port, prefix=..., pool_size=..., timeout_ms=...)`` is what
+``open_store("hbase://HOST:PORT?prefix=P&pool_size=N&timeout_ms=T")`` builds.
+
+How each :class:`~percolator.store.base.Store` operation maps to Thrift-1
+------------------------------------------------------------------------
+=====================  ==========================================================  ===========
+operation              Thrift-1 calls                                              round trips
+=====================  ==========================================================  ===========
+``read_rows``, 1 ver.  ``getRows[WithColumns][Ts]`` for all rows at once           1
+``read_rows``, n ver.  ``getVerTs`` per (row, explicit column)                     rows*columns
+``put``                ``mutateRowsTs`` per distinct version (Thrift-1 mutations   versions
+                       carry no timestamp of their own)
+``delete_versions``    ``mutateRowsTs`` with delete mutations, per distinct ts     timestamps
+``compare_and_set``    ``checkAndPut``                                             1
+``scan``               ``scannerOpenWithScan``, ``scannerGetList`` per batch,      2 + batches
+                       ``scannerClose``
+=====================  ==========================================================  ===========
+
+Facts this module relies on (checked against HBase 2.6 by ``tests/store``):
+
+* Timestamped reads (``get*Ts``, ``TScan.timestamp``) return versions **strictly below**
+  the timestamp, which is exactly the store's exclusive ``before``.
+* A delete mutation with a column, sent through ``mutateRowsTs(..., ts)``, removes every
+  version of that cell **at or below** ``ts`` and masks puts at or below ``ts`` written later.
+* ``checkAndPut`` with ``expected=None`` matches an absent or empty cell, and stamps the
+  written cell with the server's clock in milliseconds.
+* Column names go on the wire as ``b"family:qualifier"`` (an empty qualifier is
+  ``b"family:"``, a cell of its own) and a whole family as ``b"family"``.
+
+Atomicity on this backend
+-------------------------
+* ``put`` is atomic per **(row, version)**: all cells of one row that share a version go in
+  one HBase ``Put``.  Cells of one row at *different* versions travel in different RPCs and
+  may land separately.  Groups are sent in the order their versions first appear in the
+  call, so a caller can order them.
+* ``read_rows`` with ``max_versions=1`` reads each row as one HBase ``Get``: a consistent
+  snapshot of the row.  With ``max_versions > 1`` each (row, column) is its own ``Get``
+  (Thrift-1 cannot return several versions of several columns in one call): each cell is a
+  snapshot of itself, the columns of one row together are not.
+* ``compare_and_set`` is one ``checkAndPut`` (a single-row atomic operation in HBase).
+
+Connections, retries and errors
+-------------------------------
+The store keeps a pool of at most ``pool_size`` Thrift connections, opened lazily.  A
+connection that saw any transport or protocol error is closed and dropped, never reused
+(its byte stream may hold half a reply).  An idle connection is checked before each use: if
+its socket is readable (the gateway closed it, or sent bytes nobody asked for) it is
+replaced first, so a dead idle connection never eats a request.
+
+Idempotent operations (reads, puts, deletes, scanner opens, admin reads) are retried
+**once** on a fresh connection after a transport error.  ``compare_and_set`` is never
+retried: after a transport error, or a server error that does not prove the write was
+refused, it raises :class:`~percolator.errors.StoreUnavailableError` saying the outcome is
+unknown.  ``create_table`` and ``drop_table`` are not retried either (a second attempt
+could report a misleading "exists" / "does not exist").
+
+Errors: transport failures, timeouts and HBase's own "cannot reach the region server"
+errors become :class:`~percolator.errors.StoreUnavailableError` naming ``host:port``; an
+unknown table becomes :class:`~percolator.errors.TableNotFoundError`; other server errors
+become :class:`~percolator.errors.StoreError` with the first line of the server's message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, NoReturn
+
+import happybase
+
+# ``Hbase_thrift`` is HBase's Thrift-1 IDL, which importing happybase loads as a module.
+from Hbase_thrift import (
+    AlreadyExists,
+    BatchMutation,
+    ColumnDescriptor,
+    IllegalArgument,
+    Mutation,
+    TScan,
+)
+from Hbase_thrift import IOError as HBaseIOError
+from thriftpy2.protocol.exc import TProtocolException
+from thriftpy2.thrift import TApplicationException, TDecodeException
+from thriftpy2.transport import TTransportException
+
+from percolator.errors import (
+    InvalidArgumentError,
+    StoreError,
+    StoreUnavailableError,
+    TableExistsError,
+    TableNotFoundError,
+)
+from percolator.store.base import (
+    MAX_ROW_LENGTH,
+    Column,
+    Delete,
+    FamilySpec,
+    Put,
+    RowCells,
+    ScanOptions,
+    Store,
+    Version,
+    check_cell_args,
+    check_value,
+)
+
+# The argument checks shared by every backend, so invalid calls fail identically everywhere.
+from percolator.store.memory import (
+    MAX_BEFORE,
+    check_delete,
+    check_family_name,
+    check_family_specs,
+    check_put,
+    check_read_args,
+    check_scan_options,
+    check_sequence,
+    check_table_name,
+)
+
+
+def _cython_protocol_error() -> type[Exception]:
+    """The compiled binary protocol raises its own error type for garbled input."""
+    try:
+        from thriftpy2.protocol import cybin
+    except ImportError:  # pure-Python thriftpy2 build
+        return TProtocolException
+    found = getattr(cybin, "ProtocolError", None)
+    return found if isinstance(found, type) and issubclass(found, Exception) else TProtocolException
+
+
+_CyProtocolError = _cython_protocol_error()
+
+# Errors that mean "the connection (or the bytes on it) cannot be trusted any more".
+_TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
+    TTransportException,
+    TProtocolException,
+    TDecodeException,
+    _CyProtocolError,
+    OSError,  # includes socket.timeout / TimeoutError, ConnectionResetError, BrokenPipeError
+    EOFError,
+)
+# Exceptions the gateway declares in its IDL: a complete reply, the connection stays usable.
+_SERVER_ERRORS: tuple[type[BaseException], ...] = (HBaseIOError, IllegalArgument, AlreadyExists)
+
+# A table prefix must keep prefixed names valid HBase table names (no namespace: the prefix
+# plays that role).
+_PREFIX = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+# Keep one mutateRowsTs request well below the gateway's maximum Thrift message size
+# (libthrift's default is 100 MB); a single row is never split, so one huge row may exceed it.
+_MAX_BATCH_BYTES = 32 * 1024 * 1024
+_MAX_BATCH_MUTATIONS = 20_000
+
+# HBase's region lookup key is ``<table>,<row>,99999999999999``: the row plus the table name
+# plus 16 bytes must fit in 32767 (see HBaseStore.max_row_length).
+_META_KEY_OVERHEAD = 16
+
+# Server-side messages that mean "HBase behind the gateway is unreachable or overloaded":
+# the request may be re-run later, so they map to StoreUnavailableError, not StoreError.
+_UNAVAILABLE_MARKERS = (
+    "RetriesExhaustedException",
+    "SocketTimeoutException",
+    "CallTimeoutException",
+    "ConnectException",
+    "NotServingRegionException",
+    "RegionOfflineException",
+    "ServerNotRunningYetException",
+    "PleaseHoldException",
+    "RegionTooBusyException",
+    "CallQueueTooBigException",
+    "TimeoutIOException",
+    "MasterNotRunningException",
+)
+
+
+def _text(raw: object) -> str:
+    if isinstance(raw, bytes):
+        return raw.decode("utf-8", "replace")
+    return "" if raw is None else str(raw)
+
+
+def _short(message: str, limit: int = 240) -> str:
+    """First line of a (Java) server message, cut to ``limit`` characters."""
+    first = message.strip().splitlines()[0] if message.strip() else "(no message)"
+    return first if len(first) <= limit else first[: limit - 3] + "..."
+
+
+def _server_message(exc: BaseException) -> str:
+    return _text(getattr(exc, "message", None)) or str(exc) or type(exc).__name__
+
+
+def _transport_reason(exc: BaseException, timeout_ms: int) -> str:
+    """A short human reason for a transport-level failure."""
+    cause: BaseException | None = exc
+    # TSocket.open() raises TTransportException("Could not connect") from the OSError.
+    if isinstance(exc, TTransportException) and isinstance(exc.__context__, OSError):
+        cause = exc.__context__
+    if isinstance(cause, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(cause, socket.timeout | TimeoutError):
+        return f"no answer within {timeout_ms} ms"
+    if isinstance(cause, socket.gaierror):
+        return f"cannot resolve host name ({cause.strerror})"
+    if isinstance(cause, ConnectionResetError | BrokenPipeError):
+        return "connection reset by the gateway"
+    if isinstance(cause, TTransportException) and cause.type == TTransportException.END_OF_FILE:
+        return "connection closed by the gateway"
+    if isinstance(cause, _CyProtocolError | TProtocolException | TDecodeException):
+        return f"garbled reply ({cause})"
+    if isinstance(cause, OSError):
+        return cause.strerror or str(cause) or type(cause).__name__
+    return str(cause) or type(exc).__name__
+
+
+def _chunks(batches: list[Any]) -> Iterator[list[Any]]:
+    """Split row batches into requests of bounded size, never splitting a row."""
+    chunk: list[Any] = []
+    size = 0
+    mutations = 0
+    for batch in batches:
+        batch_size = len(batch.row) + sum(
+            len(m.column) + len(m.value or b"") + 16 for m in batch.mutations
+        )
+        if chunk and (
+            size + batch_size > _MAX_BATCH_BYTES
+            or mutations + len(batch.mutations) > _MAX_BATCH_MUTATIONS
+        ):
+            yield chunk
+            chunk, size, mutations = [], 0, 0
+        chunk.append(batch)
+        size += batch_size
+        mutations += len(batch.mutations)
+    if chunk:
+        yield chunk
+
+
+class _Connection:
+    """One Thrift-1 connection.  Not thread-safe: the pool lends it to one thread at a time."""
+
+    def __init__(self, host: str, port: int, timeout_ms: int) -> None:
+        # autoconnect=False and no table_prefix: the store applies its own prefix and uses
+        # the raw Thrift client (``.client``), so happybase only sets up socket + protocol.
+        self._hb = happybase.Connection(host, port, timeout=timeout_ms, autoconnect=False)
+        self._hb.open()
+        self.client: Any = self._hb.client
+
+    def _socket(self) -> socket.socket | None:
+        # The compiled buffered transport exposes the raw socket as ``.sock``; the pure-Python
+        # one wraps a TSocket (``._trans``) whose ``.sock`` is the raw socket.
+        transport = self._hb.transport
+        sock = getattr(transport, "sock", None)
+        if sock is None:
+            sock = getattr(getattr(transport, "_trans", None), "sock", None)
+        return sock if isinstance(sock, socket.socket) else None
+
+    def looks_alive(self) -> bool:
+        """False if the idle socket is closed or readable.
+
+        Between requests a healthy Thrift-1 connection has nothing to read; a readable
+        socket means the gateway closed it (EOF) or sent something unexpected.  Either way
+        the next request on it would fail or read a stale reply.
+        """
+        sock = self._socket()
+        if sock is None:
+            return False
+        try:
+            if hasattr(select, "poll"):
+                poller = select.poll()
+                poller.register(sock, select.POLLIN | select.POLLERR | select.POLLHUP)
+                return not poller.poll(0)
+            readable, _, errored = select.select([sock], [], [sock], 0)
+            return not readable and not errored
+        except (OSError, ValueError):
+            return False
+
+    def close(self) -> None:
+        # Closing a broken socket may fail; it is gone either way.
+        with contextlib.suppress(Exception):
+            self._hb.close()
+
+
+class _ConnectionPool:
+    """At most ``size`` connections, created lazily, reused last-in-first-out.
+
+    happybase's own ``ConnectionPool`` is not used because it cannot be closed, and because
+    it re-opens a connection after *any* Thrift exception (including "table not found"),
+    inside its error handler, where a failing re-open would hide the original error.
+    """
+
+    def __init__(self, factory: Callable[[], _Connection], size: int, wait_s: float) -> None:
+        self._factory = factory
+        self._size = size
+        self._wait_s = wait_s
+        self._idle: list[_Connection] = []
+        self._open = 0  # connections created and not yet discarded (idle + lent out)
+        self._closed = False
+        self._cond = threading.Condition()
+
+    def acquire(self) -> _Connection:
+        """A live connection.  Raises TimeoutError if none frees up in time, RuntimeError if
+        the pool is closed, or whatever opening a new connection raises."""
+        deadline = time.monotonic() + self._wait_s
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise RuntimeError("closed")
+                if self._idle:
+                    conn: _Connection | None = self._idle.pop()
+                    break
+                if self._open < self._size:
+                    self._open += 1
+                    conn = None
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"all {self._size} connections stayed busy")
+                self._cond.wait(remaining)
+        if conn is not None:
+            if conn.looks_alive():
+                return conn
+            conn.close()  # replaced below; the slot stays counted in self._open
+        try:
+            return self._factory()
+        except BaseException:
+            with self._cond:
+                self._open -= 1
+                self._cond.notify()
+            raise
+
+    def release(self, conn: _Connection) -> None:
+        with self._cond:
+            if not self._closed:
+                self._idle.append(conn)
+                self._cond.notify()
+                return
+            self._open -= 1
+        conn.close()
+
+    def discard(self, conn: _Connection) -> None:
+        """Drop a connection whose stream can no longer be trusted."""
+        conn.close()
+        with self._cond:
+            self._open -= 1
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            self._open -= len(idle)
+            self._cond.notify_all()
+        for conn in idle:
+            conn.close()
+
+
+class HBaseStore(Store):
+    """A :class:`~percolator.store.base.Store` on HBase's Thrift-1 gateway.
+
+    ``prefix`` is prepended to every HBase table name (``list_tables`` shows only tables
+    under it, without it), so several users or test runs can share one HBase.
+    ``timeout_ms`` bounds every socket operation and the wait for a free pooled
+    connection.  Opening the store makes one cheap call (``getTableNames``) so that a
+    wrong address fails here with a clear :class:`StoreUnavailableError`.  Thread-safe.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        prefix: str = "",
+        pool_size: int = 8,
+        timeout_ms: int = 30_000,
+    ) -> None:
+        super().__init__()
+        if not isinstance(host, str) or not host:
+            raise InvalidArgumentError(f"host must be a non-empty str, got {host!r}")
+        if not isinstance(port, int) or not 0 < port < 65536:
+            raise InvalidArgumentError(f"port must be 1..65535, got {port!r}")
+        if prefix and not _PREFIX.match(prefix):
+            raise InvalidArgumentError(
+                f"table prefix {prefix!r} may hold only letters, digits, '_', '-', '.'"
+            )
+        for key, value in (("pool_size", pool_size), ("timeout_ms", timeout_ms)):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise InvalidArgumentError(f"{key} must be a positive int, got {value!r}")
+        self.host = host
+        self.port = port
+        self.prefix = prefix
+        self.pool_size = pool_size
+        self.timeout_ms = timeout_ms
+        self.address = f"{host}:{port}"
+        options = [f"prefix={prefix}"] if prefix else []
+        if pool_size != 8:
+            options.append(f"pool_size={pool_size}")
+        if timeout_ms != 30_000:
+            options.append(f"timeout_ms={timeout_ms}")
+        self.url = f"hbase://{self.address}" + ("?" + "&".join(options) if options else "")
+        self._stats_lock = threading.Lock()
+        self._families_lock = threading.Lock()
+        # table -> its families, read once per table and refreshed when a name is missing.
+        self._family_cache: dict[str, dict[str, FamilySpec]] = {}
+        self._pool = _ConnectionPool(
+            lambda: _Connection(host, port, timeout_ms), pool_size, timeout_ms / 1000
+        )
+        try:
+            self._probe()
+        except BaseException:
+            self._pool.close()
+            raise
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _count(self, op: str) -> None:
+        with self._stats_lock:
+            self.stats.count(op)
+
+    def _hname(self, table: str) -> bytes:
+        return (self.prefix + table).encode("ascii")
+
+    def _acquire(self) -> _Connection:
+        try:
+            return self._pool.acquire()
+        except RuntimeError:
+            raise StoreError(f"the HBase store {self.url} is closed") from None
+        except TimeoutError:
+            raise StoreUnavailableError(
+                f"HBase Thrift gateway at {self.address}: all {self.pool_size} pooled "
+                f"connections stayed busy for {self.timeout_ms} ms (raise pool_size?)"
+            ) from None
+        except _TRANSPORT_ERRORS as exc:
+            raise StoreUnavailableError(
+                f"cannot reach HBase Thrift gateway at {self.address}: "
+                f"{_transport_reason(exc, self.timeout_ms)}"
+            ) from exc
+
+    def _probe(self) -> None:
+        """Check that host:port is an HBase Thrift-1 gateway (one getTableNames call)."""
+        conn = self._acquire()
+        hint = "is it an HBase Thrift-1 gateway (buffered transport, binary protocol)?"
+        try:
+            self._count("list_tables")
+            conn.client.getTableNames()
+        except _SERVER_ERRORS as exc:
+            self._pool.release(conn)
+            raise StoreUnavailableError(
+                f"HBase Thrift gateway at {self.address} cannot list tables: "
+                f"{_short(_server_message(exc))}"
+            ) from exc
+        except TApplicationException as exc:
+            self._pool.release(conn)
+            raise StoreUnavailableError(
+                f"{self.address} speaks Thrift but rejected getTableNames "
+                f"({_short(_server_message(exc))}): {hint} (a Thrift-2 gateway will not do)"
+            ) from exc
+        except _TRANSPORT_ERRORS as exc:
+            self._pool.discard(conn)
+            raise StoreUnavailableError(
+                f"{self.address} did not answer like an HBase Thrift gateway "
+                f"({_transport_reason(exc, self.timeout_ms)}): {hint}"
+            ) from exc
+        except BaseException:
+            self._pool.discard(conn)
+            raise
+        self._pool.release(conn)
+
+    def _call(
+        self,
+        op: str,
+        method: str,
+        *args: Any,
+        table: str | None,
+        idempotent: bool,
+    ) -> Any:
+        """Run one RPC (``client.<method>(*args)``) on a pooled connection, counted under
+        ``op`` in :attr:`stats`, translating errors.
+
+        Idempotent calls are re-sent once on a fresh connection after a transport error.
+        Callers with special needs (compare-and-set) handle errors themselves.
+        """
+        attempts = 2 if idempotent else 1
+        for attempt in range(1, attempts + 1):
+            conn = self._acquire()
+            try:
+                self._count(op)
+                result = getattr(conn.client, method)(*args)
+            except _SERVER_ERRORS as exc:
+                self._pool.release(conn)
+                self._raise_server_error(op, table, exc)
+            except TApplicationException as exc:
+                # A complete reply (the server failed internally): the stream is in sync.
+                self._pool.release(conn)
+                raise StoreError(
+                    f"HBase Thrift gateway at {self.address} failed {op}"
+                    f"{self._on(table)}: {_short(_server_message(exc))}"
+                ) from exc
+            except _TRANSPORT_ERRORS as exc:
+                self._pool.discard(conn)
+                if attempt < attempts:
+                    continue  # idempotent: safe to send again on a fresh connection
+                raise StoreUnavailableError(
+                    f"HBase Thrift gateway at {self.address} failed {op}{self._on(table)}: "
+                    f"{_transport_reason(exc, self.timeout_ms)}"
+                    + ("" if idempotent else "; the operation may or may not have been applied")
+                ) from exc
+            except BaseException:
+                # Anything else (even KeyboardInterrupt) mid-call leaves the stream unknown.
+                self._pool.discard(conn)
+                raise
+            self._pool.release(conn)
+            return result
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @staticmethod
+    def _on(table: str | None) -> str:
+        return f" on table {table!r}" if table is not None else ""
+
+    def _raise_server_error(self, op: str, table: str | None, exc: BaseException) -> NoReturn:
+        message = _server_message(exc)
+        if table is not None and "TableNotFoundException" in message:
+            self._forget_families(table)
+            raise TableNotFoundError(table) from exc
+        if table is not None and (
+            isinstance(exc, AlreadyExists) or "TableExistsException" in message
+        ):
+            raise TableExistsError(table) from exc
+        if "NoSuchColumnFamilyException" in message:
+            if table is not None:
+                self._forget_families(table)
+            raise InvalidArgumentError(
+                f"{op}{self._on(table)}: unknown column family: {_short(message)}"
+            ) from exc
+        if any(marker in message for marker in _UNAVAILABLE_MARKERS):
+            raise StoreUnavailableError(
+                f"HBase behind the Thrift gateway at {self.address} is unavailable "
+                f"({op}{self._on(table)}): {_short(message)}"
+            ) from exc
+        raise StoreError(
+            f"HBase at {self.address} failed {op}{self._on(table)}: {_short(message)}"
+        ) from exc
+
+    # ------------------------------------------------------------------ validation
+
+    def _forget_families(self, table: str) -> None:
+        with self._families_lock:
+            self._family_cache.pop(table, None)
+
+    def _families(self, table: str, *, refresh: bool = False) -> dict[str, FamilySpec]:
+        """The table's families (cached).  Raises TableNotFoundError for an unknown table."""
+        if not refresh:
+            with self._families_lock:
+                cached = self._family_cache.get(table)
+            if cached is not None:
+                return cached
+        specs = {spec.name: spec for spec in self._read_families(table)}
+        with self._families_lock:
+            self._family_cache[table] = specs
+        return specs
+
+    def _validate(self, table: str, check: Callable[[Mapping[str, object]], None]) -> None:
+        """Run the shared argument checks against the table's families, before anything is
+        sent, so a bad batch writes nothing (the same checks as the local backends).
+
+        The families come from a per-store cache.  If the check fails, the families are
+        read again once, in case another client dropped and re-created the table with
+        other families since they were cached.
+        """
+        known = self._families(table)
+        try:
+            check(known)
+        except InvalidArgumentError:
+            fresh = self._families(table, refresh=True)
+            if fresh == known:
+                raise
+            check(fresh)
+
+    def max_row_length(self, table: str) -> int:
+        """The longest row key HBase reliably accepts in ``table``.
+
+        Less than :data:`~percolator.store.base.MAX_ROW_LENGTH`: to find the region of a row,
+        HBase's client scans ``hbase:meta`` from the key ``<table>,<row>,99999999999999``,
+        and a scan's start key may not exceed 32767 bytes either.  Longer rows work only
+        while the gateway happens to have the region's location cached, so they are
+        refused up front.
+        """
+        return MAX_ROW_LENGTH - _META_KEY_OVERHEAD - len(self._hname(table))
+
+    def _check_row_lengths(self, table: str, rows: Iterable[bytes]) -> None:
+        limit = self.max_row_length(table)
+        for row in rows:
+            if len(row) > limit:
+                raise InvalidArgumentError(
+                    f"row key of {len(row)} bytes is too long for HBase table "
+                    f"{self.prefix + table!r}: at most {limit} bytes (32767 minus the table "
+                    f"name and {_META_KEY_OVERHEAD} bytes of HBase's region lookup key)"
+                )
+
+    @staticmethod
+    def _column_spec(family: str, qualifier: bytes) -> bytes:
+        return family.encode("utf-8") + b":" + qualifier
+
+    # ------------------------------------------------------------------ admin
+
+    def create_table(self, name: str, families: Sequence[FamilySpec]) -> None:
+        """Create the HBase table ``prefix + name``, every family option set explicitly.
+
+        Thrift-1 defaults would give 3 versions and no block cache, so ``max_versions``,
+        ``in_memory`` and ``block_cache`` always come from the :class:`FamilySpec`; every
+        family also gets a ROW bloom filter (HBase's default for tables created from Java,
+        which Thrift-1 would leave off) and no TTL.  Not retried: after a transport error
+        the table may or may not exist.
+        """
+        check_table_name(name)
+        check_family_specs(families)
+        descriptors = [
+            ColumnDescriptor(
+                name=spec.name.encode("utf-8") + b":",
+                maxVersions=spec.max_versions,
+                inMemory=spec.in_memory,
+                blockCacheEnabled=spec.block_cache,
+                bloomFilterType=b"ROW",
+                timeToLive=-1,
+            )
+            for spec in families
+        ]
+        self._forget_families(name)
+        self._call(
+            "create_table",
+            "createTable",
+            self._hname(name),
+            descriptors,
+            table=name,
+            idempotent=False,
+        )
+        with self._families_lock:
+            self._family_cache[name] = {spec.name: spec for spec in families}
+
+    def drop_table(self, name: str) -> None:
+        """Disable and delete ``prefix + name`` (two RPCs).  A table left disabled by an
+        interrupted drop is deleted too.  Not retried after a transport error."""
+        check_table_name(name)
+        hname = self._hname(name)
+        self._forget_families(name)
+        try:
+            self._call("drop_table", "disableTable", hname, table=name, idempotent=False)
+        except StoreError as exc:
+            if "TableNotEnabledException" not in str(exc):
+                raise
+        self._call("drop_table", "deleteTable", hname, table=name, idempotent=False)
+        self._forget_families(name)
+
+    def list_tables(self) -> list[str]:
+        """Tables under this store's prefix, without the prefix, sorted."""
+        names = self._call("list_tables", "getTableNames", table=None, idempotent=True)
+        result = []
+        for raw in names:
+            name = _text(raw)
+            if name.startswith(self.prefix):
+                result.append(name[len(self.prefix) :])
+        return sorted(result)
+
+    def table_exists(self, name: str) -> bool:
+        check_table_name(name)
+        return name in self.list_tables()
+
+    def _read_families(self, table: str) -> list[FamilySpec]:
+        descriptors = self._call(
+            "table_families",
+            "getColumnDescriptors",
+            self._hname(table),
+            table=table,
+            idempotent=True,
+        )
+        specs = [
+            FamilySpec(
+                name=_text(d.name).rstrip(":"),
+                max_versions=int(d.maxVersions),
+                in_memory=bool(d.inMemory),
+                block_cache=bool(d.blockCacheEnabled),
+            )
+            for d in descriptors.values()
+        ]
+        return sorted(specs, key=lambda spec: spec.name)
+
+    def table_families(self, name: str) -> list[FamilySpec]:
+        """The families as HBase reports them (``getColumnDescriptors``), sorted by name:
+        HBase keeps families sorted and does not store their creation order."""
+        check_table_name(name)
+        specs = self._read_families(name)
+        with self._families_lock:
+            self._family_cache[name] = {spec.name: spec for spec in specs}
+        return specs
+
+    # ------------------------------------------------------------------ reads
+
+    def read_rows(
+        self,
+        table: str,
+        rows: Sequence[bytes],
+        columns: Sequence[Column] | None = None,
+        families: Sequence[str] | None = None,
+        *,
+        before: int | None = None,
+        min_version: int = 0,
+        max_versions: int = 1,
+    ) -> dict[bytes, RowCells]:
+        """Read rows; see :class:`Store`.
+
+        ``max_versions=1``: one ``getRows[WithColumns][Ts]`` RPC for all rows, each row one
+        HBase ``Get`` (a snapshot of that row).  ``max_versions>1``: one ``getVerTs`` RPC
+        per (row, column), so it costs ``len(rows) * len(columns)`` round trips and each
+        cell is a snapshot of itself only; ``columns`` is required, ``families`` must be
+        ``None``.
+
+        ``min_version`` is applied here, after the server returned the newest versions
+        below ``before``, because Thrift-1 reads have no lower bound.  That is exact: the
+        versions in ``[min_version, before)`` are always the newest ones below ``before``,
+        so if the n newest below ``before`` include k older than ``min_version``, the range
+        holds exactly the other n - k.
+        """
+        check_table_name(table)
+        self._validate(
+            table,
+            lambda known: check_read_args(
+                rows, columns, families, before, min_version, max_versions, known
+            ),
+        )
+        self._check_row_lengths(table, rows)
+        row_list = list(dict.fromkeys(rows))
+        upper = MAX_BEFORE if before is None else before
+        if not row_list or upper <= min_version:
+            return {}  # no rows, or the version range [min_version, before) is empty
+        if max_versions > 1:
+            assert columns is not None  # checked by check_read_args
+            return self._read_versions(
+                table, row_list, list(dict.fromkeys(columns)), upper, min_version, max_versions
+            )
+
+        specs: list[bytes] | None = None
+        if columns is not None or families is not None:
+            whole = list(dict.fromkeys(families or ()))
+            # A whole family already returns its columns; naming them too is redundant.
+            specs = [f.encode("utf-8") for f in whole] + [
+                self._column_spec(f, q) for f, q in dict.fromkeys(columns or ()) if f not in whole
+            ]
+            if not specs:
+                return {}  # an explicit empty selection selects nothing
+        hname = self._hname(table)
+        # The Ts variants take the exclusive upper bound; without one, the plain calls.
+        args: tuple[Any, ...]
+        if specs is None and before is None:
+            method, args = "getRows", (hname, row_list, {})
+        elif specs is None:
+            method, args = "getRowsTs", (hname, row_list, upper, {})
+        elif before is None:
+            method, args = "getRowsWithColumns", (hname, row_list, specs, {})
+        else:
+            method, args = "getRowsWithColumnsTs", (hname, row_list, specs, upper, {})
+        results = self._call("read_rows", method, *args, table=table, idempotent=True)
+        out: dict[bytes, RowCells] = {}
+        for result in results:
+            cells: RowCells = {}
+            for name, cell in (result.columns or {}).items():
+                if cell.timestamp < min_version:
+                    continue
+                fam, _, qualifier = bytes(name).partition(b":")
+                cells[(fam.decode("utf-8"), qualifier)] = [(int(cell.timestamp), bytes(cell.value))]
+            if cells:
+                out[bytes(result.row)] = cells
+        return out
+
+    def _read_versions(
+        self,
+        table: str,
+        rows: list[bytes],
+        columns: list[Column],
+        upper: int,
+        min_version: int,
+        max_versions: int,
+    ) -> dict[bytes, RowCells]:
+        hname = self._hname(table)
+        out: dict[bytes, RowCells] = {}
+        for row in rows:
+            cells: RowCells = {}
+            for family, qualifier in columns:
+                found = self._call(
+                    "read_rows",
+                    "getVerTs",
+                    hname,
+                    row,
+                    self._column_spec(family, qualifier),
+                    upper,
+                    max_versions,
+                    {},
+                    table=table,
+                    idempotent=True,
+                )
+                versions: list[Version] = [
+                    (int(cell.timestamp), bytes(cell.value))
+                    for cell in found
+                    if cell.timestamp >= min_version
+                ]
+                if versions:
+                    versions.sort(key=lambda v: v[0], reverse=True)
+                    cells[(family, qualifier)] = versions
+            if cells:
+                out[row] = cells
+        return out
+
+    def scan(
+        self, table: str, family: str, options: ScanOptions | None = None
+    ) -> Iterator[tuple[bytes, dict[bytes, Version]]]:
+        """Scan one family; see :class:`Store`.  Arguments are checked at call time.
+
+        One ``scannerOpenWithScan`` (``TScan`` with ``caching=batch_size`` and
+        ``timestamp=before``), then ``scannerGetList(batch_size)`` per batch, all counted
+        as ``scan`` in :attr:`stats`.  The scanner is always closed, also when the caller
+        stops iterating early.  If a batch fails with a transport error, the scan re-opens
+        once just after the last row it received (the old scanner's position on the
+        server is unknown, so the same request cannot simply be sent again).
+        """
+        check_table_name(table)
+        opts = options if options is not None else ScanOptions()
+        check_scan_options(opts)
+        self._validate(table, lambda known: check_family_name(family, known))
+        self._check_row_lengths(table, [opts.start])
+        specs = [family.encode("utf-8")]
+        if opts.qualifiers is not None:
+            specs = [self._column_spec(family, q) for q in dict.fromkeys(opts.qualifiers)]
+        empty = (
+            (opts.stop is not None and opts.stop <= opts.start)
+            or opts.limit == 0
+            or not specs
+            or opts.before == 0
+        )
+        if empty:
+            return iter(())
+        return self._scan_rows(table, family, specs, opts)
+
+    def _scan_rows(
+        self, table: str, family: str, specs: list[bytes], opts: ScanOptions
+    ) -> Iterator[tuple[bytes, dict[bytes, Version]]]:
+        hname = self._hname(table)
+        prefix = family.encode("utf-8") + b":"
+        remaining = opts.limit
+        next_start = opts.start
+        reopened = False  # one re-open per failure; reset after each good batch
+        while True:
+            count = opts.batch_size if remaining is None else min(opts.batch_size, remaining)
+            tscan = TScan(
+                startRow=next_start,
+                stopRow=opts.stop,
+                timestamp=opts.before,
+                columns=specs,
+                caching=count,
+            )
+            scanner_id = self._call(
+                "scan", "scannerOpenWithScan", hname, tscan, {}, table=table, idempotent=True
+            )
+            try:
+                while True:
+                    count = (
+                        opts.batch_size if remaining is None else min(opts.batch_size, remaining)
+                    )
+                    try:
+                        # Not idempotent (it advances the scanner), so never re-sent as is.
+                        batch = self._call(
+                            "scan",
+                            "scannerGetList",
+                            scanner_id,
+                            count,
+                            table=table,
+                            idempotent=False,
+                        )
+                    except StoreUnavailableError:
+                        if reopened:
+                            raise
+                        reopened = True
+                        break  # re-open after the last row received
+                    reopened = False
+                    for result in batch:
+                        row = bytes(result.row)
+                        next_start = row + b"\x00"  # the smallest row key after ``row``
+                        cells = {
+                            bytes(name)[len(prefix) :]: (int(cell.timestamp), bytes(cell.value))
+                            for name, cell in (result.columns or {}).items()
+                            if bytes(name).startswith(prefix)
+                        }
+                        if cells:
+                            yield row, cells
+                            if remaining is not None:
+                                remaining -= 1
+                    # scannerGetList returns fewer rows than asked only at the end.
+                    if len(batch) < count or remaining == 0:
+                        return
+            finally:
+                self._close_scanner(table, scanner_id)
+
+    def _close_scanner(self, table: str, scanner_id: int) -> None:
+        """Best effort: a scanner that cannot be closed (connection lost, already gone) is
+        reclaimed by the gateway when it expires."""
+        with contextlib.suppress(StoreError, InvalidArgumentError):
+            self._call("scan", "scannerClose", scanner_id, table=table, idempotent=True)
+
+    # ------------------------------------------------------------------ writes
+
+    def put(self, table: str, puts: Sequence[Put]) -> None:
+        """Blind-write versions: one ``mutateRowsTs`` per distinct version.
+
+        Thrift-1's ``Mutation`` has no timestamp of its own; the timestamp is an argument of
+        ``mutateRowsTs`` and applies to every cell in it.  So a call with k distinct
+        versions costs k round trips, and is atomic per (row, version) only (see the module
+        docstring).  Within one call, a cell given twice at the same version keeps the
+        last value.  Idempotent, so re-sent once after a transport error.
+        """
+        check_table_name(table)
+
+        def check(known: Mapping[str, object]) -> None:
+            for p in check_sequence(puts, "puts"):
+                check_put(p, known)
+
+        self._validate(table, check)
+        self._check_row_lengths(table, (p.row for p in puts))
+        # version -> row -> column spec -> value, each in first-appearance order
+        groups: dict[int, dict[bytes, dict[bytes, bytes]]] = {}
+        for p in puts:
+            by_row = groups.setdefault(p.version, {})
+            by_row.setdefault(p.row, {})[self._column_spec(p.family, p.qualifier)] = p.value
+        hname = self._hname(table)
+        for version, by_row in groups.items():
+            batches = [
+                BatchMutation(
+                    row=row,
+                    mutations=[
+                        Mutation(column=spec, value=value, isDelete=False)
+                        for spec, value in cols.items()
+                    ],
+                )
+                for row, cols in by_row.items()
+            ]
+            for chunk in _chunks(batches):
+                self._call(
+                    "put", "mutateRowsTs", hname, chunk, version, {}, table=table, idempotent=True
+                )
+
+    def compare_and_set(
+        self,
+        table: str,
+        row: bytes,
+        family: str,
+        qualifier: bytes,
+        expected: bytes | None,
+        new: bytes,
+    ) -> bool:
+        """One ``checkAndPut``; see :class:`Store`.  Never retried.
+
+        A transport error, or a server error that does not prove the write was refused
+        (anything but "table not found" / "unknown family"), raises
+        :class:`StoreUnavailableError` saying the outcome is unknown: the connection may
+        have broken after the server applied it, and the gateway is itself an HBase client
+        that can time out after the region server applied it.
+        """
+        check_table_name(table)
+
+        def check(known: Mapping[str, object]) -> None:
+            check_cell_args(row, family, qualifier, known)
+            if expected is not None:
+                check_value(expected)
+            check_value(new)
+
+        self._validate(table, check)
+        self._check_row_lengths(table, [row])
+        spec = self._column_spec(family, qualifier)
+        mutation = Mutation(column=spec, value=new, isDelete=False)
+        where = f"table {table!r}, row {row!r}, column {family}:{qualifier!r}"
+        # Failing to get a connection means nothing was sent: that error is definite.
+        conn = self._acquire()
+        try:
+            self._count("compare_and_set")
+            applied = conn.client.checkAndPut(self._hname(table), row, spec, expected, mutation, {})
+        except _SERVER_ERRORS as exc:
+            self._pool.release(conn)
+            message = _server_message(exc)
+            if "TableNotFoundException" in message or "NoSuchColumnFamilyException" in message:
+                self._raise_server_error("compare_and_set", table, exc)
+            raise StoreUnavailableError(
+                f"compare-and-set on {where} at {self.address}: outcome unknown, the server "
+                f"reported {_short(message)}; re-read the cell, do not re-send"
+            ) from exc
+        except TApplicationException as exc:
+            self._pool.release(conn)
+            raise StoreUnavailableError(
+                f"compare-and-set on {where} at {self.address}: outcome unknown, the gateway "
+                f"failed internally ({_short(_server_message(exc))}); re-read the cell, "
+                "do not re-send"
+            ) from exc
+        except _TRANSPORT_ERRORS as exc:
+            self._pool.discard(conn)
+            raise StoreUnavailableError(
+                f"compare-and-set on {where} at {self.address}: outcome unknown "
+                f"({_transport_reason(exc, self.timeout_ms)}); re-read the cell, do not "
+                "re-send"
+            ) from exc
+        except BaseException:
+            self._pool.discard(conn)
+            raise
+        self._pool.release(conn)
+        return bool(applied)
+
+    def delete_versions(self, table: str, deletes: Sequence[Delete]) -> None:
+        """Delete versions at or below each timestamp: one ``mutateRowsTs`` of delete
+        mutations per distinct timestamp.  A Thrift-1 delete mutation with a column and a
+        timestamp removes every version ``<= ts`` of that cell (HBase ``Delete.addColumns``)
+        and masks puts at or below ``ts`` written later; ``tests/store`` checks both on the
+        real server.  Idempotent: re-sent once after a transport error."""
+        check_table_name(table)
+
+        def check(known: Mapping[str, object]) -> None:
+            for d in check_sequence(deletes, "deletes"):
+                check_delete(d, known)
+
+        self._validate(table, check)
+        self._check_row_lengths(table, (d.row for d in deletes))
+        groups: dict[int, dict[bytes, dict[bytes, None]]] = {}
+        for d in deletes:
+            by_row = groups.setdefault(d.at_or_below, {})
+            by_row.setdefault(d.row, {})[self._column_spec(d.family, d.qualifier)] = None
+        hname = self._hname(table)
+        for ts, by_row in groups.items():
+            batches = [
+                BatchMutation(
+                    row=row, mutations=[Mutation(column=spec, isDelete=True) for spec in cols]
+                )
+                for row, cols in by_row.items()
+            ]
+            for chunk in _chunks(batches):
+                self._call(
+                    "delete_versions",
+                    "mutateRowsTs",
+                    hname,
+                    chunk,
+                    ts,
+                    {},
+                    table=table,
+                    idempotent=True,
+                )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        """Close every pooled connection; later calls raise StoreError.  Idempotent.
+        Connections lent out at this moment are closed when they come back."""
+        self._pool.close()
+
+    def __repr__(self) -> str:
+        return f"HBaseStore({self.url!r})"
