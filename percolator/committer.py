@@ -87,6 +87,10 @@ class Committer:
         self._primary_bytes: bytes | None = None
         self._primary_guard = threading.Lock()
         self._committing = False
+        #: set once the primary's commit compare-and-set succeeded: from then on the
+        #: transaction is committed whatever happens in this process
+        self.primary_committed = False
+        self.commit_ts = 0
         self._heartbeat_stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
 
@@ -193,6 +197,7 @@ class Committer:
         try:
             self.prewrite_all()
             commit_ts = self._ctx.oracle.get_timestamp()
+            self.commit_ts = commit_ts
             failpoints.failpoint("commit.before_notify")
             self._write_notifications(commit_ts)
             failpoints.failpoint("commit.before_primary")
@@ -200,13 +205,25 @@ class Committer:
         except UndeterminedCommitError:
             self._stop_heartbeat()
             raise
-        except BaseException:
+        except BaseException as exc:
             self._stop_heartbeat()
-            self._rollback_locked()
-            raise
-        failpoints.failpoint("commit.after_primary")
-        done = self._commit_secondaries(commit_ts)
-        return CommitResult(commit_ts, done)
+            if not self.primary_committed:
+                self._rollback_locked()
+                raise
+            # The commit point passed before the error: the transaction IS committed and
+            # nothing may be rolled back.  An interrupt still propagates (the transaction
+            # reports COMMITTED); an ordinary error must not, or a retry helper would
+            # apply the transaction a second time.
+            if not isinstance(exc, Exception):
+                raise
+            log.warning(
+                "transaction %d committed at %d; error right after the commit point ignored: %s",
+                self.start_ts,
+                self.commit_ts,
+                exc,
+            )
+        done = self._commit_secondaries(self.commit_ts)
+        return CommitResult(self.commit_ts, done)
 
     def _write_notifications(self, commit_ts: int) -> None:
         for table, keys in group_by_table(self._notify).items():
@@ -225,6 +242,7 @@ class Committer:
                 ok = self._ctx.store.compare_and_set(
                     key.table, key.row, LOCK, key.qualifier, expected, new
                 )
+                self.primary_committed = ok
                 failpoints.failpoint("commit.primary_cas_applied")
             except StoreUnavailableError as exc:
                 raise UndeterminedCommitError(
@@ -244,6 +262,7 @@ class Committer:
         committed and readers roll forward whatever is left."""
         ctx = self._ctx
         try:
+            failpoints.failpoint("commit.after_primary")
             by_table: dict[str, list[tuple[CellKey, Kind]]] = {}
             for m in (self.primary, *self.secondaries):
                 by_table.setdefault(m.key.table, []).append((m.key, m.kind))
@@ -266,7 +285,7 @@ class Committer:
             )
             failpoints.failpoint("commit.after_secondaries")
             return True
-        except PercolatorError as exc:
+        except Exception as exc:
             log.warning(
                 "transaction %d committed at %d; finishing its secondaries failed (%s); "
                 "readers will roll them forward",
@@ -287,7 +306,15 @@ class Committer:
             if self.primary.key in locked:
                 with self._primary_guard:
                     primary_bytes = self._primary_bytes or locked[self.primary.key]
-                rollback_cell(ctx.store, self.primary.key, self.start_ts, primary_bytes)
+                if not rollback_cell(ctx.store, self.primary.key, self.start_ts, primary_bytes):
+                    # The primary is not ours to roll back (it committed): the secondaries
+                    # belong to a committed transaction and must be rolled forward, not back.
+                    log.warning(
+                        "transaction %d: primary is not rolled back; leaving its secondaries "
+                        "to lazy roll-forward",
+                        self.start_ts,
+                    )
+                    return
                 failpoints.failpoint("rollback.after_primary")
             others = [k for k in locked if k != self.primary.key]
             run_all(

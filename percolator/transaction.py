@@ -298,6 +298,7 @@ class Transaction(Snapshot):
         UndeterminedCommitError (the outcome is unknown; never retried automatically)."""
         self._check_usable()
         self._status = TxnStatus.COMMITTING
+        committer: Committer | None = None
         try:
             if not self._writes:
                 self._status = TxnStatus.COMMITTED
@@ -305,12 +306,18 @@ class Transaction(Snapshot):
             ctx = self._client._ctx
             mutations = list(self._writes.values())
             notify = [m.key for m in mutations if ctx.is_observed(m.key)]
-            result = Committer(ctx, self.start_ts, mutations, notify).commit()
+            committer = Committer(ctx, self.start_ts, mutations, notify)
+            result = committer.commit()
         except UndeterminedCommitError:
             self._status = TxnStatus.UNDETERMINED
             raise
         except BaseException:
-            self._status = TxnStatus.ROLLED_BACK
+            if committer is not None and committer.primary_committed:
+                # Interrupted after the commit point (e.g. Ctrl-C): committed all the same.
+                self.commit_ts = committer.commit_ts
+                self._status = TxnStatus.COMMITTED
+            else:
+                self._status = TxnStatus.ROLLED_BACK
             raise
         finally:
             self._client._unregister_active(self.start_ts)

@@ -28,7 +28,7 @@ from percolator import failpoints
 from percolator.layout import WRITE
 from percolator.protocol.cells import CellKey, fetch_cells
 from percolator.protocol.commit import commit_cell
-from percolator.protocol.rollback import rollback_cell
+from percolator.protocol.rollback import rollback_cell, try_rollback_cell
 from percolator.records import LockInfo, WriteRecord
 from percolator.store.base import Store
 from percolator.timestamps import now_ms, physical_ms
@@ -81,9 +81,12 @@ def check_txn_status(
             if now < expires or not rollback_if_expired:
                 return TxnStatus(ALIVE, expires_at_ms=expires)
             failpoints.failpoint("resolve.before_roll_back")
-            if rollback_cell(store, primary, start_ts, raw.lock_bytes):
+            assert raw.lock_bytes is not None
+            # One attempt only: if the primary changed (a heartbeat extended the lock, or
+            # the transaction committed), its expiry must be judged again from scratch.
+            if try_rollback_cell(store, primary, start_ts, raw.lock_bytes):
                 return TxnStatus(ROLLED_BACK)
-            continue  # the primary changed under us (heartbeat or commit): look again
+            continue
         if cell.last_commit is not None and cell.last_commit.start_ts == start_ts:
             return TxnStatus(COMMITTED, commit_ts=cell.last_commit.commit_ts)
         if cell.rolled_back == start_ts:

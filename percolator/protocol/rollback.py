@@ -43,3 +43,16 @@ def rollback_cell(
         # The lock cell changed under us (a heartbeat, or someone else resolving): re-read.
         lock_bytes = None
     raise RuntimeError(f"rollback of {key} at {start_ts} did not settle after 100 attempts")
+
+
+def try_rollback_cell(store: Store, key: CellKey, start_ts: int, lock_bytes: bytes) -> bool:
+    """One compare-and-set from exactly ``lock_bytes`` (which must hold ``start_ts``'s lock)
+    to the rolled-back state.  False if the cell changed since those bytes were read: the
+    caller re-reads and decides again (the lock may have been extended by a heartbeat)."""
+    from percolator.records import LockCell
+
+    cell = LockCell.decode(lock_bytes)
+    if not cell.locked_by(start_ts):
+        raise ValueError(f"{key}: the given lock bytes are not a lock of {start_ts}")
+    new = cell.rolled_back_state().encode()
+    return store.compare_and_set(key.table, key.row, LOCK, key.qualifier, lock_bytes, new)
