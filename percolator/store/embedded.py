@@ -1,0 +1,755 @@
+"""The ``embedded:PATH`` store: a durable store in a local directory, shared by processes.
+
+One SQLite database in write-ahead-log mode holds everything, so any number of threads and
+processes on one machine (the oracle, workers, Spark executors) can use the same directory at
+once.  The semantics are those of HBase through Thrift-1, as written in
+:mod:`percolator.store.base`; the ``memory:`` store is the reference.
+
+What is atomic and durable
+--------------------------
+* Every write call (:meth:`~EmbeddedStore.put`, :meth:`~EmbeddedStore.delete_versions`, a
+  batch of any size) is **one** SQLite ``BEGIN IMMEDIATE`` transaction: all of it or nothing,
+  across processes.  That is more than the contract promises (atomic per row); callers must
+  not rely on it.
+* :meth:`~EmbeddedStore.compare_and_set` reads and writes inside one ``IMMEDIATE``
+  transaction, which holds the database's single write lock: it is atomic against every
+  thread and process.  Its version is ``max(store clock, version of the cell just
+  compared)``, as in HBase 2; the store clock is ``max(wall-clock ms, last clock)``,
+  persisted in the database, so it never goes backwards, even across processes and
+  restarts.  The written value is always the newest version of its cell.
+* A read of several rows, and each batch of a scan, runs in one read transaction (a
+  snapshot).  Only single rows are promised to be consistent.
+* A committed call survives the crash (``kill -9``) of any process, including the one that
+  made it: SQLite's write-ahead log is replayed by the next connection.  The log is synced
+  at checkpoints, not at every commit (``synchronous=NORMAL``): after a power loss or an
+  operating-system crash the newest commits may be gone, but the database keeps a
+  consistent prefix of its history.
+* Errors: a write lock not obtained within ``busy_timeout_s`` (another process holds it,
+  for example one stopped with SIGSTOP) raises :class:`StoreUnavailableError` and nothing
+  was written; any other SQLite failure raises :class:`StoreError`.
+
+Delete masks are kept **forever** (HBase drops its delete markers at a major compaction): a
+put at or below a deleted version of the same cell is silently dropped, also a
+compare-and-set whose stamp falls under it.  The mask table holds one row per deleted cell.
+
+On-disk format (format version 1)
+---------------------------------
+``PATH/percolator-store.sqlite3`` (plus SQLite's ``-wal`` and ``-shm`` files) holds::
+
+    meta(key TEXT PRIMARY KEY, value)                      -- WITHOUT ROWID
+        'format'         = 'percolator-embedded-store'
+        'format_version' = 1
+        'next_table_id'  = id of the next table created (ids are never reused)
+        'clock_ms'       = the store clock: last compare-and-set clock reading, in ms
+    tables(name TEXT PRIMARY KEY, id INTEGER UNIQUE,
+           families TEXT)                                  -- WITHOUT ROWID
+        families: JSON list of {"name", "max_versions", "in_memory", "block_cache"}
+    cells(tid INTEGER, family TEXT, row BLOB, qualifier BLOB, version INTEGER, value BLOB,
+          PRIMARY KEY (tid, family, row, qualifier, version DESC))   -- WITHOUT ROWID
+    delete_masks(tid INTEGER, family TEXT, row BLOB, qualifier BLOB, at_or_below INTEGER,
+          PRIMARY KEY (tid, family, row, qualifier))                 -- WITHOUT ROWID
+
+SQLite compares BLOBs with ``memcmp``, so rows sort as unsigned bytes like HBase's, and
+the primary key makes a row read or a family scan one index range scan that meets a cell's
+newest version first.  A family with a finite ``max_versions`` is pruned on every write.
+
+Cost: a read of explicit columns seeks each cell's newest version below ``before``
+directly.  A read of whole families and a scan visit every version below ``before`` of the
+cells they return (one statement for many rows), so they slow down on cells with many
+versions that garbage collection has not trimmed yet.
+
+A directory is accepted if it does not exist yet (it is created), is empty, or already
+holds the database; anything else is refused with :class:`StoreError`, so pointing the
+store at the wrong directory never scatters files into it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from functools import lru_cache
+from typing import Any
+
+from percolator.errors import (
+    PercolatorError,
+    StoreError,
+    StoreUnavailableError,
+    TableExistsError,
+    TableNotFoundError,
+)
+from percolator.store.base import (
+    Column,
+    Delete,
+    FamilySpec,
+    Put,
+    RowCells,
+    ScanOptions,
+    Store,
+    Version,
+    check_cell_args,
+    check_value,
+)
+from percolator.store.memory import (
+    MAX_BEFORE,
+    UNLIMITED_VERSIONS,
+    cas_matches,
+    check_delete,
+    check_family_name,
+    check_family_specs,
+    check_put,
+    check_read_args,
+    check_scan_options,
+    check_sequence,
+    check_table_name,
+    selection_by_family,
+)
+
+DB_FILE = "percolator-store.sqlite3"
+FORMAT_NAME = "percolator-embedded-store"
+FORMAT_VERSION = 1
+# Files SQLite keeps next to the database; a directory holding only these is ours.
+_DB_FILES = {DB_FILE, DB_FILE + "-wal", DB_FILE + "-shm", DB_FILE + "-journal"}
+# Rows per statement in multi-row reads (well below SQLite's bound-parameter limit).
+_ROWS_PER_STATEMENT = 500
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS tables ("
+    " name TEXT PRIMARY KEY, id INTEGER NOT NULL UNIQUE, families TEXT NOT NULL"
+    ") WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS cells ("
+    " tid INTEGER NOT NULL, family TEXT NOT NULL, row BLOB NOT NULL,"
+    " qualifier BLOB NOT NULL, version INTEGER NOT NULL, value BLOB NOT NULL,"
+    " PRIMARY KEY (tid, family, row, qualifier, version DESC)"
+    ") WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS delete_masks ("
+    " tid INTEGER NOT NULL, family TEXT NOT NULL, row BLOB NOT NULL,"
+    " qualifier BLOB NOT NULL, at_or_below INTEGER NOT NULL,"
+    " PRIMARY KEY (tid, family, row, qualifier)"
+    ") WITHOUT ROWID",
+)
+
+# A put is dropped when a delete mask of its cell covers its version (HBase's delete
+# marker); re-putting an existing version replaces the value (the later write wins).
+_PUT_SQL = (
+    "INSERT OR REPLACE INTO cells (tid, family, row, qualifier, version, value)"
+    " SELECT ?1, ?2, ?3, ?4, ?5, ?6 WHERE NOT EXISTS ("
+    "  SELECT 1 FROM delete_masks WHERE tid = ?1 AND family = ?2 AND row = ?3"
+    "  AND qualifier = ?4 AND at_or_below >= ?5)"
+)
+# Keep the newest ?5 versions of one cell.
+_PRUNE_SQL = (
+    "DELETE FROM cells WHERE tid = ?1 AND family = ?2 AND row = ?3 AND qualifier = ?4"
+    " AND version < (SELECT version FROM cells WHERE tid = ?1 AND family = ?2 AND row = ?3"
+    "  AND qualifier = ?4 ORDER BY version DESC LIMIT 1 OFFSET ?5 - 1)"
+)
+_DELETE_SQL = (
+    "DELETE FROM cells WHERE tid = ? AND family = ? AND row = ? AND qualifier = ? AND version <= ?"
+)
+_MASK_SQL = (
+    "INSERT INTO delete_masks (tid, family, row, qualifier, at_or_below)"
+    " VALUES (?, ?, ?, ?, ?) ON CONFLICT (tid, family, row, qualifier)"
+    " DO UPDATE SET at_or_below = max(at_or_below, excluded.at_or_below)"
+)
+_NEWEST_SQL = (
+    "SELECT version, value FROM cells WHERE tid = ? AND family = ? AND row = ? AND qualifier = ?"
+    " ORDER BY version DESC LIMIT 1"
+)
+_VERSIONS_SQL = (
+    "SELECT version, value FROM cells WHERE tid = ? AND family = ? AND row = ?"
+    " AND qualifier = ? AND version < ? AND version >= ? ORDER BY version DESC LIMIT ?"
+)
+
+
+# --------------------------------------------------------------------------- process state
+#
+# SQLite connections must not cross a fork: a child opens its own.  Connections inherited
+# from the parent are parked here for the child's lifetime and never closed, because closing
+# them in the child could disturb the parent's locks.  Threads of one process take a
+# per-database mutex before SQLite's write lock, so they queue in order instead of polling
+# SQLite's busy handler.
+
+_pid = os.getpid()
+_inherited_connections: list[sqlite3.Connection] = []
+_write_locks: dict[str, threading.Lock] = {}
+_write_locks_guard = threading.Lock()
+_live_stores: weakref.WeakSet[EmbeddedStore] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    global _pid, _write_locks_guard
+    _pid = os.getpid()
+    _write_locks_guard = threading.Lock()
+    _write_locks.clear()
+    for store in list(_live_stores):
+        store._forget_parent_connections()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _write_lock(db_path: str) -> threading.Lock:
+    with _write_locks_guard:
+        lock = _write_locks.get(db_path)
+        if lock is None:
+            lock = _write_locks[db_path] = threading.Lock()
+        return lock
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@lru_cache(maxsize=256)
+def _decode_families(encoded: str) -> Mapping[str, FamilySpec]:
+    return {
+        spec["name"]: FamilySpec(
+            name=spec["name"],
+            max_versions=spec["max_versions"],
+            in_memory=spec["in_memory"],
+            block_cache=spec["block_cache"],
+        )
+        for spec in json.loads(encoded)
+    }
+
+
+def _encode_families(families: Sequence[FamilySpec]) -> str:
+    return json.dumps(
+        [
+            {
+                "name": spec.name,
+                "max_versions": spec.max_versions,
+                "in_memory": spec.in_memory,
+                "block_cache": spec.block_cache,
+            }
+            for spec in families
+        ]
+    )
+
+
+def _chunks(items: Sequence[bytes], size: int) -> Iterator[Sequence[bytes]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _marks(n: int) -> str:
+    return ",".join("?" * n)
+
+
+class EmbeddedStore(Store):
+    """A durable store in a local directory.  See the module docstring for the guarantees.
+
+    Thread-safe and usable from several processes at once (each thread of each process gets
+    its own SQLite connection; a forked child opens new ones).  Picklable: an unpickled copy
+    opens the same directory.
+    """
+
+    def __init__(self, path: str, *, busy_timeout_s: float = 60.0) -> None:
+        super().__init__()
+        self.path = os.path.abspath(os.path.expanduser(path))
+        self.url = f"embedded:{self.path}"
+        self._db_path = os.path.join(self.path, DB_FILE)
+        self._busy_timeout_s = busy_timeout_s
+        self._closed = False
+        self._initialised = False
+        self._local = threading.local()
+        # Every connection this process opened for this store, by thread, so close() and
+        # the cleanup of finished threads can close them.
+        self._conns: dict[int, tuple[weakref.ref[threading.Thread], sqlite3.Connection]] = {}
+        self._conns_lock = threading.Lock()
+        self._stats_lock = threading.Lock()
+        self._prepare_directory()
+        try:
+            self._initialise()
+        except BaseException:
+            self.close()
+            raise
+        self._initialised = True
+        _live_stores.add(self)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_reopen, (self.path, self._busy_timeout_s))
+
+    # ------------------------------------------------------------------ opening
+
+    def _prepare_directory(self) -> None:
+        path = self.path
+        if os.path.lexists(path) and not os.path.isdir(path):
+            raise StoreError(f"embedded store path {path!r} exists and is not a directory")
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(
+                f"cannot create embedded store directory {path!r}: {exc.strerror}"
+            ) from exc
+        if not os.access(path, os.R_OK | os.W_OK | os.X_OK):
+            raise StoreError(
+                f"embedded store directory {path!r} is not readable and writable by this user"
+            )
+        if not os.path.exists(self._db_path):
+            others = sorted(set(os.listdir(path)) - _DB_FILES)
+            if others:
+                raise StoreError(
+                    f"{path!r} is not an embedded store: it has no {DB_FILE} and is not "
+                    f"empty (holds {', '.join(others[:5])}{', ...' if len(others) > 5 else ''})"
+                    "; use an empty or new directory"
+                )
+
+    def _initialise(self) -> None:
+        """Create the schema if the database is new; otherwise check its format."""
+        with self._errors("open"):
+            conn = self._conn()
+            # Switching to WAL needs a moment without other connections; a concurrent
+            # first open may hold the file briefly, so retry within the busy timeout.
+            deadline = time.monotonic() + self._busy_timeout_s
+            while True:
+                try:
+                    mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+                    break
+                except sqlite3.OperationalError as exc:
+                    if not _is_busy(exc) or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.01)
+            if str(mode).lower() != "wal":
+                raise StoreError(
+                    f"embedded store {self._db_path!r}: cannot switch to WAL mode (got {mode!r})"
+                )
+            # The common case, an existing store, needs no write lock: opening must not
+            # wait for a process that holds it.
+            with self._read() as rconn:
+                if self._check_format(rconn):
+                    return
+            with self._write() as wconn:
+                if not self._check_format(wconn):
+                    for statement in _SCHEMA:
+                        wconn.execute(statement)
+                    wconn.executemany(
+                        "INSERT INTO meta (key, value) VALUES (?, ?)",
+                        [
+                            ("format", FORMAT_NAME),
+                            ("format_version", FORMAT_VERSION),
+                            ("next_table_id", 1),
+                            ("clock_ms", 0),
+                        ],
+                    )
+
+    def _check_format(self, conn: sqlite3.Connection) -> bool:
+        """True for a store of this format, False for an empty database (a new store);
+        raises StoreError for anything else."""
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+        if not names:
+            return False
+        meta = dict(conn.execute("SELECT key, value FROM meta")) if "meta" in names else {}
+        if meta.get("format") != FORMAT_NAME:
+            raise StoreError(f"{self._db_path!r} is a SQLite database but not an embedded store")
+        if meta.get("format_version") != FORMAT_VERSION:
+            raise StoreError(
+                f"embedded store {self._db_path!r} has format version "
+                f"{meta.get('format_version')!r}; this version reads {FORMAT_VERSION}"
+            )
+        return True
+
+    def _connect(self) -> sqlite3.Connection:
+        # Only the first open may create the file: a later connection of a store whose
+        # file was removed must fail rather than start an empty store.
+        mode = "rw" if self._initialised else "rwc"
+        conn = sqlite3.connect(
+            f"file:{self._db_path}?mode={mode}",
+            uri=True,
+            timeout=self._busy_timeout_s,
+            isolation_level=None,  # transactions are explicit: BEGIN IMMEDIATE / BEGIN
+            check_same_thread=False,  # close() may close it from another thread
+            cached_statements=64,
+        )
+        try:
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA mmap_size=268435456")
+        except sqlite3.Error:
+            conn.close()
+            raise
+        return conn
+
+    def _conn(self) -> sqlite3.Connection:
+        """This thread's connection, opened on first use (and again in a forked child)."""
+        local = self._local
+        conn: sqlite3.Connection | None = getattr(local, "conn", None)
+        if conn is not None and local.pid == _pid and not self._closed:
+            return conn
+        if self._closed:
+            raise StoreError(f"embedded store {self.path!r} is closed")
+        conn = self._connect()
+        thread = threading.current_thread()
+        with self._conns_lock:
+            # Close connections of threads that have finished: nothing else can use them.
+            for ident, (ref, old) in list(self._conns.items()):
+                dead = ref()
+                if dead is None or not dead.is_alive():
+                    del self._conns[ident]
+                    old.close()
+            self._conns[id(thread)] = (weakref.ref(thread), conn)
+        local.conn = conn
+        local.pid = _pid
+        return conn
+
+    def _forget_parent_connections(self) -> None:
+        """In a forked child: drop (but never close) the parent's connections."""
+        _inherited_connections.extend(conn for _, conn in self._conns.values())
+        self._conns = {}
+        self._conns_lock = threading.Lock()
+        self._local = threading.local()
+
+    def close(self) -> None:
+        """Close this process's connections.  Idempotent; the store is unusable after."""
+        self._closed = True
+        with self._conns_lock:
+            conns = [conn for _, conn in self._conns.values()]
+            self._conns = {}
+        for conn in conns:
+            # Best effort: the database stays consistent whether or not a close succeeds.
+            with suppress(sqlite3.Error):
+                conn.close()
+        _live_stores.discard(self)
+
+    # ------------------------------------------------------------------ transactions
+
+    @contextmanager
+    def _errors(self, op: str) -> Iterator[None]:
+        """Translate SQLite errors into the project's error tree, naming the operation."""
+        try:
+            yield
+        except PercolatorError:
+            raise
+        except sqlite3.Error as exc:
+            if _is_busy(exc):
+                raise StoreUnavailableError(
+                    f"embedded store {self.path!r}: {op} gave up after waiting "
+                    f"{self._busy_timeout_s:g}s for the database lock (another process holds "
+                    f"it): {exc}; nothing was written"
+                ) from exc
+            raise StoreError(f"embedded store {self.path!r}: {op} failed: {exc}") from exc
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction: committed on a clean exit, else rolled back."""
+        conn = self._conn()
+        with _write_lock(self._db_path):
+            # Waiting for another process's lock is left to SQLite's busy handler (sleeps of
+            # growing length): measured here, it gives better throughput under contention
+            # than a loop of short sleeps, which wakes every waiter to compete for the CPU.
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                _rollback(conn)
+                raise
+            try:
+                conn.execute("COMMIT")
+            except BaseException:
+                _rollback(conn)
+                raise
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        """One read transaction: every statement inside sees the same snapshot."""
+        conn = self._conn()
+        conn.execute("BEGIN")
+        try:
+            yield conn
+        finally:
+            _rollback(conn)  # nothing to commit: ending the read is enough
+
+    def _count(self, op: str) -> None:
+        with self._stats_lock:
+            self.stats.count(op)
+
+    @staticmethod
+    def _table(conn: sqlite3.Connection, name: str) -> tuple[int, Mapping[str, FamilySpec]]:
+        found = conn.execute("SELECT id, families FROM tables WHERE name = ?", (name,)).fetchone()
+        if found is None:
+            raise TableNotFoundError(name)
+        return int(found[0]), _decode_families(found[1])
+
+    # ------------------------------------------------------------------ admin
+
+    def create_table(self, name: str, families: Sequence[FamilySpec]) -> None:
+        check_table_name(name)
+        check_family_specs(families)
+        self._count("create_table")
+        with self._errors(f"create_table({name!r})"), self._write() as conn:
+            if conn.execute("SELECT 1 FROM tables WHERE name = ?", (name,)).fetchone():
+                raise TableExistsError(name)
+            (tid,) = conn.execute("SELECT value FROM meta WHERE key = 'next_table_id'").fetchone()
+            conn.execute("UPDATE meta SET value = ? WHERE key = 'next_table_id'", (tid + 1,))
+            conn.execute(
+                "INSERT INTO tables (name, id, families) VALUES (?, ?, ?)",
+                (name, tid, _encode_families(families)),
+            )
+
+    def drop_table(self, name: str) -> None:
+        check_table_name(name)
+        self._count("drop_table")
+        with self._errors(f"drop_table({name!r})"), self._write() as conn:
+            tid, _ = self._table(conn, name)
+            conn.execute("DELETE FROM cells WHERE tid = ?", (tid,))
+            conn.execute("DELETE FROM delete_masks WHERE tid = ?", (tid,))
+            conn.execute("DELETE FROM tables WHERE name = ?", (name,))
+
+    def list_tables(self) -> list[str]:
+        self._count("list_tables")
+        with self._errors("list_tables"):
+            return sorted(r[0] for r in self._conn().execute("SELECT name FROM tables"))
+
+    def table_families(self, name: str) -> list[FamilySpec]:
+        check_table_name(name)
+        self._count("table_families")
+        with self._errors(f"table_families({name!r})"):
+            _, families = self._table(self._conn(), name)
+            return list(families.values())
+
+    # ------------------------------------------------------------------ reads
+
+    def read_rows(
+        self,
+        table: str,
+        rows: Sequence[bytes],
+        columns: Sequence[Column] | None = None,
+        families: Sequence[str] | None = None,
+        *,
+        before: int | None = None,
+        min_version: int = 0,
+        max_versions: int = 1,
+    ) -> dict[bytes, RowCells]:
+        check_table_name(table)
+        self._count("read_rows")
+        upper = MAX_BEFORE if before is None else before
+        result: dict[bytes, RowCells] = {}
+        with self._errors(f"read_rows({table!r})"), self._read() as conn:
+            tid, table_families = self._table(conn, table)
+            check_read_args(
+                rows, columns, families, before, min_version, max_versions, table_families
+            )
+            wanted_rows = list(dict.fromkeys(rows))
+            selection = selection_by_family(columns, families, table_families)
+            whole = [family for family, qualifiers in selection if qualifiers is None]
+            cells = [
+                (family, qualifier)
+                for family, qualifiers in selection
+                for qualifier in qualifiers or ()
+            ]
+            limit = min(max_versions, UNLIMITED_VERSIONS)  # no cell keeps more versions
+            if whole:  # check_read_args allows whole families only with max_versions=1
+                for row, family, qualifier, version, value in self._read_families(
+                    conn, tid, whole, wanted_rows, upper, min_version
+                ):
+                    result.setdefault(row, {})[(family, qualifier)] = [(version, value)]
+            for row in wanted_rows:
+                for family, qualifier in cells:
+                    params = (tid, family, row, qualifier, upper, min_version, limit)
+                    versions = [(v, value) for v, value in conn.execute(_VERSIONS_SQL, params)]
+                    if versions:
+                        result.setdefault(row, {})[(family, qualifier)] = versions
+        return result
+
+    @staticmethod
+    def _read_families(
+        conn: sqlite3.Connection,
+        tid: int,
+        families: Sequence[str],
+        rows: Sequence[bytes],
+        before: int,
+        min_version: int,
+    ) -> Iterator[tuple[bytes, str, bytes, int, bytes]]:
+        """The newest version in range of every cell of whole families of some rows.
+
+        ``max()`` with bare columns: SQLite takes ``value`` from the row holding the maximum.
+        This visits every version below ``before`` of the cells read (explicit columns, in
+        contrast, seek their newest version directly), so it costs more on cells with many
+        versions that garbage collection has not trimmed yet.
+        """
+        for chunk in _chunks(rows, _ROWS_PER_STATEMENT):
+            sql = (
+                "SELECT row, family, qualifier, max(version), value FROM cells"
+                f" WHERE tid = ? AND family IN ({_marks(len(families))})"
+                f" AND row IN ({_marks(len(chunk))}) AND version < ? AND version >= ?"
+                " GROUP BY family, row, qualifier"
+            )
+            yield from conn.execute(sql, [tid, *families, *chunk, before, min_version])
+
+    def scan(
+        self, table: str, family: str, options: ScanOptions | None = None
+    ) -> Iterator[tuple[bytes, dict[bytes, Version]]]:
+        check_table_name(table)
+        opts = options if options is not None else ScanOptions()
+        check_scan_options(opts)
+        # Check the table and family now, not at the first next(): a bad scan should fail
+        # where it is written.
+        with self._errors(f"scan({table!r}, {family!r})"):
+            _, table_families = self._table(self._conn(), table)
+            check_family_name(family, table_families)
+        return self._scan(table, family, opts)
+
+    def _scan(
+        self, table: str, family: str, opts: ScanOptions
+    ) -> Iterator[tuple[bytes, dict[bytes, Version]]]:
+        upper = MAX_BEFORE if opts.before is None else opts.before
+        qualifiers = None if opts.qualifiers is None else sorted(set(opts.qualifiers))
+        remaining = opts.limit
+        after: bytes | None = None  # last row returned: the next batch starts above it
+        while remaining is None or remaining > 0:
+            want = opts.batch_size if remaining is None else min(opts.batch_size, remaining)
+            self._count("scan")
+            batch: list[tuple[bytes, dict[bytes, Version]]] = []
+            exhausted = True
+            # A batch is read whole before anything is yielded, so no statement or read
+            # transaction stays open while the caller works (perhaps writing meanwhile).
+            with self._errors(f"scan({table!r}, {family!r})"), self._read() as conn:
+                tid, table_families = self._table(conn, table)
+                check_family_name(family, table_families)
+                where = ["tid = ?", "family = ?"]
+                params: list[object] = [tid, family]
+                if after is None:
+                    where.append("row >= ?")
+                    params.append(opts.start)
+                else:
+                    where.append("row > ?")
+                    params.append(after)
+                if opts.stop is not None:
+                    where.append("row < ?")
+                    params.append(opts.stop)
+                if qualifiers is not None:
+                    where.append(f"qualifier IN ({_marks(len(qualifiers))})")
+                    params.extend(qualifiers)
+                where.append("version < ?")
+                params.append(upper)
+                sql = (
+                    "SELECT row, qualifier, max(version), value FROM cells"
+                    f" WHERE {' AND '.join(where)}"
+                    " GROUP BY row, qualifier ORDER BY row, qualifier"
+                )
+                cursor = conn.execute(sql, params)
+                try:
+                    current: dict[bytes, Version] | None = None
+                    for row, qualifier, version, value in cursor:
+                        if current is None or row != batch[-1][0]:
+                            if len(batch) == want:
+                                exhausted = False
+                                break
+                            current = {}
+                            batch.append((row, current))
+                        current[qualifier] = (version, value)
+                finally:
+                    cursor.close()
+            yield from batch
+            if batch:
+                after = batch[-1][0]
+            if remaining is not None:
+                remaining -= len(batch)
+            if exhausted:
+                return
+
+    # ------------------------------------------------------------------ writes
+
+    def put(self, table: str, puts: Sequence[Put]) -> None:
+        check_table_name(table)
+        items = check_sequence(puts, "puts")
+        self._count("put")
+        with self._errors(f"put({table!r})"), self._write() as conn:
+            tid, families = self._table(conn, table)
+            # Check every put before writing any: a bad batch writes nothing.
+            for put in items:
+                check_put(put, families)
+            checked: Sequence[Put] = puts
+            conn.executemany(
+                _PUT_SQL,
+                [(tid, p.family, p.row, p.qualifier, p.version, p.value) for p in checked],
+            )
+            self._prune(conn, tid, families, ((p.family, p.row, p.qualifier) for p in checked))
+
+    @staticmethod
+    def _prune(
+        conn: sqlite3.Connection,
+        tid: int,
+        families: Mapping[str, FamilySpec],
+        cells: Iterable[tuple[str, bytes, bytes]],
+    ) -> None:
+        """Drop versions beyond each family's ``max_versions`` in the cells just written."""
+        limited = {
+            (tid, family, row, qualifier, families[family].max_versions)
+            for family, row, qualifier in cells
+            if families[family].max_versions < UNLIMITED_VERSIONS
+        }
+        if limited:
+            conn.executemany(_PRUNE_SQL, limited)
+
+    def compare_and_set(
+        self,
+        table: str,
+        row: bytes,
+        family: str,
+        qualifier: bytes,
+        expected: bytes | None,
+        new: bytes,
+    ) -> bool:
+        check_table_name(table)
+        check_cell_args(row, family, qualifier)
+        if expected is not None:
+            check_value(expected)
+        check_value(new)
+        self._count("compare_and_set")
+        with self._errors(f"compare_and_set({table!r}, {row!r})"), self._write() as conn:
+            tid, families = self._table(conn, table)
+            check_family_name(family, families)
+            newest = conn.execute(_NEWEST_SQL, (tid, family, row, qualifier)).fetchone()
+            if not cas_matches(None if newest is None else newest[1], expected):
+                return False
+            # The store clock: wall-clock milliseconds, never below the last stamp (clocks
+            # of different processes, or one clock stepped back, must not make a later
+            # compare-and-set older than an earlier one).
+            (last,) = conn.execute("SELECT value FROM meta WHERE key = 'clock_ms'").fetchone()
+            clock = max(_now_ms(), int(last))
+            if clock != last:
+                conn.execute("UPDATE meta SET value = ? WHERE key = 'clock_ms'", (clock,))
+            # As HBase 2 does, never stamp below the version just compared: the written
+            # value is the newest of its cell (an equal version is replaced).
+            stamp = clock if newest is None else max(clock, int(newest[0]))
+            conn.execute(_PUT_SQL, (tid, family, row, qualifier, stamp, new))
+            self._prune(conn, tid, families, [(family, row, qualifier)])
+            return True
+
+    def delete_versions(self, table: str, deletes: Sequence[Delete]) -> None:
+        check_table_name(table)
+        items = check_sequence(deletes, "deletes")
+        self._count("delete_versions")
+        with self._errors(f"delete_versions({table!r})"), self._write() as conn:
+            tid, families = self._table(conn, table)
+            for delete in items:
+                check_delete(delete, families)
+            checked: Sequence[Delete] = deletes
+            params = [(tid, d.family, d.row, d.qualifier, d.at_or_below) for d in checked]
+            conn.executemany(_DELETE_SQL, params)
+            conn.executemany(_MASK_SQL, params)
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    # Fails harmlessly when no transaction is open (BEGIN failed, or SQLite already rolled
+    # back after an I/O error).
+    with suppress(sqlite3.Error):
+        conn.execute("ROLLBACK")
+
+
+def _reopen(path: str, busy_timeout_s: float) -> EmbeddedStore:
+    return EmbeddedStore(path, busy_timeout_s=busy_timeout_s)

@@ -1,0 +1,334 @@
+"""Tests of the embedded store beyond the shared contract: durability, crashes, several
+processes, forks, and what happens on a bad directory."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from percolator.errors import StoreError, StoreUnavailableError
+from percolator.store import Delete, FamilySpec, Put, ScanOptions, Store, open_store
+from percolator.store.embedded import DB_FILE, EmbeddedStore
+from tests.store._store_worker import batch_rows
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+FAMILIES = [FamilySpec("d"), FamilySpec("l", max_versions=1)]
+
+
+def start_worker(url: str, *args: str) -> subprocess.Popen[str]:
+    """Start a batches/chain/counter worker and release it (see ``_store_worker``)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.store._store_worker", *args[:1], url, *args[1:]],
+        cwd=REPO_ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    assert proc.stdout.readline().strip() == "ready"
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    return proc
+
+
+def rows_by_batch(store: Store, table: str) -> dict[int, dict[bytes, dict[bytes, bytes]]]:
+    """batch number -> row -> qualifier -> value, from a scan of family d."""
+    out: dict[int, dict[bytes, dict[bytes, bytes]]] = {}
+    for row, cells in store.scan(table, "d", ScanOptions(batch_size=500)):
+        batch = int(row[1:7])
+        out.setdefault(batch, {})[row] = {q: v for q, (_, v) in cells.items()}
+    return out
+
+
+def assert_rows_whole(
+    batches: dict[int, dict[bytes, dict[bytes, bytes]]], rows: int, cells: int
+) -> None:
+    for batch, found in batches.items():
+        for row, row_cells in found.items():
+            assert len(row_cells) == cells, f"row {row!r} of batch {batch} is partial"
+            assert set(row_cells.values()) == {b"%d" % batch}
+
+
+# --------------------------------------------------------------------------- durability
+
+
+def test_everything_survives_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    with EmbeddedStore(str(path)) as store:
+        store.create_table("t", FAMILIES)
+        store.put("t", [Put(b"r", "d", b"q", v, b"v%d" % v) for v in (1, 2, 3)])
+        store.delete_versions("t", [Delete(b"r", "d", b"q", 1), Delete(b"m", "d", b"q", 50)])
+        assert store.compare_and_set("t", b"r", "l", b"q", None, b"lock")
+        [(cas_version, _)] = store.read_row("t", b"r", [("l", b"q")])[("l", b"q")]
+    with EmbeddedStore(str(path)) as store:
+        assert store.list_tables() == ["t"]
+        assert store.table_families("t") == FAMILIES
+        assert store.read_row("t", b"r", [("d", b"q")], max_versions=9) == {
+            ("d", b"q"): [(3, b"v3"), (2, b"v2")]
+        }
+        # The delete mask is durable too.
+        store.put("t", [Put(b"m", "d", b"q", 40, b"masked")])
+        assert store.read_row("t", b"m") == {}
+        # The store clock never goes back, also across a reopen.
+        assert store.compare_and_set("t", b"r", "l", b"q", b"lock", b"lock2")
+        [(version, value)] = store.read_row("t", b"r", [("l", b"q")])[("l", b"q")]
+        assert value == b"lock2" and version >= cas_version
+
+
+def test_writes_of_a_finished_process_are_visible(tmp_path: Path) -> None:
+    url = f"embedded:{tmp_path / 'store'}"
+    with open_store(url) as store:
+        store.create_table("t", FAMILIES)
+    proc = start_worker(url, "batches", "t", "10", "3", "4")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    with open_store(url) as store:
+        batches = rows_by_batch(store, "t")
+    assert sorted(batches) == [0, 1, 2, 3]
+    assert all(len(rows) == 10 for rows in batches.values())
+    assert_rows_whole(batches, 10, 3)
+
+
+def test_sigkill_mid_batch_leaves_whole_rows(tmp_path: Path) -> None:
+    url = f"embedded:{tmp_path / 'store'}"
+    rows, cells = 300, 4
+    rng = random.Random(1234)
+    for attempt in range(4):
+        table = f"t{attempt}"
+        with open_store(url) as store:
+            store.create_table(table, FAMILIES)
+        proc = start_worker(url, "batches", table, str(rows), str(cells), "0")
+        assert proc.stdout is not None
+        acknowledged = [int(proc.stdout.readline()) for _ in range(2)]
+        # Kill at a random moment: often while the next batch is being written.
+        time.sleep(rng.uniform(0, 0.05))
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        assert proc.returncode == -signal.SIGKILL
+        with EmbeddedStore(str(tmp_path / "store")) as store:
+            batches = rows_by_batch(store, table)
+        # Every acknowledged batch is there, whole; every row of any batch is whole; and
+        # (stronger than the contract, but what this store promises) each put call is
+        # all-or-nothing.
+        assert set(acknowledged) <= set(batches)
+        assert_rows_whole(batches, rows, cells)
+        for batch, found in batches.items():
+            assert sorted(found) == batch_rows(batch, rows), f"batch {batch} is partial"
+
+
+def test_two_processes_write_and_read_at_once(tmp_path: Path) -> None:
+    url = f"embedded:{tmp_path / 'store'}"
+    rows, cells, count = 40, 3, 40
+    with open_store(url) as store:
+        store.create_table("t", FAMILIES)
+        store.create_table("mine", FAMILIES)
+        proc = start_worker(url, "batches", "t", str(rows), str(cells), str(count))
+        # While the other process writes, this one reads and writes too.
+        reads = 0
+        while proc.poll() is None or reads == 0:
+            assert_rows_whole(rows_by_batch(store, "t"), rows, cells)
+            store.put("mine", [Put(b"r%06d" % reads, "d", b"q", 1, b"x")])
+            expected = None if reads == 0 else b"%d" % (reads - 1)
+            assert store.compare_and_set("mine", b"c", "l", b"q", expected, b"%d" % reads)
+            reads += 1
+        assert proc.wait(timeout=60) == 0
+        batches = rows_by_batch(store, "t")
+        assert sorted(batches) == list(range(count))
+        assert_rows_whole(batches, rows, cells)
+        assert len(list(store.scan("mine", "d"))) == reads
+
+
+def _child_uses_inherited_store(store: EmbeddedStore) -> None:
+    store.put("t", [Put(b"from-child", "d", b"q", 1, b"%d" % os.getpid())])
+    assert store.compare_and_set("t", b"c", "l", b"q", b"parent", b"child")
+    store.close()
+
+
+def test_a_forked_child_opens_its_own_connections(tmp_path: Path) -> None:
+    with EmbeddedStore(str(tmp_path / "store")) as store:
+        store.create_table("t", FAMILIES)
+        # The parent's connection exists before the fork.
+        assert store.compare_and_set("t", b"c", "l", b"q", None, b"parent")
+        child = multiprocessing.get_context("fork").Process(
+            target=_child_uses_inherited_store, args=(store,)
+        )
+        child.start()
+        child.join(timeout=60)
+        assert child.exitcode == 0 and child.pid is not None
+        # The parent's own connection still works after the child used and closed its own.
+        assert store.read_row("t", b"from-child") == {("d", b"q"): [(1, b"%d" % child.pid)]}
+        assert store.compare_and_set("t", b"c", "l", b"q", b"child", b"parent again")
+
+
+def test_concurrent_first_open_of_a_new_directory(tmp_path: Path) -> None:
+    path = tmp_path / "new" / "store"
+    code = (
+        "import sys\n"
+        "from percolator.store import FamilySpec, open_store\n"
+        "s = open_store('embedded:' + sys.argv[1])\n"
+        "s.create_table('t' + sys.argv[2], [FamilySpec('d')])\n"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(path), str(i)], cwd=REPO_ROOT)
+        for i in range(4)
+    ]
+    assert [proc.wait(timeout=60) for proc in procs] == [0, 0, 0, 0]
+    with EmbeddedStore(str(path)) as store:
+        assert store.list_tables() == ["t0", "t1", "t2", "t3"]
+
+
+def test_pickled_store_opens_the_same_directory(tmp_path: Path) -> None:
+    store = EmbeddedStore(str(tmp_path / "store"), busy_timeout_s=7)
+    with store:
+        store.create_table("t", FAMILIES)
+        store.put("t", [Put(b"r", "d", b"q", 1, b"v")])
+        with pickle.loads(pickle.dumps(store)) as copy:
+            assert isinstance(copy, EmbeddedStore)
+            assert copy.path == store.path
+            assert copy.read_row("t", b"r") == {("d", b"q"): [(1, b"v")]}
+
+
+# --------------------------------------------------------------------------- locks and threads
+
+
+def test_a_held_write_lock_times_out_as_unavailable(tmp_path: Path) -> None:
+    with EmbeddedStore(str(tmp_path / "store"), busy_timeout_s=0.2) as store:
+        store.create_table("t", FAMILIES)
+        blocker = sqlite3.connect(tmp_path / "store" / DB_FILE, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        try:
+            with pytest.raises(StoreUnavailableError, match="database lock"):
+                store.put("t", [Put(b"r", "d", b"q", 1, b"v")])
+            with pytest.raises(StoreUnavailableError):
+                store.compare_and_set("t", b"r", "l", b"q", None, b"v")
+            # Readers are not blocked by a writer, and neither is opening the store.
+            assert store.read_row("t", b"r") == {}
+            with EmbeddedStore(str(tmp_path / "store"), busy_timeout_s=0.2) as again:
+                assert again.list_tables() == ["t"]
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        store.put("t", [Put(b"r", "d", b"q", 1, b"v")])
+        assert store.read_row("t", b"r") == {("d", b"q"): [(1, b"v")]}
+
+
+def test_finished_threads_do_not_leak_connections(tmp_path: Path) -> None:
+    with EmbeddedStore(str(tmp_path / "store")) as store:
+        store.create_table("t", FAMILIES)
+
+        def use() -> None:
+            store.put("t", [Put(b"r", "d", b"q", 1, b"v")])
+
+        fds_before = len(os.listdir("/proc/self/fd"))
+        for _ in range(60):
+            thread = threading.Thread(target=use)
+            thread.start()
+            thread.join()
+        fds_after = len(os.listdir("/proc/self/fd"))
+        # Each connection holds file descriptors; 60 leaked ones would show.
+        assert fds_after - fds_before < 10
+
+
+def test_a_closed_store_refuses_calls(tmp_path: Path) -> None:
+    store = EmbeddedStore(str(tmp_path / "store"))
+    store.create_table("t", FAMILIES)
+    store.close()
+    store.close()  # idempotent
+    with pytest.raises(StoreError, match="closed"):
+        store.read_row("t", b"r")
+
+
+# --------------------------------------------------------------------------- bad directories
+
+
+def test_a_new_directory_is_created(tmp_path: Path) -> None:
+    path = tmp_path / "a" / "b" / "store"
+    with EmbeddedStore(str(path)) as store:
+        assert store.list_tables() == []
+    assert (path / DB_FILE).is_file()
+
+
+def test_a_file_is_not_a_store_directory(tmp_path: Path) -> None:
+    path = tmp_path / "file"
+    path.write_text("hello")
+    with pytest.raises(StoreError, match="not a directory") as info:
+        EmbeddedStore(str(path))
+    assert str(path) in str(info.value)
+
+
+def test_a_foreign_non_empty_directory_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(StoreError, match="not an embedded store") as info:
+        EmbeddedStore(str(tmp_path))
+    assert "notes.txt" in str(info.value)
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt"]  # nothing was scattered there
+
+
+def test_a_garbage_database_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / DB_FILE).write_bytes(b"this is not a database at all" * 100)
+    with pytest.raises(StoreError, match="not a database"):
+        EmbeddedStore(str(tmp_path))
+
+
+def test_another_sqlite_database_is_refused(tmp_path: Path) -> None:
+    other = sqlite3.connect(tmp_path / DB_FILE)
+    other.execute("CREATE TABLE something (x)")
+    other.commit()
+    other.close()
+    with pytest.raises(StoreError, match="not an embedded store"):
+        EmbeddedStore(str(tmp_path))
+
+
+def test_an_unknown_format_version_is_refused(tmp_path: Path) -> None:
+    EmbeddedStore(str(tmp_path)).close()
+    db = sqlite3.connect(tmp_path / DB_FILE)
+    db.execute("UPDATE meta SET value = 99 WHERE key = 'format_version'")
+    db.commit()
+    db.close()
+    with pytest.raises(StoreError, match="format version 99"):
+        EmbeddedStore(str(tmp_path))
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write to any directory")
+def test_a_read_only_directory_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "ro"
+    path.mkdir()
+    path.chmod(0o500)
+    try:
+        with pytest.raises(StoreError, match="not readable and writable"):
+            EmbeddedStore(str(path))
+    finally:
+        path.chmod(0o700)
+
+
+def test_on_disk_format(tmp_path: Path) -> None:
+    with EmbeddedStore(str(tmp_path)) as store:
+        store.create_table("t", FAMILIES)
+        store.put("t", [Put(b"\x00r", "d", b"q", 5, b"value")])
+        store.delete_versions("t", [Delete(b"\x00r", "d", b"gone", 9)])
+    db = sqlite3.connect(tmp_path / DB_FILE)
+    try:
+        assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        meta = dict(db.execute("SELECT key, value FROM meta"))
+        assert meta["format"] == "percolator-embedded-store" and meta["format_version"] == 1
+        [(tid, families)] = db.execute("SELECT id, families FROM tables WHERE name = 't'")
+        assert '"max_versions": 1' in families
+        assert db.execute("SELECT * FROM cells").fetchall() == [
+            (tid, "d", b"\x00r", b"q", 5, b"value")
+        ]
+        assert db.execute("SELECT * FROM delete_masks").fetchall() == [
+            (tid, "d", b"\x00r", b"gone", 9)
+        ]
+    finally:
+        db.close()
