@@ -13,15 +13,19 @@ What is atomic (this is the whole contract the transaction protocol relies on)
 -----------------------------------------------------------------------------
 * :meth:`Store.compare_and_set` is the **only** atomic read-modify-write: it compares
   **one** cell's newest version and, on a match, writes **one** cell.  The version of the
-  written cell is chosen by the store (HBase stamps server time); callers cannot choose it.
+  written cell is chosen by the store, never by the caller: HBase 2.6 stamps the larger of
+  its clock (milliseconds) and the version of the cell it compared, so the written value is
+  always the newest; every backend does the same.
   ``expected=None`` matches a cell that is absent **or holds the empty value** (HBase's
   Thrift-1 ``checkAndPut`` semantics, kept identical on every backend); values that are
   compare-and-set should therefore never be empty.
-* :meth:`Store.put` is atomic per row only (all cells of one row land together); a batch
-  spanning rows may be applied partially if the call fails.  Puts are blind and idempotent:
-  re-putting the same value at the same version is harmless.
-* A single-row read sees a consistent snapshot of that row.  Reads of many rows and scans
-  are **not** a consistent snapshot across rows.
+* :meth:`Store.put` is atomic per row and version only (on HBase, cells of one row at
+  different versions go in separate calls; memory and embedded apply a whole batch at once);
+  a batch spanning rows may be applied partially if the call fails.  Puts are blind and
+  idempotent: re-putting the same value at the same version is harmless.
+* A single-row read of one version per cell sees a consistent snapshot of that row (a
+  multi-version read on HBase is one call per cell, so only each cell is consistent).
+  Reads of many rows and scans are **not** a consistent snapshot across rows.
 * :meth:`Store.delete_versions` removes every version **at or below** a timestamp, and the
   delete also masks puts at or below that timestamp written **later** (HBase keeps that mask
   until a major compaction; the embedded and memory stores keep it forever).  Never rely on
@@ -50,7 +54,9 @@ RowCells = dict[Column, list[Version]]
 
 # Largest version a store accepts (HBase timestamps are signed 64-bit; LATEST is max).
 MAX_VERSION = (1 << 63) - 2
-# HBase stores the row length in a signed short; an empty row key is not a row.
+# HBase stores the row length in a signed short; an empty row key is not a row.  HBase's
+# usable limit is a little lower (its region lookup key adds the table name and 16 bytes);
+# the HBase backend refuses longer rows up front.
 MAX_ROW_LENGTH = 32767
 
 

@@ -95,7 +95,7 @@ from percolator.store.base import (
     check_cell_args,
     check_value,
 )
-from percolator.store.memory import (
+from percolator.store.checks import (
     MAX_BEFORE,
     UNLIMITED_VERSIONS,
     cas_matches,

@@ -111,7 +111,7 @@ from percolator.store.base import (
 )
 
 # The argument checks shared by every backend, so invalid calls fail identically everywhere.
-from percolator.store.memory import (
+from percolator.store.checks import (
     MAX_BEFORE,
     check_delete,
     check_family_name,
