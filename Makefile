@@ -4,10 +4,12 @@
 #   make lint   - ruff and mypy
 PYTHON ?= python3
 VENV ?= .venv
+# Long trials (marker "slow") are left to `make test-slow`; everything else runs in `make test`.
+PYTEST_ARGS ?= -m "not slow"
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint venv bench clean
+.PHONY: demo test test-slow lint venv bench clean
 
 venv: $(STAMP)
 
@@ -28,6 +30,9 @@ test: $(STAMP)
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests - treating as failure" >&2; exit 1; fi; \
 	exit $$rc
+
+test-slow: $(STAMP)
+	$(MAKE) test PYTEST_ARGS='-m slow'
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
