@@ -377,7 +377,6 @@ def test_start_failure_inside_hbase_shows_its_log_tail(tmp_path: Path, occupied_
 
 
 @pytest.mark.hbase
-@pytest.mark.slow
 def test_second_instance_in_background_serves_and_stops_from_another_process(
     tmp_path: Path, hbase_url: str
 ) -> None:
