@@ -1,0 +1,216 @@
+"""Transactions against the raw store, side by side in one run (targets P2, P3, P4).
+
+Each repeat measures, on the same store, with the same client stack and the same number of
+threads, first the raw operations (:func:`bench.store_bench.measure_raw`) and then the
+engine's:
+
+``txn_read``      ``txn.get`` of an existing cell inside an open transaction (P2: >= 0.90x
+                  a raw get; an uncontended read is one store round trip)
+``txn_read_full`` a whole read-only transaction: start_ts from the oracle, one get (context)
+``txn_1cell``     a transaction writing one fresh cell, start to commit (P3: >= 0.30x raw
+                  puts/s; Percolator reached 0.23x)
+``txn_10cell``    a transaction writing ten cells in ten rows (P4: cells/s >= 3x those of
+                  single-cell transactions)
+
+Ratios are computed per repeat and reported as the median over repeats, with their spread.
+
+    python bench/txn_bench.py                                # embedded store in a temp dir
+    python bench/txn_bench.py --store hbase://127.0.0.1:9090 --threads 4
+    python bench/txn_bench.py --hbase                        # start a local HBase first
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import uuid
+from collections.abc import Sequence
+from contextlib import ExitStack
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make ``bench`` and ``percolator`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import Timing, fmt_ms, fmt_rate, print_table, run_timed, spread
+from bench.store_bench import measure_raw
+from percolator.client import Client, connect
+from percolator.store import Store, open_store
+
+TARGETS = {
+    "P2 read / raw get": 0.90,
+    "P3 1-cell txn / raw put": 0.30,
+    "P4 10-cell cells/s / 1-cell": 3.0,
+}
+
+
+def measure_engine(client: Client, *, ops: int, threads: int, value: bytes) -> dict[str, Timing]:
+    """One run of the engine operations on a fresh table; returns a Timing per operation."""
+    table = f"bench_txn_{uuid.uuid4().hex[:10]}"
+    client.create_table(table)
+    try:
+        rows = [b"r%09d" % i for i in range(ops)]
+        for start in range(0, ops, 200):
+
+            def load(txn: object, chunk: Sequence[bytes] = rows[start : start + 200]) -> None:
+                for row in chunk:
+                    txn.set(table, row, "c", value)  # type: ignore[attr-defined]
+
+            client.run(load)
+        results: dict[str, Timing] = {}
+
+        readers = [client.transaction() for _ in range(threads)]
+
+        def txn_read(i: int) -> None:
+            if readers[i % threads].get(table, rows[i], "c") is None:
+                raise AssertionError(f"row {rows[i]!r} not found")
+
+        results["txn_read"] = run_timed(txn_read, ops, threads=threads)
+        for reader in readers:
+            reader.rollback()
+
+        def txn_read_full(i: int) -> None:
+            with client.transaction() as txn:
+                if txn.get(table, rows[i], "c") is None:
+                    raise AssertionError(f"row {rows[i]!r} not found")
+
+        results["txn_read_full"] = run_timed(txn_read_full, ops, threads=threads)
+
+        def txn_1cell(i: int) -> None:
+            with client.transaction() as txn:
+                txn.set(table, b"w%09d" % i, "c", value)
+
+        results["txn_1cell"] = run_timed(txn_1cell, ops, threads=threads)
+
+        def txn_10cell(i: int) -> None:
+            with client.transaction() as txn:
+                for j in range(10):
+                    txn.set(table, b"m%09d-%d" % (i, j), "c", value)
+
+        results["txn_10cell"] = run_timed(
+            txn_10cell, max(1, ops // 10), threads=threads, items_per_op=10
+        )
+        return results
+    finally:
+        client.drop_table(table)
+
+
+def ratios(raw: dict[str, Timing], engine: dict[str, Timing]) -> dict[str, float]:
+    return {
+        "P2 read / raw get": engine["txn_read"].rate / raw["get"].rate,
+        "P3 1-cell txn / raw put": engine["txn_1cell"].rate / raw["put"].rate,
+        "P4 10-cell cells/s / 1-cell": engine["txn_10cell"].item_rate
+        / engine["txn_1cell"].item_rate,
+    }
+
+
+def run(
+    store: Store,
+    *,
+    oracle: str | None,
+    ops: int,
+    threads: int,
+    repeats: int,
+    value_size: int,
+) -> dict[str, object]:
+    value = b"v" * value_size
+    client = connect(store, oracle=oracle)
+    per_repeat: list[dict[str, float]] = []
+    timings: list[dict[str, Timing]] = []
+    try:
+        for n in range(repeats):
+            raw = measure_raw(
+                store,
+                ops=ops,
+                threads=threads,
+                value_size=value_size,
+                operations=("get", "put"),
+            )
+            engine = measure_engine(client, ops=ops, threads=threads, value=value)
+            r = ratios(raw, engine)
+            per_repeat.append(r)
+            timings.append({**{f"raw_{k}": v for k, v in raw.items()}, **engine})
+            print(
+                f"repeat {n + 1}/{repeats}: " + ", ".join(f"{k} = {v:.2f}x" for k, v in r.items()),
+                flush=True,
+            )
+    finally:
+        client.close()
+    summary = {name: spread([r[name] for r in per_repeat]) for name in TARGETS}
+    rows = []
+    for op in timings[0]:
+        rates = [t[op].item_rate for t in timings]
+        rows.append(
+            [
+                op,
+                fmt_rate(statistics.median(rates)),
+                fmt_ms(statistics.median(t[op].p50_ms for t in timings)),
+                fmt_ms(statistics.median(t[op].p99_ms for t in timings)),
+            ]
+        )
+    print()
+    print_table(["operation", "items/s (median)", "p50", "p99"], rows)
+    print()
+    ratio_rows = []
+    for name, target in TARGETS.items():
+        s = summary[name]
+        ratio_rows.append(
+            [
+                name,
+                f"{s.median:.2f}x",
+                f"{s.low:.2f}-{s.high:.2f}",
+                f">= {target}x",
+                "pass" if s.median >= target else "MISS",
+            ]
+        )
+    print_table(["ratio", "median", "spread", "target", "result"], ratio_rows)
+    return {
+        "ratios": {k: v.as_dict() for k, v in summary.items()},
+        "timings": [{k: v.as_dict() for k, v in t.items()} for t in timings],
+        "threads": threads,
+        "ops": ops,
+        "store": store.url,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--store", help="store URL (default: embedded in a temp dir)")
+    parser.add_argument("--hbase", action="store_true", help="start a local HBase and use it")
+    parser.add_argument("--oracle", help="grpc://HOST:PORT (default: in-process oracle)")
+    parser.add_argument("--ops", type=int, default=500)
+    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--value-size", type=int, default=64)
+    parser.add_argument("--json", help="also write the results to this file")
+    args = parser.parse_args(argv)
+    with ExitStack() as stack:
+        url = args.store
+        if args.hbase:
+            from percolator.localhbase.launcher import LocalHBase
+
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            hbase = stack.enter_context(LocalHBase(workdir))
+            url = hbase.url
+        if url is None:
+            url = f"embedded:{stack.enter_context(tempfile.TemporaryDirectory())}/store"
+        store = open_store(url)
+        stack.callback(store.close)
+        print(f"store {url}, {args.threads} threads, {args.ops} ops, {args.repeats} repeats")
+        result = run(
+            store,
+            oracle=args.oracle,
+            ops=args.ops,
+            threads=args.threads,
+            repeats=args.repeats,
+            value_size=args.value_size,
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
