@@ -18,6 +18,7 @@ from percolator.errors import PercolatorError
 # Modules that register sub-commands, in --help order.
 COMMAND_MODULES = [
     "percolator.localhbase.cli",
+    "oracle.cli",
     "percolator.commands.gc",
     "percolator.commands.demo",
 ]

@@ -48,6 +48,8 @@ POINTS = frozenset(
         "resolve.before_roll_back",
         # garbage collection
         "gc.after_safe_point",
+        # timestamp oracle (oracle/server.py): a range taken, the lease not yet re-checked
+        "oracle.before_confirm",
         # observers
         "observer.before_commit",
         "observer.after_commit",
@@ -152,7 +154,9 @@ def _perform(name: str, action: str, hit: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(10)  # SIGKILL is asynchronous only in theory; never continue past it
     elif action == "pause":
-        os.kill(os.getpid(), signal.SIGSTOP)
+        # Signal the calling thread itself, so it stops before running one more line
+        # (SIGSTOP then stops every thread of the process).
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
     elif action == "raise":
         raise FailpointError(f"failpoint {name} fired")
     elif action == "unavailable":

@@ -1,0 +1,216 @@
+"""Timestamp oracle: what batching buys (target P1).
+
+Starts an oracle server process (on a fresh embedded store unless ``--oracle`` names a
+running one) and, in this one client process, measures with 1, 100 and 1,000 concurrent
+waiters, side by side in one run:
+
+``batched``     every waiter calls ``get_timestamp()`` on one shared
+                :class:`~oracle.client.GrpcOracleClient`, which coalesces concurrent
+                requests into one Allocate RPC in flight
+``per-rpc``     every waiter sends its own ``Allocate(count=1)`` on one shared channel:
+                one timestamp per RPC, as many RPCs in flight as waiters
+
+and prints timestamps/s (median of ``--repeats`` runs, with their spread), per-call latency
+percentiles, RPCs per timestamp, and the ratio batched / per-rpc for each waiter count.
+
+    python bench/oracle_bench.py
+    python bench/oracle_bench.py --waiters 1,100,1000 --repeats 5 --seconds 2
+    python bench/oracle_bench.py --oracle grpc://127.0.0.1:7070 --json out.json
+    python bench/oracle_bench.py --local   # also the in-process LocalOracle, for context
+
+Targets (docs/targets.md, P1): batched >= 50x per-rpc at the highest concurrency, and
+>= 10x with 100 waiters.  With one waiter there is nothing to coalesce: that ratio is ~1x
+by construction and is shown for context.  The share of transaction latency spent waiting
+for timestamps (the third part of P1) needs the transaction engine and is not measured here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make ``bench`` and the packages importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import grpc
+
+from bench._common import (
+    Summary,
+    fmt_ms,
+    fmt_rate,
+    fmt_spread,
+    print_table,
+    run_timed,
+    summarize,
+)
+from oracle.client import GrpcOracleClient
+from oracle.factory import parse_oracle_url
+from oracle.local import LocalOracle
+from oracle.proto_gen import oracle_pb2, oracle_pb2_grpc
+from percolator.store import open_store
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGETS = {100: 10.0, 1000: 50.0}  # waiters -> minimum batched / per-rpc ratio (P1)
+_READY = re.compile(r"oracle: listening on (\S+) ")
+
+
+@contextmanager
+def oracle_server(store_url: str) -> Iterator[str]:
+    """An oracle server process on ``store_url``; yields its address; stops it after."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "oracle.cli", "serve", "--store", store_url,
+         "--listen", "127.0.0.1:0"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        match = _READY.search(line)
+        if not match:
+            raise SystemExit(f"oracle_bench: the oracle did not start: {line!r}")
+        yield match.group(1)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def measure(
+    op: Callable[[int], object], waiters: int, seconds: float, repeats: int
+) -> Summary:
+    """Calibrate the count on a warm-up run, then ``repeats`` runs of about ``seconds``."""
+    warm = run_timed(op, max(waiters * 2, 200), threads=waiters)
+    count = int(min(max(warm.rate * seconds, waiters * 5, 200), 5_000_000))
+    return summarize([run_timed(op, count, threads=waiters) for _ in range(repeats)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--oracle", help="grpc://HOST:PORT of a running oracle "
+                        "(default: start one)")
+    parser.add_argument("--store", help="store URL for the oracle started here "
+                        "(default: a fresh embedded store in a temp dir)")
+    parser.add_argument("--waiters", default="1,100,1000",
+                        help="comma-separated concurrent waiter counts (default %(default)s)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per cell (median)")
+    parser.add_argument("--seconds", type=float, default=1.5, help="target length of one run")
+    parser.add_argument("--local", action="store_true",
+                        help="also measure LocalOracle on a fresh embedded store")
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    args = parser.parse_args(argv)
+    waiter_counts = [int(w) for w in args.waiters.split(",")]
+
+    with tempfile.TemporaryDirectory(prefix="oracle-bench-") as scratch:
+        store_url = args.store or f"embedded:{scratch}/store"
+        if args.oracle:
+            results = run(args.oracle, waiter_counts, args)
+        else:
+            with oracle_server(store_url) as address:
+                results = run(f"grpc://{address}", waiter_counts, args)
+        if args.local:
+            results["local"] = run_local(f"embedded:{scratch}/local", waiter_counts, args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+def run(oracle_url: str, waiter_counts: list[int], args: argparse.Namespace) -> dict[str, object]:
+    addresses, tls, token, _ = parse_oracle_url(oracle_url)
+    client = GrpcOracleClient(addresses, token=token, tls=tls, timeout_s=30)
+    client.get_timestamp()  # retries until the server holds its lease
+    if tls is False:
+        channel = grpc.insecure_channel(addresses[0])
+    else:
+        roots = None if tls is True else Path(str(tls)).read_bytes()
+        channel = grpc.secure_channel(addresses[0], grpc.ssl_channel_credentials(roots))
+    stub = oracle_pb2_grpc.TimestampOracleStub(channel)
+    metadata = (("authorization", f"Bearer {token}"),) if token else None
+    one = oracle_pb2.AllocateRequest(count=1)
+
+    def per_rpc(_: int) -> object:
+        return stub.Allocate(one, timeout=30, metadata=metadata).first
+
+    def batched(_: int) -> object:
+        return client.get_timestamp()
+
+    print(f"oracle {oracle_url}; {os.cpu_count()} cores; median of {args.repeats} runs of "
+          f"~{args.seconds:g} s each", flush=True)
+    rows = []
+    per_waiters: dict[str, object] = {}
+    results: dict[str, object] = {"oracle": oracle_url, "waiters": per_waiters}
+    verdicts = []
+    for waiters in waiter_counts:
+        cell: dict[str, object] = {}
+        rates = {}
+        for mode, op in (("per-rpc", per_rpc), ("batched", batched)):
+            fetches_before, stamps_before = client.stats.fetches, client.stats.timestamps
+            summary = measure(op, waiters, args.seconds, args.repeats)
+            rates[mode] = summary.rate.median
+            if mode == "batched":
+                fetched = client.stats.timestamps - stamps_before
+                rpcs_per_ts = (client.stats.fetches - fetches_before) / max(fetched, 1)
+            else:
+                rpcs_per_ts = 1.0
+            rows.append([
+                f"{waiters} waiters, {mode}",
+                fmt_rate(summary.rate.median),
+                fmt_spread(summary.rate),
+                fmt_ms(summary.p50_ms),
+                fmt_ms(summary.p95_ms),
+                fmt_ms(summary.p99_ms),
+                f"{rpcs_per_ts:.3f}",
+            ])
+            cell[mode] = {**summary.as_dict(), "rpcs_per_timestamp": rpcs_per_ts}
+        ratio = rates["batched"] / rates["per-rpc"]
+        cell["ratio"] = ratio
+        per_waiters[str(waiters)] = cell
+        target = TARGETS.get(waiters)
+        verdict = "context only" if target is None else (
+            f"target >= {target:g}x: {'met' if ratio >= target else 'NOT met'}"
+        )
+        verdicts.append(f"batching gain with {waiters} waiters: {ratio:.1f}x ({verdict})")
+        print(f"  measured {waiters} waiters", flush=True)
+    channel.close()
+    client.close()
+    print()
+    print_table(
+        ["oracle", "timestamps/s", "spread", "p50 ms", "p95 ms", "p99 ms", "RPCs/ts"], rows
+    )
+    print()
+    for line in verdicts:
+        print(line)
+    return results
+
+
+def run_local(store_url: str, waiter_counts: list[int], args: argparse.Namespace) -> object:
+    """LocalOracle for context: one compare-and-set per coalesced batch."""
+    store = open_store(store_url)
+    oracle = LocalOracle(store)
+    oracle.get_timestamp()
+    rows, results = [], {}
+    for waiters in waiter_counts:
+        fetches, stamps = oracle.stats.fetches, oracle.stats.timestamps
+        summary = measure(lambda _: oracle.get_timestamp(), waiters, args.seconds, args.repeats)
+        cas_per_ts = (oracle.stats.fetches - fetches) / max(oracle.stats.timestamps - stamps, 1)
+        rows.append([f"{waiters} waiters", fmt_rate(summary.rate.median), fmt_spread(summary.rate),
+                     fmt_ms(summary.p50_ms), fmt_ms(summary.p99_ms), f"{cas_per_ts:.3f}"])
+        results[str(waiters)] = {**summary.as_dict(), "cas_per_timestamp": cas_per_ts}
+    store.close()
+    print()
+    print(f"LocalOracle on {store_url} (in-process, for context)")
+    print_table(["local oracle", "timestamps/s", "spread", "p50 ms", "p99 ms", "CAS/ts"], rows)
+    return results
+
+
+if __name__ == "__main__":
+    sys.exit(main())

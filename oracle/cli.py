@@ -1,0 +1,164 @@
+"""``percolator oracle serve`` and ``percolator oracle info``.
+
+Also runnable on its own as ``python -m oracle.cli serve|info ...`` (same arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from oracle.factory import TOKEN_ENV, parse_oracle_url
+from oracle.lease import DEFAULT_MAX_COUNT, LeaseConfig
+from percolator.errors import ConfigError, OracleError, PercolatorError
+from percolator.timestamps import describe
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "oracle",
+        help="run or inspect the timestamp oracle service",
+        description="The gRPC timestamp oracle: one active process per store, with standbys.",
+    )
+    commands = parser.add_subparsers(dest="oracle_command", metavar="SUBCOMMAND")
+    commands.required = True
+
+    serve = commands.add_parser(
+        "serve",
+        help="serve timestamps over gRPC (active, or standby until the lease is free)",
+        description=(
+            "Serve strictly increasing timestamps over gRPC.  Start several on one store "
+            "for fail-over: one is active, the others wait as standbys.  TLS and the token "
+            "are off unless given.  Stops cleanly on SIGTERM or Ctrl-C, releasing its lease."
+        ),
+    )
+    serve.add_argument("--store", required=True, metavar="URL",
+                       help="store URL holding the oracle record (embedded:PATH, hbase://...)")
+    serve.add_argument("--listen", default="127.0.0.1:7070", metavar="HOST:PORT",
+                       help="address to serve on (default 127.0.0.1:7070; port 0 picks one)")
+    serve.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate chain")
+    serve.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert")
+    serve.add_argument("--token", help=f"require this shared token (visible in ps: prefer "
+                       f"--token-file or ${TOKEN_ENV})")
+    serve.add_argument("--token-file", metavar="PATH", help="require the token in this file")
+    serve.add_argument("--lease-ms", type=int, default=LeaseConfig.lease_ms,
+                       help="lease duration (default %(default)s)")
+    serve.add_argument("--window-ms", type=int, default=LeaseConfig.window_ms,
+                       help="how far ahead of the clock the high-water mark is persisted "
+                       "(default %(default)s)")
+    serve.add_argument("--margin-ms", type=int, default=LeaseConfig.margin_ms,
+                       help="allowance for clock drift and delays (default %(default)s)")
+    serve.add_argument("--max-count", type=int, default=DEFAULT_MAX_COUNT,
+                       help="largest count one Allocate may ask for (default %(default)s)")
+    serve.add_argument("--metrics-port", type=int, metavar="PORT",
+                       help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics")
+    serve.add_argument("--metrics-host", default="127.0.0.1",
+                       help="address of the metrics endpoint (default %(default)s)")
+    serve.set_defaults(func=run_serve)
+
+    info = commands.add_parser(
+        "info",
+        help="show the role, epoch and persisted state of each oracle address",
+        description="Ask each address of an oracle URL for its state.  Exit code 0 if one "
+        "of them is active, 1 otherwise.",
+    )
+    info.add_argument("--oracle", required=True, metavar="URL",
+                      help="grpc://HOST:PORT[,HOST:PORT...] (grpcs:// for TLS)")
+    info.set_defaults(func=run_info)
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    if args.token is not None and args.token_file is not None:
+        raise ConfigError("give --token or --token-file, not both")
+    if args.token_file is not None:
+        try:
+            token = Path(args.token_file).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot read --token-file {args.token_file!r}: {exc.strerror}"
+            ) from None
+        if not token:
+            raise ConfigError(f"--token-file {args.token_file!r} is empty")
+        return token
+    if args.token is not None:
+        return str(args.token)
+    return os.environ.get(TOKEN_ENV) or None
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from oracle.server import ServerOptions, serve
+
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    options = ServerOptions(
+        store_url=args.store,
+        listen=args.listen,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        token=_token(args),
+        lease=LeaseConfig(
+            lease_ms=args.lease_ms,
+            window_ms=args.window_ms,
+            margin_ms=args.margin_ms,
+            max_count=args.max_count,
+        ),
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+    )
+    return serve(options)
+
+
+def run_info(args: argparse.Namespace) -> int:
+    from oracle.client import GrpcOracleClient
+    from oracle.proto_gen import oracle_pb2
+
+    addresses, tls, token, (_, rpc_timeout_s) = parse_oracle_url(args.oracle)
+    client = GrpcOracleClient(addresses, token=token, tls=tls, rpc_timeout_s=rpc_timeout_s)
+    active = 0
+    try:
+        for address in addresses:
+            try:
+                info = client.info(address)
+            except OracleError as exc:
+                print(f"{address}: {exc}")
+                continue
+            role = oracle_pb2.Role.Name(info.role).removeprefix("ROLE_").lower()
+            active += info.role == oracle_pb2.ROLE_ACTIVE
+            print(f"{address}: {role}, epoch {info.epoch}, process {info.holder_id}")
+            print(f"  lease held by {info.lease_holder_id or '(nobody)'}, "
+                  f"expires at {info.lease_expiry_ms} ms; lease {info.lease_ms} ms, "
+                  f"window {info.window_ms} ms, max count {info.max_count}")
+            print(f"  persisted high water {describe(info.persisted_high_water)}")
+            if info.last_issued:
+                print(f"  last issued {describe(info.last_issued)}")
+            print(f"  issued {info.timestamps_issued} timestamps in {info.allocate_calls} "
+                  f"calls; store {info.store_url}")
+    finally:
+        client.close()
+    return 0 if active else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m oracle.cli``: the ``oracle`` sub-commands without the rest of the CLI."""
+    parser = argparse.ArgumentParser(prog="python -m oracle.cli")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["oracle", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return int(args.func(args) or 0)
+    except PercolatorError as exc:
+        print(f"percolator: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

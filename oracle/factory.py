@@ -1,0 +1,96 @@
+"""Pick the timestamp oracle an ``oracle=`` spec names.
+
+* ``None``: :class:`~oracle.local.LocalOracle` on the store (the default).
+* ``grpc://HOST:PORT[,HOST:PORT...][?options]``: :class:`~oracle.client.GrpcOracleClient`
+  over plaintext; ``grpcs://...`` over TLS.
+
+Options (query string):
+
+* ``ca=PATH`` (grpcs only): PEM root certificates to trust (default: the system's).
+* ``token_file=PATH``: a file holding the shared token.  Without it the token is taken from
+  the environment variable ``PERCOLATOR_ORACLE_TOKEN`` if set.  Tokens are never put in URLs
+  (URLs end up in logs).
+* ``timeout_ms=N``: how long one request keeps trying across addresses (default 10000).
+* ``rpc_timeout_ms=N``: the deadline of one RPC (default 2000).
+
+Anything else raises :class:`~percolator.errors.ConfigError` naming the spec and the problem.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import parse_qsl
+
+from percolator.errors import ConfigError
+from percolator.store.base import Store
+from percolator.timestamps import TimestampOracle
+
+TOKEN_ENV = "PERCOLATOR_ORACLE_TOKEN"
+_OPTIONS = {"ca", "token_file", "timeout_ms", "rpc_timeout_ms"}
+
+
+def open_oracle(spec: str | None, store: Store) -> TimestampOracle:
+    """The oracle for ``spec`` (see the module docstring); ``store`` serves the local one."""
+    if spec is None:
+        from oracle.local import LocalOracle
+
+        return LocalOracle(store)
+    from oracle.client import GrpcOracleClient
+
+    addresses, tls, token, timeouts = parse_oracle_url(spec)
+    return GrpcOracleClient(
+        addresses, token=token, tls=tls, timeout_s=timeouts[0], rpc_timeout_s=timeouts[1]
+    )
+
+
+def parse_oracle_url(
+    spec: str,
+) -> tuple[list[str], bool | str, str | None, tuple[float, float]]:
+    """``(addresses, tls, token, (timeout_s, rpc_timeout_s))`` of a ``grpc[s]://`` spec."""
+    if not isinstance(spec, str):
+        raise ConfigError(f"oracle must be None or a grpc:// URL string, got {spec!r}")
+    scheme, sep, rest = spec.strip().partition("://")
+    if not sep or scheme.lower() not in ("grpc", "grpcs"):
+        raise ConfigError(
+            f"oracle {spec!r} is not understood: use None for the local oracle or "
+            "grpc://HOST:PORT[,HOST:PORT...] (grpcs:// for TLS)"
+        )
+    tls_wanted = scheme.lower() == "grpcs"
+    hosts, _, query = rest.partition("?")
+    addresses = [part.strip() for part in hosts.split(",")]
+    for address in addresses:
+        host, colon, port = address.rpartition(":")
+        if not colon or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+            raise ConfigError(
+                f"oracle {spec!r}: address {address!r} must look like HOST:PORT"
+            )
+    options = dict(parse_qsl(query, keep_blank_values=True))
+    unknown = set(options) - _OPTIONS
+    if unknown:
+        raise ConfigError(
+            f"oracle {spec!r} has unknown option(s) {sorted(unknown)}; known: {sorted(_OPTIONS)}"
+        )
+    tls: bool | str = tls_wanted
+    if "ca" in options:
+        if not tls_wanted:
+            raise ConfigError(f"oracle {spec!r}: ca= needs grpcs:// (TLS)")
+        tls = options["ca"]
+    token = os.environ.get(TOKEN_ENV) or None
+    if "token_file" in options:
+        try:
+            token = Path(options["token_file"]).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(
+                f"oracle {spec!r}: cannot read token_file {options['token_file']!r}: "
+                f"{exc.strerror}"
+            ) from None
+        if not token:
+            raise ConfigError(f"oracle {spec!r}: token_file {options['token_file']!r} is empty")
+    timeouts = []
+    for key, default in (("timeout_ms", 10_000), ("rpc_timeout_ms", 2_000)):
+        raw = options.get(key, str(default))
+        if not raw.isdigit() or int(raw) <= 0:
+            raise ConfigError(f"oracle {spec!r}: {key} must be a positive integer, got {raw!r}")
+        timeouts.append(int(raw) / 1000)
+    return addresses, tls, token, (timeouts[0], timeouts[1])

@@ -1,0 +1,355 @@
+"""The gRPC timestamp oracle server (``percolator oracle serve``).
+
+One process per address.  Several processes on one store form an active/standby group:
+the lease logic lives in :mod:`oracle.lease`; this module binds it to gRPC, checks the
+shared token, serves TLS, and exports metrics.
+
+Every Allocate response is checked against the lease twice: when its range is taken and
+again right before it is returned (:meth:`~oracle.lease.OracleNode.confirm`), and it carries
+``valid_until_ms`` so a client can discard a response that left a paused process late.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import secrets
+import signal
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import NoReturn
+
+import grpc
+
+from oracle.lease import SYSTEM_CLOCK, Clock, LeaseConfig, OracleNode, Role
+from oracle.metrics import MetricsServer, Registry
+from oracle.persist import OracleCell
+from oracle.proto_gen import oracle_pb2, oracle_pb2_grpc
+from percolator.errors import (
+    ConfigError,
+    FencedError,
+    InvalidArgumentError,
+    OracleUnavailableError,
+)
+from percolator.failpoints import failpoint
+from percolator.store.base import Store
+from percolator.store.url import open_store
+
+log = logging.getLogger("oracle")
+
+TOKEN_METADATA_KEY = "authorization"
+TOKEN_PREFIX = "Bearer "
+
+_ROLE_TO_PROTO = {
+    Role.ACTIVE: oracle_pb2.ROLE_ACTIVE,
+    Role.STANDBY: oracle_pb2.ROLE_STANDBY,
+    Role.STOPPING: oracle_pb2.ROLE_STOPPING,
+}
+
+# Batch sizes are powers of two up to the default max count; latencies 50 us .. 5 s.
+_BATCH_BUCKETS = [float(1 << i) for i in range(0, 21, 2)]
+_LATENCY_BUCKETS = [5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 0.5, 1, 5]
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """Everything ``percolator oracle serve`` takes.  TLS and the token are off unless set."""
+
+    store_url: str
+    listen: str = "127.0.0.1:7070"
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    token: str | None = None
+    lease: LeaseConfig = field(default_factory=LeaseConfig)
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    workers: int = 8
+
+    def __post_init__(self) -> None:
+        check_listen_address(self.listen)
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("TLS needs both --tls-cert and --tls-key (got only one)")
+        if self.token is not None and not self.token.strip():
+            raise ConfigError("the oracle token must not be empty")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics port {self.metrics_port} outside [0, 65535]")
+
+
+def check_listen_address(address: str) -> tuple[str, int]:
+    """Split ``HOST:PORT`` (``[V6]:PORT`` for IPv6); ConfigError naming what is wrong."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(
+            f"address {address!r} must look like HOST:PORT (for example 127.0.0.1:7070)"
+        )
+    return host.strip("[]"), int(port)
+
+
+def _read_file(path: str, what: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the {what} {path!r}: {exc.strerror}") from None
+
+
+class OracleMetrics:
+    """The server's metrics (names are documented in docs/oracle.md)."""
+
+    def __init__(self, node: OracleNode) -> None:
+        self.registry = Registry()
+        r = self.registry
+        self.requests = r.counter(
+            "percolator_oracle_requests_total", "RPCs answered, by method and status code"
+        )
+        self.issued = r.counter(
+            "percolator_oracle_timestamps_issued_total", "Timestamps handed out in responses"
+        )
+        self.batch_size = r.histogram(
+            "percolator_oracle_batch_size", "Timestamps per Allocate response", _BATCH_BUCKETS
+        )
+        self.latency = r.histogram(
+            "percolator_oracle_rpc_latency_seconds", "Allocate handling time", _LATENCY_BUCKETS
+        )
+        r.gauge("percolator_oracle_epoch", "Epoch of the lease this process holds or saw",
+                lambda: node.info().epoch)
+        r.gauge("percolator_oracle_active", "1 while this process holds the lease",
+                lambda: 1 if node.role is Role.ACTIVE else 0)
+        r.gauge("percolator_oracle_persisted_high_water", "Persisted high-water mark",
+                lambda: node.info().high_water)
+        r.gauge("percolator_oracle_last_issued", "Highest timestamp issued by this process",
+                lambda: node.info().last_issued)
+        r.gauge("percolator_oracle_lease_renewals", "Successful lease renewals",
+                lambda: node.info().renewals)
+        r.gauge("percolator_oracle_fenced", "Times this process was fenced",
+                lambda: node.info().fenced)
+
+
+class OracleServicer(oracle_pb2_grpc.TimestampOracleServicer):
+    """The RPC handlers.  Each checks the token first when one is configured."""
+
+    def __init__(
+        self, node: OracleNode, metrics: OracleMetrics, token: str | None, store_url: str
+    ) -> None:
+        self.node = node
+        self.metrics = metrics
+        self._token = token
+        self._store_url = store_url
+
+    def _abort(
+        self, context: grpc.ServicerContext, method: str, code: grpc.StatusCode, message: str
+    ) -> NoReturn:
+        """Count and end the call with an error status (``context.abort`` raises)."""
+        self.metrics.requests.inc(method=method, code=code.name)
+        context.abort(code, message)
+
+    def _authorize(self, context: grpc.ServicerContext, method: str) -> None:
+        if self._token is None:
+            return
+        presented = dict(context.invocation_metadata()).get(TOKEN_METADATA_KEY, "")
+        if not isinstance(presented, str) or not presented.startswith(TOKEN_PREFIX):
+            self._abort(
+                context,
+                method,
+                grpc.StatusCode.UNAUTHENTICATED,
+                "this oracle requires a token (metadata 'authorization: Bearer TOKEN')",
+            )
+        # Constant-time comparison: the token is a shared secret.
+        if not hmac.compare_digest(presented[len(TOKEN_PREFIX) :].encode(), self._token.encode()):
+            self._abort(context, method, grpc.StatusCode.UNAUTHENTICATED, "wrong oracle token")
+
+    def Allocate(
+        self, request: oracle_pb2.AllocateRequest, context: grpc.ServicerContext
+    ) -> oracle_pb2.AllocateResponse:
+        started = time.perf_counter()
+        self._authorize(context, "Allocate")
+        try:
+            allocation = self.node.allocate(request.count)
+            response = oracle_pb2.AllocateResponse(
+                first=allocation.first,
+                count=allocation.count,
+                epoch=allocation.epoch,
+                valid_until_ms=allocation.valid_until_ms,
+            )
+            # Tests pause the process here, with a range prepared, through this failpoint.
+            failpoint("oracle.before_confirm")
+            # Last check before the range leaves: a process paused since allocate() must
+            # not hand out a range prepared under a lease that has lapsed meanwhile.
+            self.node.confirm(allocation)
+        except InvalidArgumentError as exc:
+            self._abort(context, "Allocate", grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except (FencedError, OracleUnavailableError) as exc:
+            self._abort(context, "Allocate", grpc.StatusCode.UNAVAILABLE, str(exc))
+        self.metrics.requests.inc(method="Allocate", code="OK")
+        self.metrics.issued.inc(allocation.count)
+        self.metrics.batch_size.observe(allocation.count)
+        self.metrics.latency.observe(time.perf_counter() - started)
+        return response
+
+    def Health(
+        self, request: oracle_pb2.HealthRequest, context: grpc.ServicerContext
+    ) -> oracle_pb2.HealthResponse:
+        self._authorize(context, "Health")
+        info = self.node.info()
+        self.metrics.requests.inc(method="Health", code="OK")
+        return oracle_pb2.HealthResponse(
+            role=_ROLE_TO_PROTO[info.role], epoch=info.epoch, holder_id=info.holder_id
+        )
+
+    def Info(
+        self, request: oracle_pb2.InfoRequest, context: grpc.ServicerContext
+    ) -> oracle_pb2.InfoResponse:
+        self._authorize(context, "Info")
+        info = self.node.info()
+        config = self.node.config
+        self.metrics.requests.inc(method="Info", code="OK")
+        return oracle_pb2.InfoResponse(
+            role=_ROLE_TO_PROTO[info.role],
+            holder_id=info.holder_id,
+            lease_holder_id=info.lease_holder_id,
+            epoch=info.epoch,
+            persisted_high_water=info.high_water,
+            last_issued=info.last_issued,
+            lease_expiry_ms=info.lease_expiry_ms,
+            max_count=config.max_count,
+            lease_ms=config.lease_ms,
+            window_ms=config.window_ms,
+            timestamps_issued=info.timestamps_issued,
+            allocate_calls=info.allocate_calls,
+            store_url=self._store_url,
+        )
+
+
+class OracleServer:
+    """One oracle process: gRPC server, lease driver thread, optional metrics endpoint.
+
+    ``start()`` binds and starts serving (as a standby until the lease is won); ``stop()``
+    stops issuing at once, lets in-flight calls finish, then releases the lease so a
+    standby can take over after only the clock margin.
+    """
+
+    def __init__(
+        self, options: ServerOptions, store: Store | None = None, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
+        self.options = options
+        self._store = store
+        self._owns_store = store is None
+        self._clock = clock
+        self._grpc: grpc.Server | None = None
+        self._driver: threading.Thread | None = None
+        self._driver_stop = threading.Event()
+        self._metrics_server: MetricsServer | None = None
+        self.node: OracleNode | None = None
+        self.metrics: OracleMetrics | None = None
+        self.port = 0
+        self.metrics_port: int | None = None
+
+    @property
+    def address(self) -> str:
+        host, _ = check_listen_address(self.options.listen)
+        return f"{host}:{self.port}"
+
+    def start(self) -> None:
+        options = self.options
+        credentials = None
+        if options.tls_cert is not None and options.tls_key is not None:
+            credentials = grpc.ssl_server_credentials(
+                [(_read_file(options.tls_key, "TLS key"), _read_file(options.tls_cert,
+                                                                     "TLS certificate"))]
+            )
+        if self._store is None:
+            self._store = open_store(options.store_url)
+        server = grpc.server(
+            ThreadPoolExecutor(max_workers=options.workers, thread_name_prefix="oracle-rpc"),
+            # Never share a port with another process: a second oracle on the same address
+            # must fail to start, not silently receive half of the calls.
+            options=[("grpc.so_reuseport", 0)],
+        )
+        try:
+            if credentials is None:
+                self.port = server.add_insecure_port(options.listen)
+            else:
+                self.port = server.add_secure_port(options.listen, credentials)
+        except RuntimeError as exc:
+            raise ConfigError(f"cannot listen on {options.listen}: {exc}") from None
+        if not self.port:
+            raise ConfigError(f"cannot listen on {options.listen} (address in use?)")
+        host, _ = check_listen_address(options.listen)
+        # Unique per process start: a restarted oracle never mistakes its old lease for its own.
+        holder_id = (
+            f"{socket.gethostname()}:{os.getpid()}@{host}:{self.port}/{secrets.token_hex(3)}"
+        )
+        self.node = OracleNode(OracleCell(self._store), holder_id, options.lease, self._clock)
+        self.metrics = OracleMetrics(self.node)
+        servicer = OracleServicer(self.node, self.metrics, options.token, self._store.url)
+        oracle_pb2_grpc.add_TimestampOracleServicer_to_server(servicer, server)
+        if options.metrics_port is not None:
+            self._metrics_server = MetricsServer(
+                self.metrics.registry, options.metrics_host, options.metrics_port
+            )
+            self.metrics_port = self._metrics_server.port
+        server.start()
+        self._grpc = server
+        self._driver = threading.Thread(
+            target=self.node.run, args=(self._driver_stop,), name="oracle-lease", daemon=True
+        )
+        self._driver.start()
+
+    def stop(self, grace_s: float = 1.0) -> None:
+        """Idempotent.  Order matters: issue nothing more, drain, then release."""
+        if self.node is not None:
+            self.node.stop()
+        if self._grpc is not None:
+            self._grpc.stop(grace_s).wait()
+            self._grpc = None
+        self._driver_stop.set()
+        if self._driver is not None:
+            self._driver.join()
+            self._driver = None
+        if self.node is not None:
+            self.node.release()
+        if self._metrics_server is not None:
+            self._metrics_server.close()
+            self._metrics_server = None
+        if self._owns_store and self._store is not None:
+            self._store.close()
+            self._store = None
+
+
+def serve(options: ServerOptions) -> int:
+    """Run an oracle until SIGTERM or SIGINT; returns the exit code."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    server = OracleServer(options)
+    try:
+        server.start()
+        assert server.node is not None
+        tls = "TLS" if options.tls_cert else "plaintext"
+        auth = "token required" if options.token else "no token"
+        metrics = (
+            f", metrics on http://{options.metrics_host}:{server.metrics_port}/metrics"
+            if server.metrics_port is not None else ""
+        )
+        # Tests and scripts wait for this line.
+        print(
+            f"oracle: listening on {server.address} ({tls}, {auth}) as {server.node.holder_id}"
+            f", store {options.store_url}{metrics}",
+            flush=True,
+        )
+        while not stop.wait(0.5):
+            pass
+        log.warning("oracle %s: stopping", server.node.holder_id)
+    finally:
+        server.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0

@@ -1,0 +1,41 @@
+"""Run as a process: take timestamps from a LocalOracle on a shared store and print each
+call as ``start_ns end_ns ts`` (CLOCK_MONOTONIC, system-wide), one per line."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+from oracle.local import LocalOracle
+from percolator.store import open_store
+
+
+def main() -> None:
+    url, count, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    store = open_store(url)
+    oracle = LocalOracle(store)
+    lines: list[str] = []
+    lock = threading.Lock()
+
+    def work() -> None:
+        mine = []
+        for _ in range(count):
+            start = time.monotonic_ns()
+            ts = oracle.get_timestamp()
+            mine.append(f"{start} {time.monotonic_ns()} {ts}")
+        with lock:
+            lines.extend(mine)
+
+    workers = [threading.Thread(target=work) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    sys.stdout.write("\n".join(lines) + "\n")
+    sys.stderr.write(f"fetches={oracle.stats.fetches}\n")
+    store.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,234 @@
+"""The gRPC client against scripted servers (real gRPC, scripted answers): fail-over,
+client-side fencing, and error translation."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+import pytest
+
+from oracle.client import GrpcOracleClient
+from oracle.proto_gen import oracle_pb2, oracle_pb2_grpc
+from percolator.errors import (
+    ConfigError,
+    InvalidArgumentError,
+    OracleError,
+    OracleUnavailableError,
+    TimestampRegressionError,
+)
+from percolator.timestamps import compose, now_ms
+from tests.oracle.procs import free_port
+
+Answer = Callable[[oracle_pb2.AllocateRequest, Any], oracle_pb2.AllocateResponse]
+
+
+class Scripted(oracle_pb2_grpc.TimestampOracleServicer):
+    """Answers Allocate with the next scripted answer (the last one repeats)."""
+
+    def __init__(self, answers: list[Answer]) -> None:
+        self.answers = answers
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def Allocate(self, request: Any, context: Any) -> Any:
+        with self.lock:
+            answer = self.answers[min(self.calls, len(self.answers) - 1)]
+            self.calls += 1
+        return answer(request, context)
+
+    def Health(self, request: Any, context: Any) -> Any:
+        return oracle_pb2.HealthResponse()
+
+    def Info(self, request: Any, context: Any) -> Any:
+        return oracle_pb2.InfoResponse()
+
+
+def ok(first: int, epoch: int = 1, valid_for_ms: int = 10_000) -> Answer:
+    def answer(request: Any, context: Any) -> oracle_pb2.AllocateResponse:
+        return oracle_pb2.AllocateResponse(
+            first=first, count=request.count, epoch=epoch, valid_until_ms=now_ms() + valid_for_ms
+        )
+
+    return answer
+
+
+def fail(code: grpc.StatusCode, message: str) -> Answer:
+    def answer(request: Any, context: Any) -> oracle_pb2.AllocateResponse:
+        context.abort(code, message)
+        raise AssertionError("abort raises")
+
+    return answer
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[[Scripted | None], str]]:
+    servers: list[grpc.Server] = []
+
+    def start(servicer: Scripted | None) -> str:
+        server = grpc.server(ThreadPoolExecutor(4))
+        if servicer is not None:
+            oracle_pb2_grpc.add_TimestampOracleServicer_to_server(servicer, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        servers.append(server)
+        return f"127.0.0.1:{port}"
+
+    yield start
+    for server in servers:
+        server.stop(0)
+
+
+T0 = compose(1_800_000_000_000)
+
+
+def test_a_dead_first_address_fails_over_and_sticks_to_the_live_one(serve: Any) -> None:
+    live = Scripted([ok(T0), ok(T0 + 10)])
+    client = GrpcOracleClient([f"127.0.0.1:{free_port()}", serve(live)], timeout_s=5)
+    try:
+        assert client.get_timestamps(3) == [T0, T0 + 1, T0 + 2]
+        assert client.failovers == 1
+        rpcs = client.rpcs
+        assert client.get_timestamp() == T0 + 10
+        assert client.rpcs == rpcs + 1, "the next call goes straight to the live address"
+    finally:
+        client.close()
+
+
+def test_a_standby_answer_moves_to_the_next_address(serve: Any) -> None:
+    standby = Scripted([fail(grpc.StatusCode.UNAVAILABLE, "oracle b is a standby")])
+    active = Scripted([ok(T0, epoch=2)])
+    client = GrpcOracleClient([serve(standby), serve(active)], timeout_s=5)
+    try:
+        assert client.get_timestamp() == T0
+        assert client.epoch == 2 and standby.calls == 1
+    finally:
+        client.close()
+
+
+def test_a_response_from_a_lower_epoch_is_discarded(serve: Any) -> None:
+    # The client saw epoch 5; a deposed oracle of epoch 4 answers later.
+    a = Scripted([ok(T0, epoch=5), ok(T0 + 100, epoch=4)])
+    b = Scripted([ok(T0 + 200, epoch=6)])
+    client = GrpcOracleClient([serve(a), serve(b)], timeout_s=5)
+    try:
+        assert client.get_timestamp() == T0
+        assert client.get_timestamp() == T0 + 200
+        assert client.epoch == 6
+    finally:
+        client.close()
+
+
+def test_a_response_that_arrives_after_its_lease_lapsed_is_discarded(serve: Any) -> None:
+    late = Scripted([ok(T0, valid_for_ms=-1)])
+    client = GrpcOracleClient([serve(late)], timeout_s=0.5)
+    try:
+        with pytest.raises(OracleUnavailableError, match="after its lease lapsed"):
+            client.get_timestamp()
+    finally:
+        client.close()
+
+
+def test_a_lower_timestamp_in_the_same_epoch_is_a_regression(serve: Any) -> None:
+    server = Scripted([ok(T0 + 10), ok(T0 + 5)])
+    client = GrpcOracleClient([serve(server)], timeout_s=2)
+    try:
+        client.get_timestamp()
+        with pytest.raises(TimestampRegressionError):
+            client.get_timestamp()
+    finally:
+        client.close()
+
+
+def test_a_wrong_count_is_a_protocol_error(serve: Any) -> None:
+    def short(request: Any, context: Any) -> oracle_pb2.AllocateResponse:
+        return oracle_pb2.AllocateResponse(
+            first=T0, count=request.count - 1, epoch=1, valid_until_ms=now_ms() + 10_000
+        )
+
+    client = GrpcOracleClient([serve(Scripted([short]))], timeout_s=2)
+    try:
+        with pytest.raises(OracleError, match="answered 1 timestamps to a request for 2"):
+            client.get_timestamps(2)
+    finally:
+        client.close()
+
+
+def test_credentials_errors_are_not_retried(serve: Any) -> None:
+    server = Scripted([fail(grpc.StatusCode.UNAUTHENTICATED, "wrong oracle token")])
+    client = GrpcOracleClient([serve(server)], timeout_s=5)
+    try:
+        with pytest.raises(OracleError, match=r"refused this client's credentials.*wrong"):
+            client.get_timestamp()
+        assert server.calls == 1
+    finally:
+        client.close()
+
+
+def test_invalid_argument_is_an_invalid_argument_error(serve: Any) -> None:
+    server = Scripted([fail(grpc.StatusCode.INVALID_ARGUMENT, "count must be in [1, 10]")])
+    client = GrpcOracleClient([serve(server)], timeout_s=5)
+    try:
+        with pytest.raises(InvalidArgumentError, match=r"rejected the request: count must be"):
+            client.get_timestamp()
+    finally:
+        client.close()
+
+
+def test_a_server_without_the_service_is_named(serve: Any) -> None:
+    client = GrpcOracleClient([serve(None)], timeout_s=5)
+    try:
+        with pytest.raises(OracleError, match="does not serve the timestamp oracle API"):
+            client.get_timestamp()
+    finally:
+        client.close()
+
+
+def test_a_hung_oracle_hits_the_rpc_deadline_and_the_next_address_answers(serve: Any) -> None:
+    release = threading.Event()
+
+    def hang(request: Any, context: Any) -> oracle_pb2.AllocateResponse:
+        release.wait(10)
+        return ok(T0)(request, context)
+
+    hung, live = Scripted([hang]), Scripted([ok(T0 + 1)])
+    client = GrpcOracleClient([serve(hung), serve(live)], timeout_s=5, rpc_timeout_s=0.2)
+    try:
+        started = time.monotonic()
+        assert client.get_timestamp() == T0 + 1
+        assert time.monotonic() - started < 2
+    finally:
+        release.set()
+        client.close()
+
+
+def test_nothing_listening_gives_a_clear_error_within_the_timeout() -> None:
+    addresses = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    client = GrpcOracleClient(addresses, timeout_s=0.5)
+    started = time.monotonic()
+    try:
+        with pytest.raises(OracleUnavailableError) as info:
+            client.get_timestamp()
+    finally:
+        client.close()
+    assert time.monotonic() - started < 3
+    message = str(info.value)
+    assert all(a in message for a in addresses)
+    assert "answered within 0.5 s" in message and "percolator oracle serve" in message
+
+
+@pytest.mark.parametrize("addresses", [[], "127.0.0.1:1", ["nohost"], ["h:0"]])
+def test_bad_address_lists_are_config_errors(addresses: Any) -> None:
+    with pytest.raises(ConfigError):
+        GrpcOracleClient(addresses)
+
+
+def test_a_closed_client_refuses_politely() -> None:
+    client = GrpcOracleClient([f"127.0.0.1:{free_port()}"])
+    client.close()
+    with pytest.raises(OracleError, match="closed"):
+        client.get_timestamp()

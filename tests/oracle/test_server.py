@@ -1,0 +1,299 @@
+"""The server process as a client meets it: bad requests, tokens, TLS, metrics, coalescing,
+and the command line's errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from oracle.client import GrpcOracleClient
+from oracle.local import LocalOracle
+from oracle.proto_gen import oracle_pb2, oracle_pb2_grpc
+from percolator.errors import InvalidArgumentError, OracleError, OracleUnavailableError
+from percolator.store import open_store
+from tests.oracle.procs import REPO, OracleProcess
+
+TOKEN = "correct horse battery staple"
+BEARER = (("authorization", f"Bearer {TOKEN}"),)
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 (openssl CLI)."""
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = d / "cert.pem", d / "key.pem"
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+            "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1",
+            "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+            "-keyout", str(key), "-out", str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OracleProcess]:
+    """A plaintext oracle that requires a token and allows at most 1000 per call."""
+    d = tmp_path_factory.mktemp("plain")
+    token_file = d / "token"
+    token_file.write_text(TOKEN + "\n")
+    oracle = OracleProcess(
+        f"embedded:{d / 'store'}",
+        d / "oracle.log",
+        args=["--token-file", str(token_file), "--max-count", "1000"],
+        token=TOKEN,
+    )
+    try:
+        oracle.start().wait_role("ROLE_ACTIVE")
+        yield oracle
+    finally:
+        assert oracle.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def tls(
+    tmp_path_factory: pytest.TempPathFactory, certs: tuple[Path, Path]
+) -> Iterator[OracleProcess]:
+    """A TLS oracle (token from the environment)."""
+    d = tmp_path_factory.mktemp("tls_oracle")
+    cert, key = certs
+    oracle = OracleProcess(
+        f"embedded:{d / 'store'}",
+        d / "oracle.log",
+        args=["--tls-cert", str(cert), "--tls-key", str(key)],
+        env={"PERCOLATOR_ORACLE_TOKEN": TOKEN},
+    )
+    try:
+        yield oracle.start()
+    finally:
+        assert oracle.stop() == 0
+
+
+def raw_allocate(
+    oracle: OracleProcess, count: int, metadata: tuple[tuple[str, str], ...] | None = BEARER
+) -> grpc.RpcError:
+    channel, stub = oracle.stub()
+    try:
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Allocate(oracle_pb2.AllocateRequest(count=count), timeout=5, metadata=metadata)
+        return info.value
+    finally:
+        channel.close()
+
+
+@pytest.mark.parametrize(
+    ("count", "expected"),
+    [(0, "got 0"), (1001, "got 1001"), ((1 << 32) - 1, "got 4294967295")],
+)
+def test_bad_counts_get_invalid_argument(plain: OracleProcess, count: int, expected: str) -> None:
+    error = raw_allocate(plain, count)
+    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert f"count must be in [1, 1000], {expected}" in str(error.details())
+
+
+def test_a_missing_or_wrong_token_is_refused(plain: OracleProcess) -> None:
+    missing = raw_allocate(plain, 1, metadata=None)
+    assert missing.code() is grpc.StatusCode.UNAUTHENTICATED
+    assert "requires a token" in str(missing.details())
+    wrong = raw_allocate(plain, 1, metadata=(("authorization", "Bearer nope"),))
+    assert wrong.code() is grpc.StatusCode.UNAUTHENTICATED
+    assert str(wrong.details()) == "wrong oracle token"
+    # Health and Info are protected too.
+    channel, stub = plain.stub()
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Info(oracle_pb2.InfoRequest(), timeout=5)
+    channel.close()
+    assert info.value.code() is grpc.StatusCode.UNAUTHENTICATED
+
+    client = GrpcOracleClient([plain.address], token="nope", timeout_s=5)
+    try:
+        with pytest.raises(OracleError, match="refused this client's credentials"):
+            client.get_timestamp()
+        assert client.rpcs == 1, "credentials errors are not retried"
+    finally:
+        client.close()
+
+
+def test_the_client_with_the_token_works_and_checks_counts_itself(plain: OracleProcess) -> None:
+    client = GrpcOracleClient([plain.address], token=TOKEN, max_batch=1000)
+    try:
+        values = client.get_timestamps(2500)  # above max_batch: split by the client
+        assert values == sorted(set(values)) and len(values) == 2500
+        with pytest.raises(InvalidArgumentError, match="must be >= 1"):
+            client.get_timestamps(0)
+    finally:
+        client.close()
+
+
+def test_tls_with_the_right_roots_and_token_works(
+    tls: OracleProcess, certs: tuple[Path, Path]
+) -> None:
+    client = GrpcOracleClient([tls.address], token=TOKEN, tls=str(certs[0]))
+    try:
+        first, second = client.get_timestamp(), client.get_timestamp()
+        assert second > first
+    finally:
+        client.close()
+
+
+def test_plaintext_client_against_tls_server_is_a_clear_error(tls: OracleProcess) -> None:
+    client = GrpcOracleClient([tls.address], token=TOKEN, timeout_s=1)
+    try:
+        with pytest.raises(OracleUnavailableError, match=r"TLS \(grpcs://\) and the token"):
+            client.get_timestamp()
+    finally:
+        client.close()
+
+
+def test_tls_client_against_plaintext_server_is_a_clear_error(
+    plain: OracleProcess, certs: tuple[Path, Path]
+) -> None:
+    client = GrpcOracleClient([plain.address], token=TOKEN, tls=str(certs[0]), timeout_s=1)
+    try:
+        with pytest.raises(OracleUnavailableError, match=plain.address):
+            client.get_timestamp()
+    finally:
+        client.close()
+
+
+def test_an_untrusted_server_certificate_is_refused(tls: OracleProcess) -> None:
+    client = GrpcOracleClient([tls.address], token=TOKEN, tls=True, timeout_s=1)
+    try:
+        with pytest.raises(OracleUnavailableError):
+            client.get_timestamp()
+    finally:
+        client.close()
+
+
+def test_100_threads_are_coalesced_into_far_fewer_rpcs(plain: OracleProcess) -> None:
+    before = plain.metrics()
+    client = GrpcOracleClient([plain.address], token=TOKEN)
+    barrier = threading.Barrier(100)
+    seen: list[list[int]] = []
+
+    def work() -> None:
+        barrier.wait()
+        seen.append([client.get_timestamp() for _ in range(20)])
+
+    threads = [threading.Thread(target=work) for _ in range(100)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    client.close()
+    after = plain.metrics()
+    ok = 'percolator_oracle_requests_total{code="OK",method="Allocate"}'
+    rpcs = after[ok] - before.get(ok, 0)
+    issued = (
+        after["percolator_oracle_timestamps_issued_total"]
+        - before["percolator_oracle_timestamps_issued_total"]
+    )
+    assert issued == 2000 == sum(len(s) for s in seen)
+    assert rpcs == client.stats.fetches
+    print(f"2000 timestamps for 100 threads in {rpcs:.0f} RPCs")
+    assert rpcs <= issued / 10, f"{rpcs} RPCs for {issued} timestamps: not coalesced"
+    for s in seen:
+        assert s == sorted(s)
+    batches = "percolator_oracle_batch_size_count"
+    assert after[batches] - before[batches] == rpcs
+    assert after["percolator_oracle_active"] == 1 and after["percolator_oracle_epoch"] >= 1
+
+
+def test_the_local_oracle_refuses_while_a_server_holds_the_lease_and_then_continues(
+    tmp_path: Path, spawn: Callable[..., OracleProcess]
+) -> None:
+    url = f"embedded:{tmp_path / 'store'}"
+    server = spawn(url, "oracle")
+    server.wait_role("ROLE_ACTIVE")
+    client = GrpcOracleClient([server.address])
+    store = open_store(url)
+    try:
+        served = client.get_timestamps(10)
+        with pytest.raises(OracleError, match="served by the oracle server"):
+            LocalOracle(store).get_timestamp()
+        assert server.stop() == 0  # SIGTERM: releases its lease, so after the margin...
+        time.sleep(0.6)  # ... (the local oracle's margin_ms is 500) the record is free.
+        assert LocalOracle(store).get_timestamp() > served[-1]
+    finally:
+        client.close()
+        store.close()
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "oracle.cli", *args],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--listen", "nowhere"], "must look like HOST:PORT"),
+        (["--tls-cert", "/x.pem"], "TLS needs both --tls-cert and --tls-key"),
+        (["--tls-cert", "/nonexistent/c.pem", "--tls-key", "/nonexistent/k.pem"],
+         "cannot read the TLS key '/nonexistent/k.pem'"),
+        (["--token-file", "/nonexistent/t"], "cannot read --token-file"),
+        (["--token", "a", "--token-file", "/x"], "not both"),
+        (["--lease-ms", "100"], "must be at least 3x the clock margin"),
+    ],
+)
+def test_serve_rejects_bad_options_with_one_clear_line(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    result = run_cli("serve", "--store", f"embedded:{tmp_path / 's'}", *args)
+    assert result.returncode == 2
+    assert result.stderr.startswith("percolator: error: "), result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_serve_refuses_an_address_in_use(plain: OracleProcess, tmp_path: Path) -> None:
+    result = run_cli("serve", "--store", f"embedded:{tmp_path / 's'}", "--listen", plain.address)
+    assert result.returncode == 2
+    assert f"cannot listen on {plain.address}" in result.stderr
+
+
+def test_info_on_a_dead_address_exits_1_with_a_reason(tmp_path: Path) -> None:
+    from tests.oracle.procs import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    result = run_cli("info", "--oracle", f"grpc://{address}")
+    assert result.returncode == 1
+    assert f"{address}: oracle {address} is unavailable" in result.stdout
+
+
+def test_the_generated_stub_is_the_api_the_server_serves(plain: OracleProcess) -> None:
+    channel = grpc.insecure_channel(plain.address)
+    health = oracle_pb2_grpc.TimestampOracleStub(channel).Health(
+        oracle_pb2.HealthRequest(), timeout=5, metadata=BEARER
+    )
+    channel.close()
+    assert health.role == oracle_pb2.ROLE_ACTIVE and health.epoch >= 1
+
+
+def test_transactions_take_their_timestamps_from_the_oracle_service(
+    tmp_path: Path, spawn: Callable[..., OracleProcess]
+) -> None:
+    import percolator
+
+    url = f"embedded:{tmp_path / 'store'}"
+    server = spawn(url, "oracle")
+    server.wait_role("ROLE_ACTIVE")
+    with percolator.connect(url, oracle=f"grpc://{server.address}") as client:
+        client.create_table("t")
+        with client.transaction() as txn:
+            txn.set("t", b"row", "col", b"value")
+        assert client.snapshot().get("t", b"row", "col") == b"value"
+    assert server.info().timestamps_issued >= 3  # start, commit, snapshot
