@@ -19,6 +19,7 @@ from percolator.errors import PercolatorError
 COMMAND_MODULES = [
     "percolator.localhbase.cli",
     "oracle.cli",
+    "observers.cli",
     "percolator.commands.gc",
     "percolator.commands.demo",
 ]

@@ -1,0 +1,328 @@
+"""``percolator worker``, ``percolator notifications list|retry`` and
+``percolator observers list|register|unregister``.
+
+Also runnable on its own: ``python -m observers.cli worker ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+from typing import Any
+
+from percolator.commands.common import add_oracle_option, add_store_option
+from percolator.errors import ConfigError, PercolatorError
+
+
+def register(subparsers: Any) -> None:
+    worker: argparse.ArgumentParser = subparsers.add_parser(
+        "worker",
+        help="run observers on notifications",
+        description="Scan the notify family of the observed tables and run the observers "
+        "(plugins of the 'percolator.observers' entry-point group).  SIGTERM or Ctrl-C "
+        "shuts down gracefully.",
+    )
+    add_store_option(worker)
+    add_oracle_option(worker)
+    worker.add_argument(
+        "--observer",
+        action="append",
+        metavar="NAME",
+        help="run this observer plugin (repeatable; default: every installed one)",
+    )
+    worker.add_argument("--threads", type=int, default=4, help="observer runs in parallel")
+    worker.add_argument("--scanners", type=int, default=1, help="scanner threads")
+    worker.add_argument(
+        "--failure-limit",
+        type=int,
+        default=5,
+        help="failures in a row after which a notification is parked (default %(default)s)",
+    )
+    worker.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="on shutdown, how long runs in flight may finish before they roll back",
+    )
+    worker.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port)",
+    )
+    worker.add_argument("--metrics-host", default="127.0.0.1")
+    worker.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    worker.set_defaults(func=run_worker)
+
+    notifications: argparse.ArgumentParser = subparsers.add_parser(
+        "notifications",
+        help="list or retry parked notifications",
+        description="Notifications whose observer kept failing are parked; list them, fix "
+        "the cause, and retry them.",
+    )
+    actions = notifications.add_subparsers(dest="action", metavar="ACTION")
+    actions.required = True
+    listing = actions.add_parser("list", help="list parked (or pending) notifications")
+    retry = actions.add_parser("retry", help="re-queue parked notifications")
+    for parser in (listing, retry):
+        add_store_option(parser)
+        add_oracle_option(parser)
+        parser.add_argument("--observer", help="only notifications of this observer")
+        parser.add_argument("--table", help="only notifications of this table")
+        parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    listing.add_argument(
+        "--pending",
+        action="store_true",
+        help="list notifications waiting to be processed (needs --table) instead of parked",
+    )
+    listing.add_argument("--limit", type=int, default=None, help="at most this many rows")
+    retry.add_argument("--row", help="only this row (UTF-8; use --row-hex for bytes)")
+    retry.add_argument("--row-hex", help="only this row, hex-encoded")
+    retry.add_argument("--column", help="only this column")
+    retry.add_argument(
+        "--all", action="store_true", help="retry every parked notification that matches"
+    )
+    listing.set_defaults(func=run_list)
+    retry.set_defaults(func=run_retry)
+
+    observers: argparse.ArgumentParser = subparsers.add_parser(
+        "observers",
+        help="list, register or unregister observed columns",
+        description="Workers register their observers' columns when they start; these "
+        "commands do it by hand (e.g. before loading data that must be observed).",
+    )
+    observer_actions = observers.add_subparsers(dest="action", metavar="ACTION")
+    observer_actions.required = True
+    registered = observer_actions.add_parser("list", help="list observed columns")
+    register_cmd = observer_actions.add_parser(
+        "register",
+        help="register observer plugins' columns; returns once every writer notifies them",
+    )
+    unregister_cmd = observer_actions.add_parser(
+        "unregister", help="stop notifying the columns of an observer"
+    )
+    for parser in (registered, register_cmd, unregister_cmd):
+        add_store_option(parser)
+        add_oracle_option(parser)
+    registered.add_argument("--json", action="store_true", help="one JSON object per line")
+    register_cmd.add_argument(
+        "--observer", action="append", metavar="NAME", required=True, help="(repeatable)"
+    )
+    unregister_cmd.add_argument("name", help="the observer's name")
+    registered.set_defaults(func=run_observers_list)
+    register_cmd.set_defaults(func=run_observers_register)
+    unregister_cmd.set_defaults(func=run_observers_unregister)
+
+
+def _print_ready(message: str) -> None:
+    print(message, flush=True)
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    import percolator
+    from observers.plugins import load_observers
+    from observers.worker import Worker, WorkerOptions
+
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    options = WorkerOptions(
+        threads=args.threads,
+        scanners=args.scanners,
+        failure_limit=args.failure_limit,
+        drain_timeout_s=args.drain_timeout,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+    )
+    loaded = load_observers(args.observer)
+    for plugin_error in loaded.errors:
+        print(f"percolator worker: {plugin_error}", file=sys.stderr, flush=True)
+    if not loaded.observers:
+        raise ConfigError("no observer plugin could be loaded; nothing to run")
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    with percolator.connect(args.store, oracle=args.oracle) as client:
+        worker = Worker(client, loaded.observers, options)
+        worker.start()
+        for name, message in worker.errors:
+            print(f"percolator worker: observer {name!r} left out: {message}", file=sys.stderr)
+        names = ",".join(o.name for o in worker.observers)
+        port = worker.metrics_port
+        _print_ready(
+            f"worker ready id={worker.worker_id} observers={names}"
+            + (f" metrics=http://{args.metrics_host}:{port}/metrics" if port is not None else "")
+        )
+        try:
+            # A timed wait keeps the main thread responsive to signals on every platform.
+            while not stop.wait(0.5):
+                pass
+        finally:
+            worker.stop()
+        _print_ready("worker stopped")
+    return 0
+
+
+def _select(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    return args.observer, args.table
+
+
+def run_list(args: argparse.Namespace) -> int:
+    import percolator
+    from observers.parking import ParkingLot, pending
+
+    with percolator.connect(args.store, oracle=args.oracle) as client:
+        if args.pending:
+            if not args.table:
+                raise ConfigError("--pending needs --table")
+            rows = pending(client, args.table, limit=args.limit)
+            for row, column, notify_ts in rows:
+                if args.json:
+                    doc = {
+                        "table": args.table,
+                        "row": row.decode("utf-8", "backslashreplace"),
+                        "row_hex": row.hex(),
+                        "column": column,
+                        "notify_ts": notify_ts,
+                    }
+                    print(json.dumps(doc, sort_keys=True))
+                else:
+                    print(
+                        f"{args.table}\t{row.decode('utf-8', 'backslashreplace')}\t{column}"
+                        f"\t{notify_ts}"
+                    )
+            return 0
+        observer, table = _select(args)
+        records = ParkingLot(client).records(observer=observer, table=table)
+        if args.limit is not None:
+            records = records[: args.limit]
+        for record in records:
+            if args.json:
+                print(json.dumps(record.as_dict(), sort_keys=True))
+            else:
+                shown = record.row.decode("utf-8", "backslashreplace")
+                error = record.last_error.splitlines()[-1] if record.last_error else ""
+                print(
+                    f"{record.observer}\t{record.table}\t{shown}\t{record.column}\t"
+                    f"failures={record.failures}\t{error}"
+                )
+        if not args.json:
+            print(f"{len(records)} parked notification(s)", file=sys.stderr)
+    return 0
+
+
+def run_retry(args: argparse.Namespace) -> int:
+    import percolator
+    from observers.parking import ParkingLot
+
+    if args.row is not None and args.row_hex is not None:
+        raise ConfigError("give --row or --row-hex, not both")
+    row: bytes | None = None
+    if args.row is not None:
+        row = args.row.encode("utf-8")
+    elif args.row_hex is not None:
+        try:
+            row = bytes.fromhex(args.row_hex)
+        except ValueError:
+            raise ConfigError(f"--row-hex {args.row_hex!r} is not hexadecimal") from None
+    if not args.all and row is None:
+        raise ConfigError("name the notification (--row/--row-hex [--column]) or pass --all")
+    with percolator.connect(args.store, oracle=args.oracle) as client:
+        lot = ParkingLot(client)
+        observer, table = _select(args)
+        chosen = [
+            r
+            for r in lot.records(observer=observer, table=table)
+            if (row is None or r.row == row) and (args.column is None or r.column == args.column)
+        ]
+        done = lot.retry(chosen)
+        for record in done:
+            if args.json:
+                print(json.dumps(record.as_dict(), sort_keys=True))
+            else:
+                print(
+                    f"retried {record.observer}\t{record.table}\t"
+                    f"{record.row.decode('utf-8', 'backslashreplace')}\t{record.column}"
+                )
+        if not done:
+            print("no parked notification matched", file=sys.stderr)
+            return 1
+    return 0
+
+
+def run_observers_list(args: argparse.Namespace) -> int:
+    import percolator
+    from observers.api import registrations
+
+    with percolator.connect(args.store, oracle=args.oracle) as client:
+        found = registrations(client.store)
+    for (table, column), reg in sorted(found.items()):
+        if args.json:
+            doc = {"table": table, "column": column, "observer": reg.observer, "weak": reg.weak}
+            print(json.dumps(doc, sort_keys=True))
+        else:
+            print(f"{table}\t{column}\t{reg.observer}" + ("\tweak" if reg.weak else ""))
+    return 0
+
+
+def run_observers_register(args: argparse.Namespace) -> int:
+    import percolator
+    from observers.api import register_observers
+    from observers.plugins import load_observers
+
+    loaded = load_observers(args.observer)
+    if loaded.errors:
+        raise ConfigError("; ".join(str(e) for e in loaded.errors))
+    with percolator.connect(args.store, oracle=args.oracle) as client:
+        for observer in loaded.observers:
+            observer.setup(client)
+        register_observers(client, loaded.observers)
+    for observer in loaded.observers:
+        print(f"registered {observer.name}: {observer.table} {', '.join(observer.columns)}")
+    return 0
+
+
+def run_observers_unregister(args: argparse.Namespace) -> int:
+    import percolator
+    from observers.api import unregister_observer
+
+    with percolator.connect(args.store, oracle=args.oracle) as client:
+        removed = unregister_observer(client, args.name)
+    for table, column in removed:
+        print(f"unregistered {args.name}: {table} {column}")
+    if not removed:
+        print(f"observer {args.name!r} watches no column", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m observers.cli ...``: the same sub-commands outside ``percolator``."""
+    parser = argparse.ArgumentParser(prog="percolator")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    register(subparsers)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except PercolatorError as exc:
+        print(f"percolator: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

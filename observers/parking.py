@@ -1,0 +1,199 @@
+"""Parked notifications: runs that kept failing, set aside where an operator finds them.
+
+When a notification's run has failed ``failure_limit`` times in a row (exceptions of the
+observer's code, not conflicts), the worker *parks* it: it writes a record to the meta
+table and stops running it.  The notification itself stays in the notify family, so
+nothing is lost; workers skip parked cells (they reload the parked set every few seconds).
+``percolator notifications list`` shows the records, ``percolator notifications retry``
+re-queues them: it leaves a fresh notification on the cell and deletes the record, and the
+next run starts counting failures from zero.
+
+Record format (version 1), one row per parked cell::
+
+    row        b"parked/" + table + b"/" + hex(row) + b"/" + column
+    family     META_FAMILY, qualifier b"p", version = an oracle timestamp
+    value      JSON {"v": 1, "table", "row_hex", "column", "observer", "failures",
+               "last_error", "notify_ts", "parked_at_ms"}
+
+Versions are oracle timestamps so that a retry's delete (at or below the version it read)
+never masks a later park of the same cell, which gets a newer timestamp.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from observers.api import trigger
+from percolator.errors import ConfigError
+from percolator.layout import META_FAMILY, META_TABLE, NOTIFY
+from percolator.store.base import Delete, Put, ScanOptions
+
+if TYPE_CHECKING:
+    from observers.runner import Notification
+    from percolator.client import Client
+
+PARKED_PREFIX = b"parked/"
+_QUALIFIER = b"p"
+# Error text kept in a record (the rest is in the worker's log).
+_MAX_ERROR_CHARS = 2000
+
+Cell = tuple[str, bytes, str]
+
+
+@dataclass(frozen=True)
+class ParkedNotification:
+    table: str
+    row: bytes
+    column: str
+    observer: str
+    failures: int
+    last_error: str
+    notify_ts: int
+    parked_at_ms: int
+    #: store version of the record (needed to delete exactly it)
+    version: int = 0
+
+    @property
+    def cell(self) -> Cell:
+        return (self.table, self.row, self.column)
+
+    def encode(self) -> bytes:
+        doc = {
+            "v": 1,
+            "table": self.table,
+            "row_hex": self.row.hex(),
+            "column": self.column,
+            "observer": self.observer,
+            "failures": self.failures,
+            "last_error": self.last_error,
+            "notify_ts": self.notify_ts,
+            "parked_at_ms": self.parked_at_ms,
+        }
+        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, value: bytes, version: int) -> ParkedNotification:
+        try:
+            doc = json.loads(value)
+            if doc.get("v") != 1:
+                raise ValueError(f"unknown format version {doc.get('v')!r}")
+            return cls(
+                table=str(doc["table"]),
+                row=bytes.fromhex(doc["row_hex"]),
+                column=str(doc["column"]),
+                observer=str(doc["observer"]),
+                failures=int(doc["failures"]),
+                last_error=str(doc["last_error"]),
+                notify_ts=int(doc["notify_ts"]),
+                parked_at_ms=int(doc["parked_at_ms"]),
+                version=version,
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ConfigError(
+                f"parked-notification record in {META_TABLE} is malformed ({exc}): {value[:200]!r}"
+            ) from None
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "table": self.table,
+            "row": self.row.decode("utf-8", "backslashreplace"),
+            "row_hex": self.row.hex(),
+            "column": self.column,
+            "observer": self.observer,
+            "failures": self.failures,
+            "last_error": self.last_error,
+            "notify_ts": self.notify_ts,
+            "parked_at_ms": self.parked_at_ms,
+        }
+
+
+def parked_row(table: str, row: bytes, column: str) -> bytes:
+    return PARKED_PREFIX + table.encode() + b"/" + row.hex().encode() + b"/" + column.encode()
+
+
+class ParkingLot:
+    """Parked notifications of one store.  Thread-safe (stateless beyond the client)."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def park(
+        self, observer: str, notification: Notification, failures: int, last_error: str
+    ) -> ParkedNotification:
+        """Record ``notification`` as parked (idempotent: a second park replaces the
+        record).  The notification itself is left in place."""
+        record = ParkedNotification(
+            table=notification.table,
+            row=notification.row,
+            column=notification.column,
+            observer=observer,
+            failures=failures,
+            last_error=last_error[:_MAX_ERROR_CHARS],
+            notify_ts=notification.notify_ts,
+            parked_at_ms=int(time.time() * 1000),
+        )
+        version = self._client.oracle.get_timestamp()
+        row = parked_row(record.table, record.row, record.column)
+        put = Put(row, META_FAMILY, _QUALIFIER, version, record.encode())
+        self._client.store.put(META_TABLE, [put])
+        return ParkedNotification(**{**record.__dict__, "version": version})
+
+    def records(
+        self, *, observer: str | None = None, table: str | None = None
+    ) -> list[ParkedNotification]:
+        """Parked notifications, in row order, optionally of one observer / table."""
+        stop = PARKED_PREFIX[:-1] + b"0"  # the byte after b"/": exactly the prefix
+        options = ScanOptions(start=PARKED_PREFIX, stop=stop, qualifiers=[_QUALIFIER])
+        found = []
+        for _, cells in self._client.store.scan(META_TABLE, META_FAMILY, options):
+            version, value = cells[_QUALIFIER]
+            record = ParkedNotification.decode(value, version)
+            if observer is not None and record.observer != observer:
+                continue
+            if table is not None and record.table != table:
+                continue
+            found.append(record)
+        return found
+
+    def cells(self) -> set[Cell]:
+        """The parked cells (what workers skip)."""
+        return {record.cell for record in self.records()}
+
+    def retry(self, records: Iterable[ParkedNotification]) -> list[ParkedNotification]:
+        """Re-queue parked notifications: leave a fresh notification on each cell, then
+        delete its record.  A crash in between leaves the record (retry again: harmless).
+        Returns the records retried."""
+        done = []
+        for record in records:
+            trigger(self._client, record.table, [record.row], record.column)
+            row = parked_row(record.table, record.row, record.column)
+            self._client.store.delete_versions(
+                META_TABLE, [Delete(row, META_FAMILY, _QUALIFIER, record.version)]
+            )
+            done.append(record)
+        return done
+
+    def unpark(self, record: ParkedNotification) -> None:
+        """Delete a record whose notification was processed after all (no new trigger)."""
+        row = parked_row(record.table, record.row, record.column)
+        self._client.store.delete_versions(
+            META_TABLE, [Delete(row, META_FAMILY, _QUALIFIER, record.version)]
+        )
+
+
+def pending(
+    client: Client, table: str, columns: Iterable[str] | None = None, *, limit: int | None = None
+) -> list[tuple[bytes, str, int]]:
+    """Notifications waiting in ``table``: ``(row, column, newest notify version)``, in row
+    order (cost proportional to the notifications, not to the table)."""
+    qualifiers = [c.encode("utf-8") for c in columns] if columns is not None else None
+    options = ScanOptions(qualifiers=qualifiers, limit=limit)
+    found = []
+    for row, cells in client.store.scan(table, NOTIFY, options):
+        for qualifier, (version, _) in sorted(cells.items()):
+            found.append((row, qualifier.decode("utf-8"), version))
+    return found

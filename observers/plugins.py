@@ -1,0 +1,126 @@
+"""Observer plugins: found through the ``percolator.observers`` entry-point group.
+
+A package makes observers available to every worker by declaring them in its
+``pyproject.toml``::
+
+    [project.entry-points."percolator.observers"]
+    word-count = "mypackage.observers:WordCount"
+
+The entry point's name is the observer's name.  Its object is an :class:`Observer` subclass
+(instantiated without arguments), an observer instance, or a callable returning one.
+
+Loading happens in three steps, each of which can fail for one plugin without affecting the
+others (flake8's finder does the same): **find** the entry points, **load** each one (import
+the module, get the object), **validate** it (an observer, well declared, named like its
+entry point).  A plugin that fails any step becomes a :class:`PluginError` naming it and
+saying what went wrong; the worker reports it and runs the others.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from observers.api import Observer, check_observer
+from percolator.errors import ConfigError, InvalidArgumentError
+
+GROUP = "percolator.observers"
+
+
+class PluginError(ConfigError):
+    """An observer plugin could not be found, imported or validated."""
+
+    def __init__(self, plugin: str, message: str) -> None:
+        super().__init__(f"observer plugin {plugin!r}: {message}")
+        self.plugin = plugin
+
+
+@dataclass
+class LoadResult:
+    """The observers that loaded, in the order asked for, and the plugins that did not."""
+
+    observers: list[Observer] = field(default_factory=list)
+    errors: list[PluginError] = field(default_factory=list)
+
+
+def find(
+    entry_points: Iterable[importlib.metadata.EntryPoint] | None = None,
+) -> dict[str, importlib.metadata.EntryPoint]:
+    """The plugins of the ``percolator.observers`` group by name (``entry_points``: use
+    these instead of the installed ones, for tests and embedding)."""
+    if entry_points is None:
+        entry_points = importlib.metadata.entry_points(group=GROUP)
+    found: dict[str, importlib.metadata.EntryPoint] = {}
+    for entry_point in entry_points:
+        # Two distributions declaring one name: the first wins, as importlib does.
+        found.setdefault(entry_point.name, entry_point)
+    return found
+
+
+def load(entry_point: importlib.metadata.EntryPoint) -> Observer:
+    """Import, instantiate and validate one plugin.  Raises :class:`PluginError`."""
+    name = entry_point.name
+    try:
+        target = entry_point.load()
+    except Exception as exc:  # any import-time failure of third-party code
+        raise PluginError(
+            name, f"cannot load {entry_point.value!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    if isinstance(target, Observer):
+        observer = target
+    elif callable(target):
+        try:
+            made = target()
+        except Exception as exc:
+            raise PluginError(
+                name,
+                f"{entry_point.value!r} raised while creating the observer: "
+                f"{type(exc).__name__}: {exc}",
+            ) from exc
+        if not isinstance(made, Observer):
+            raise PluginError(
+                name, f"{entry_point.value!r} gave {made!r}, not an observers.api.Observer"
+            )
+        observer = made
+    else:
+        raise PluginError(
+            name,
+            f"{entry_point.value!r} is {target!r}: expected an Observer subclass, "
+            "instance or factory",
+        )
+    try:
+        check_observer(observer)
+    except InvalidArgumentError as exc:
+        raise PluginError(name, str(exc)) from None
+    if observer.name != name:
+        raise PluginError(
+            name,
+            f"the observer calls itself {observer.name!r}; the entry point must have "
+            "the observer's name",
+        )
+    return observer
+
+
+def load_observers(
+    names: Sequence[str] | None = None,
+    entry_points: Iterable[importlib.metadata.EntryPoint] | None = None,
+) -> LoadResult:
+    """Load the plugins named (all installed ones if ``names`` is None).  Never raises for
+    one plugin: failures are collected in :attr:`LoadResult.errors`."""
+    available = find(entry_points)
+    result = LoadResult()
+    wanted = list(dict.fromkeys(names)) if names is not None else sorted(available)
+    for name in wanted:
+        entry_point = available.get(name)
+        if entry_point is None:
+            known = ", ".join(sorted(available)) or "none installed"
+            result.errors.append(
+                PluginError(name, f"no such plugin in entry-point group {GROUP!r} ({known})")
+            )
+            continue
+        try:
+            result.observers.append(load(entry_point))
+        except PluginError as exc:
+            result.errors.append(exc)
+    return result

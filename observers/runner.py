@@ -1,0 +1,213 @@
+"""One observer run for one notification (design notes §4).
+
+A *notification* is a version ``T`` of the notify cell of ``(table, row, column)``: the
+newest version the scanner saw.  :func:`process_notification` does, in order:
+
+1. begin a transaction at ``O`` (``O > T``: ``T`` was a commit timestamp already issued and
+   written when the scanner saw it);
+2. read the observed cell's visible commit ``C`` (this resolves any lock on it, so every
+   transaction with a commit timestamp below ``O`` is decided: committed, hence covered by
+   ``C``, or rolled back) and, for a strong observer, its ack;
+3. if the ack already covers ``C`` (or nothing was ever committed there: a notification of an
+   aborted transaction) skip to the cleanup; else run the user code and write ``ack = C``
+   in the same transaction, then commit (``observer.before_commit``,
+   ``observer.after_commit``).  Two runs for the same change conflict on the ack cell, so at
+   most one commits;
+4. cleanup (``observer.before_cleanup``): delete the notify versions ``<= T`` - never newer.
+   Every write committed after ``O`` has ``commit_ts > O > T``, so its notification
+   survives; a delete marker at ``T`` also masks a *later* put at ``<= T``, but such a put
+   belongs to a transaction whose commit timestamp is below ``O``, which step 2 found
+   committed (and the run covered) or rolled back.
+
+What may be retried: everything.  A crash anywhere leaves either nothing (before the
+commit point), or a committed run whose notification is still there (the next run finds the
+ack and only cleans up).  An undetermined commit is left the same way.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from observers.api import Observer, encode_ack, observer_transaction, read_ack
+from percolator import failpoints
+from percolator.errors import PercolatorError, StoreError, UndeterminedCommitError
+from percolator.layout import NOTIFY, ack_column
+from percolator.store.base import Delete
+from percolator.timestamps import physical_ms
+from percolator.transaction import Transaction, TxnStatus
+
+if TYPE_CHECKING:
+    from percolator.client import Client
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, order=True)
+class Notification:
+    """A dirty observed cell as the scanner saw it; ``notify_ts`` is the newest notify
+    version seen (the cleanup bound ``T``)."""
+
+    table: str
+    row: bytes
+    column: str
+    notify_ts: int
+
+    @property
+    def cell(self) -> tuple[str, bytes, str]:
+        return (self.table, self.row, self.column)
+
+    def __str__(self) -> str:
+        return f"{self.table}/{self.row!r}/{self.column}@{self.notify_ts}"
+
+
+class Outcome(enum.Enum):
+    COMMITTED = "committed"  # the user code ran and its transaction committed
+    ACKED = "acked"  # the ack already covered the latest commit: cleanup only
+    NOTHING = "nothing"  # no commit is visible (the write was rolled back): cleanup only
+
+
+@dataclass(frozen=True)
+class RunResult:
+    outcome: Outcome
+    #: the visible commit of the observed cell that the run covered (None: none visible)
+    observed_commit_ts: int | None
+    #: start_ts of the last attempt (O) and the run's commit_ts (None if it wrote nothing)
+    start_ts: int
+    commit_ts: int | None
+    attempts: int
+    #: retryable conflicts met on the way (each followed by a new attempt)
+    conflicts: int
+    cleaned: bool
+
+    @property
+    def latency_s(self) -> float | None:
+        """Commit-to-run latency: from the observed commit to the run's commit."""
+        if self.outcome is not Outcome.COMMITTED or self.observed_commit_ts is None:
+            return None
+        end = self.commit_ts if self.commit_ts is not None else None
+        end_ms = physical_ms(end) if end is not None else time.time() * 1000
+        return max(0.0, (end_ms - physical_ms(self.observed_commit_ts)) / 1000)
+
+
+class RunAbortedError(PercolatorError):
+    """The worker is shutting down: the run was rolled back before its commit."""
+
+    retryable = True
+
+
+class ConflictExhaustedError(PercolatorError):
+    """Every attempt of a run met a retryable conflict; the notification stays for later."""
+
+    retryable = True
+
+    def __init__(self, message: str, conflicts: int) -> None:
+        super().__init__(message)
+        self.conflicts = conflicts
+
+
+def _attempt(
+    client: Client,
+    observer: Observer,
+    notification: Notification,
+    abort: threading.Event | None,
+) -> tuple[Outcome, int | None, int, int | None]:
+    """One transaction; returns ``(outcome, C, start_ts, commit_ts)``."""
+    table, row, column = notification.cell
+    txn = observer_transaction(client)
+    try:
+        _, observed = txn.get_with_commit_ts(table, row, column)
+        if observed is None:
+            txn.rollback()
+            return Outcome.NOTHING, None, txn.start_ts, None
+        if not observer.weak:
+            ack = read_ack(txn, observer.name, table, row, column)
+            if ack is not None and ack >= observed:
+                txn.rollback()
+                return Outcome.ACKED, observed, txn.start_ts, None
+        observer.process(txn, row, column)
+        _check_usable(txn, observer)
+        if not observer.weak:
+            txn.set(table, row, ack_column(observer.name, column), encode_ack(observed))
+        failpoints.failpoint("observer.before_commit")
+        if abort is not None and abort.is_set():
+            raise RunAbortedError(
+                f"run of {observer.name} on {notification} rolled back: the worker is shutting down"
+            )
+        commit_ts = txn.commit()
+        failpoints.failpoint("observer.after_commit")
+        return Outcome.COMMITTED, observed, txn.start_ts, commit_ts
+    except BaseException:
+        if txn.status is TxnStatus.ACTIVE:
+            txn.rollback()
+        raise
+
+
+def _check_usable(txn: Transaction, observer: Observer) -> None:
+    if txn.status is not TxnStatus.ACTIVE:
+        raise PercolatorError(
+            f"observer {observer.name!r} left its transaction {txn.status.value}: process() "
+            "must not commit or roll back the transaction it is given"
+        )
+
+
+def cleanup(client: Client, notification: Notification) -> None:
+    """Delete the notify versions ``<= notification.notify_ts`` (idempotent)."""
+    failpoints.failpoint("observer.before_cleanup")
+    table, row, column = notification.cell
+    client.store.delete_versions(
+        table, [Delete(row, NOTIFY, column.encode("utf-8"), notification.notify_ts)]
+    )
+
+
+def process_notification(
+    client: Client,
+    observer: Observer,
+    notification: Notification,
+    *,
+    attempts: int = 3,
+    abort: threading.Event | None = None,
+) -> RunResult:
+    """Run ``observer`` for ``notification`` and clean the notification up.
+
+    Retryable errors (conflicts, unreachable store) start a new attempt, up to
+    ``attempts``, then raise :class:`ConflictExhaustedError`.  An exception of the user code
+    (or a non-retryable engine error) propagates at once: nothing was committed and the
+    notification stays.  :class:`UndeterminedCommitError` propagates too: the next run sees
+    whether the ack was written.  ``abort``: when set, the run rolls back instead of
+    committing (raises :class:`RunAbortedError`)."""
+    conflicts = 0
+    delay = 0.005
+    for attempt in range(1, attempts + 1):
+        try:
+            outcome, observed, start_ts, commit_ts = _attempt(client, observer, notification, abort)
+        except UndeterminedCommitError:
+            raise
+        except RunAbortedError:
+            raise
+        except PercolatorError as exc:
+            if not exc.retryable:
+                raise
+            conflicts += 1
+            if attempt == attempts or (abort is not None and abort.is_set()):
+                raise ConflictExhaustedError(
+                    f"run of {observer.name} on {notification} failed {attempts} attempts: {exc}",
+                    conflicts,
+                ) from exc
+            time.sleep(delay * (0.5 + random.random()))
+            delay *= 4
+            continue
+        cleaned = True
+        try:
+            cleanup(client, notification)
+        except StoreError as exc:
+            # The run is done; the notification stays and the next run only cleans up.
+            log.warning("cleanup of %s failed (%s); it will be retried", notification, exc)
+            cleaned = False
+        return RunResult(outcome, observed, start_ts, commit_ts, attempt, conflicts, cleaned)
+    raise AssertionError("unreachable")

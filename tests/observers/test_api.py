@@ -1,0 +1,176 @@
+"""Declaring observers and registering the columns they watch (observers/api.py, and the
+observed-set cache of percolator/client.py)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import pytest
+
+import percolator
+from observers.api import (
+    Observer,
+    Registration,
+    check_observer,
+    register_observers,
+    registrations,
+    trigger,
+    unregister_observer,
+)
+from observers.parking import pending
+from percolator.client import OBSERVED_QUALIFIER, observed_refresh_ms, observed_row
+from percolator.errors import ConfigError, InvalidArgumentError
+from percolator.layout import META_FAMILY, META_TABLE
+from percolator.transaction import Transaction
+from tests.observers import helpers
+from tests.observers.conftest import REFRESH_MS, connect
+from tests.observers.helpers import EVENTS, RunLogger
+
+
+def notified(client: percolator.Client, column: str = "value") -> list[bytes]:
+    return [row for row, _, _ in pending(client, EVENTS, [column])]
+
+
+def test_registration_is_stored_and_read_back(client: percolator.Client) -> None:
+    register_observers(client, [RunLogger(), helpers.WeakRunLogger()])
+    found = registrations(client.store)
+    assert found[(EVENTS, "value")].observer == "run-logger"
+    assert found[(EVENTS, "value")].weak is False
+    assert found[(EVENTS, "weak")].weak is True
+    assert {(EVENTS, "value"), (EVENTS, "weak")} <= client.observed_columns()
+
+
+def test_a_client_that_cached_the_set_before_registration_notifies_once_it_returns(
+    store_url: str,
+) -> None:
+    """The guarantee: every transaction that starts after register_observers returned
+    notifies, in every client - also one whose cached observed set predates it."""
+    registrar, writer = connect(store_url), connect(store_url)
+    try:
+        helpers.create_tables(registrar)
+        with writer.transaction() as txn:  # loads the writer's cache: nothing observed
+            txn.set(EVENTS, b"before", "value", b"x")
+        assert notified(writer) == []
+        register_observers(registrar, [RunLogger()])
+        with writer.transaction() as txn:
+            txn.set(EVENTS, b"after", "value", b"x")
+        assert notified(writer) == [b"after"]
+    finally:
+        registrar.close()
+        writer.close()
+
+
+def test_registration_waits_one_refresh_interval_and_re_registration_does_not(
+    memory_client: percolator.Client,
+) -> None:
+    started = time.monotonic()
+    register_observers(memory_client, [RunLogger()])
+    assert time.monotonic() - started >= REFRESH_MS / 1000
+    # Found in place: dated by the store's clock, allowing one second of clock skew.
+    time.sleep(1 + REFRESH_MS / 1000)
+    started = time.monotonic()
+    register_observers(memory_client, [RunLogger()])  # visible for long enough already
+    assert time.monotonic() - started < REFRESH_MS / 1000
+
+
+def test_the_refresh_interval_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert observed_refresh_ms() == REFRESH_MS
+    monkeypatch.setenv("PERCOLATOR_OBSERVED_REFRESH_MS", "soon")
+    with pytest.raises(ConfigError, match="PERCOLATOR_OBSERVED_REFRESH_MS"):
+        observed_refresh_ms()
+    monkeypatch.delenv("PERCOLATOR_OBSERVED_REFRESH_MS")
+    assert observed_refresh_ms() == 2000
+
+
+def test_one_observer_per_column(memory_client: percolator.Client) -> None:
+    register_observers(memory_client, [RunLogger()])
+
+    class Another(RunLogger):
+        name = "another"
+
+    with pytest.raises(ConfigError, match="already watched by observer 'run-logger'"):
+        register_observers(memory_client, [Another()])
+    assert registrations(memory_client.store)[(EVENTS, "value")].observer == "run-logger"
+
+
+def test_unregister_stops_notifications_and_allows_another_observer(
+    memory_client: percolator.Client,
+) -> None:
+    client = memory_client
+    register_observers(client, [RunLogger()])
+    assert unregister_observer(client, "run-logger") == [(EVENTS, "value")]
+    assert (EVENTS, "value") not in client.observed_columns()
+    with client.transaction() as txn:
+        txn.set(EVENTS, b"r", "value", b"x")
+    assert notified(client) == []
+
+    class Another(RunLogger):
+        name = "another"
+
+    register_observers(client, [Another()])
+    assert registrations(client.store)[(EVENTS, "value")].observer == "another"
+
+
+def test_a_malformed_registration_is_a_clear_error(memory_client: percolator.Client) -> None:
+    memory_client.store.compare_and_set(
+        META_TABLE, observed_row(EVENTS, "x"), META_FAMILY, OBSERVED_QUALIFIER, None, b"{oops"
+    )
+    with pytest.raises(ConfigError, match=f"{EVENTS}/x .*malformed"):
+        registrations(memory_client.store)
+
+
+def test_registration_codec_round_trips() -> None:
+    reg = Registration("t", "a/b", "obs", True)
+    assert Registration.decode("t", "a/b", reg.encode()) == reg
+
+
+def test_trigger_notifies_existing_data(memory_client: percolator.Client) -> None:
+    client = memory_client
+    with client.transaction() as txn:
+        txn.set(EVENTS, b"old", "value", b"written before registration")
+    register_observers(client, [RunLogger()])
+    assert notified(client) == []
+    notify_ts = trigger(client, EVENTS, [b"old", "other"], "value")
+    assert [(r, v) for r, _, v in pending(client, EVENTS)] == [
+        (b"old", notify_ts),
+        (b"other", notify_ts),
+    ]
+
+
+class _Good(Observer):
+    name = "good"
+    table = "t"
+    columns: Sequence[str] = ("a",)
+
+    def process(self, txn: Transaction, row: bytes, column: str) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("name", "bad name!", "name 'bad name!' is invalid"),
+        ("name", "", "name '' is invalid"),
+        ("table", "percolator_meta", "reserved"),
+        ("table", 7, "table name must be a str"),
+        ("columns", (), "non-empty sequence"),
+        ("columns", "a", "non-empty sequence"),
+        ("columns", ("!ack",), "reserved"),
+        ("columns", ("a", "a"), "repeat"),
+        ("weak", "yes", "weak must be True or False"),
+    ],
+)
+def test_malformed_declarations_are_rejected_naming_the_problem(
+    field: str, value: object, message: str
+) -> None:
+    observer = _Good()
+    setattr(observer, field, value)
+    with pytest.raises(InvalidArgumentError, match=message):
+        check_observer(observer)
+
+
+def test_something_else_is_not_an_observer() -> None:
+    with pytest.raises(InvalidArgumentError, match=r"subclass observers\.api\.Observer"):
+        check_observer(object())
+    assert check_observer(_Good()).name == "good"

@@ -1,0 +1,150 @@
+"""The command line: ``percolator worker`` and ``percolator notifications list|retry``, run as
+real processes (``python -m observers.cli``, the same sub-commands ``percolator`` has)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from observers.parking import ParkingLot, pending
+from observers.runner import Notification
+from tests.observers import helpers
+from tests.observers.conftest import connect
+from tests.observers.helpers import EVENTS, runs
+from tests.observers.procs import WorkerProcess, run_cli, wait_quiet
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return f"embedded:{tmp_path / 'store'}"
+
+
+def test_worker_reports_broken_plugins_runs_the_others_and_stops_on_sigterm(
+    url: str, plugin_dir: Path, tmp_path: Path
+) -> None:
+    client = connect(url)
+    worker = WorkerProcess(
+        url,
+        ["broken-import", "run-logger", "not-an-observer"],
+        tmp_path / "worker.log",
+        plugin_dir=plugin_dir,
+    ).wait_ready()
+    output = worker.output()
+    assert "observer plugin 'broken-import': cannot load" in output
+    assert "observer plugin 'not-an-observer'" in output
+    assert "observers=run-logger" in output
+    with client.transaction() as txn:
+        txn.set(EVENTS, b"r", "value", b"x")
+    wait_quiet(client, [EVENTS], workers=[worker])
+    assert set(runs(client.snapshot())) == {b"r"}
+    metrics = worker.metrics()
+    assert metrics['percolator_observer_runs_total{observer="run-logger"}'] == 1
+    assert worker.terminate() == 0
+    assert "worker stopped" in worker.output()
+    client.close()
+
+
+def test_sigterm_with_runs_in_flight_loses_and_duplicates_nothing(
+    url: str, plugin_dir: Path, tmp_path: Path
+) -> None:
+    client = connect(url)
+    helpers.create_tables(client)
+    slow = {helpers.SLEEP_ENV: "400"}
+    first = WorkerProcess(
+        url, ["run-logger"], tmp_path / "w1.log", plugin_dir=plugin_dir, threads=4, env=slow
+    ).wait_ready()
+    rows = [b"r%02d" % i for i in range(20)]
+    with client.transaction() as txn:
+        for row in rows:
+            txn.set(EVENTS, row, "value", b"x")
+    time.sleep(0.5)  # some runs are sleeping inside process() now
+    assert first.terminate(timeout=60) == 0, first.output()
+    second = WorkerProcess(
+        url, ["run-logger"], tmp_path / "w2.log", plugin_dir=plugin_dir, threads=4
+    ).wait_ready()
+    wait_quiet(client, [EVENTS], workers=[second])
+    assert second.terminate() == 0
+    covered = runs(client.snapshot())
+    assert set(covered) == set(rows)
+    assert helpers.duplicate_runs(covered) == []
+    assert helpers.uncovered(client, "run-logger", EVENTS, "value", rows) == []
+    client.close()
+
+
+def test_a_worker_with_no_loadable_observer_exits_with_a_clear_error(
+    url: str, plugin_dir: Path
+) -> None:
+    result = run_cli(["worker", "--store", url, "--observer", "broken-import"], plugin_dir)
+    assert result.returncode == 2
+    assert "observer plugin 'broken-import': cannot load" in result.stderr
+    assert "no observer plugin could be loaded" in result.stderr
+
+
+def test_bad_worker_options_are_reported(url: str) -> None:
+    result = run_cli(["worker", "--store", url, "--observer", "doc-index", "--threads", "0"])
+    assert result.returncode == 2
+    assert "threads must be an int >= 1" in result.stderr
+
+
+def test_notifications_list_and_retry(url: str) -> None:
+    client = connect(url)
+    helpers.create_tables(client)
+    lot = ParkingLot(client)
+    lot.park("flaky", Notification(EVENTS, b"row-1", "flaky", 123), 5, "RuntimeError: nope")
+    lot.park("always-fails", Notification(EVENTS, b"\xff\x00", "poison", 124), 5, "boom")
+
+    listed = run_cli(["notifications", "list", "--store", url, "--json"])
+    assert listed.returncode == 0, listed.stderr
+    records = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert {(r["observer"], r["row_hex"]) for r in records} == {
+        ("flaky", b"row-1".hex()),
+        ("always-fails", "ff00"),
+    }
+    text = run_cli(["notifications", "list", "--store", url, "--observer", "flaky"])
+    assert "flaky\tobs_events\trow-1\tflaky\tfailures=5\tRuntimeError: nope" in text.stdout
+
+    nothing = run_cli(["notifications", "retry", "--store", url])
+    assert nothing.returncode == 2
+    assert "--all" in nothing.stderr
+    unmatched = run_cli(["notifications", "retry", "--store", url, "--row", "zzz"])
+    assert unmatched.returncode == 1
+
+    retried = run_cli(["notifications", "retry", "--store", url, "--row-hex", "ff00"])
+    assert retried.returncode == 0, retried.stderr
+    assert "retried always-fails" in retried.stdout
+    assert [r.observer for r in lot.records()] == ["flaky"]
+    # A retried notification is back in the notify family, at a fresh timestamp.
+    [(row, column, notify_ts)] = pending(client, EVENTS)
+    assert (row, column) == (b"\xff\x00", "poison") and notify_ts > 124
+    queued = run_cli(["notifications", "list", "--store", url, "--pending", "--table", EVENTS])
+    assert "poison" in queued.stdout
+
+    everything = run_cli(["notifications", "retry", "--store", url, "--all"])
+    assert everything.returncode == 0
+    assert lot.records() == []
+    client.close()
+
+
+def test_observers_register_list_and_unregister(url: str) -> None:
+    registered = run_cli(["observers", "register", "--store", url, "--observer", "doc-clusters"])
+    assert registered.returncode == 0, registered.stderr
+    assert "registered doc-clusters: documents body" in registered.stdout
+    listed = run_cli(["observers", "list", "--store", url, "--json"])
+    assert [json.loads(line) for line in listed.stdout.splitlines()] == [
+        {"table": "documents", "column": "body", "observer": "doc-clusters", "weak": False}
+    ]
+    # Writes from now on notify: the registration returned after the refresh interval.
+    client = connect(url)
+    with client.transaction() as txn:
+        txn.set("documents", b"http://x/", "body", b"hello")
+    assert [r for r, _, _ in pending(client, "documents")] == [b"http://x/"]
+    client.close()
+    broken = run_cli(["observers", "register", "--store", url, "--observer", "nope"])
+    assert broken.returncode == 2 and "observer plugin 'nope'" in broken.stderr
+    removed = run_cli(["observers", "unregister", "--store", url, "doc-clusters"])
+    assert removed.stdout.strip() == "unregistered doc-clusters: documents body"
+    assert run_cli(["observers", "list", "--store", url]).stdout == ""
+    assert run_cli(["observers", "unregister", "--store", url, "doc-clusters"]).returncode == 1
