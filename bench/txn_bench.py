@@ -12,6 +12,10 @@ engine's:
 ``txn_10cell``    a transaction writing ten cells in ten rows (P4: cells/s >= 3x those of
                   single-cell transactions)
 
+During ``txn_1cell`` the time spent waiting for timestamps is added up and divided by the
+total transaction latency: P1's "oracle wait <= 10% of transaction latency at peak load"
+(run with ``--oracle grpc://...`` to measure the oracle service).
+
 Ratios are computed per repeat and reported as the median over repeats, with their spread.
 
     python bench/txn_bench.py                                # embedded store in a temp dir
@@ -26,6 +30,8 @@ import json
 import statistics
 import sys
 import tempfile
+import threading
+import time
 import uuid
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -38,12 +44,35 @@ from bench._common import Timing, fmt_ms, fmt_rate, print_table, run_timed, spre
 from bench.store_bench import measure_raw
 from percolator.client import Client, connect
 from percolator.store import Store, open_store
+from percolator.timestamps import TimestampOracle
+
+ORACLE_SHARE: list[float] = []
 
 TARGETS = {
     "P2 read / raw get": 0.90,
     "P3 1-cell txn / raw put": 0.30,
     "P4 10-cell cells/s / 1-cell": 3.0,
 }
+
+
+class TimedOracle(TimestampOracle):
+    """Wraps the client's oracle and adds up the wall-clock time spent waiting for it."""
+
+    def __init__(self, inner: TimestampOracle) -> None:
+        self.inner = inner
+        self.waited_s = 0.0
+        self._lock = threading.Lock()
+
+    def get_timestamp(self) -> int:
+        started = time.perf_counter()
+        try:
+            return self.inner.get_timestamp()
+        finally:
+            with self._lock:
+                self.waited_s += time.perf_counter() - started
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 def measure_engine(client: Client, *, ops: int, threads: int, value: bytes) -> dict[str, Timing]:
@@ -82,7 +111,16 @@ def measure_engine(client: Client, *, ops: int, threads: int, value: bytes) -> d
             with client.transaction() as txn:
                 txn.set(table, b"w%09d" % i, "c", value)
 
+        timed = client.oracle if isinstance(client.oracle, TimedOracle) else None
+        waited_before = timed.waited_s if timed else 0.0
         results["txn_1cell"] = run_timed(txn_1cell, ops, threads=threads)
+        if timed is not None:
+            # P1: the share of transaction latency spent waiting for the oracle, at the
+            # transaction load of this run (all threads writing as fast as they can).
+            t = results["txn_1cell"]
+            total_latency_s = t.ops / t.rate * t.threads if t.rate else 0.0
+            waited = timed.waited_s - waited_before
+            ORACLE_SHARE.append(waited / total_latency_s if total_latency_s else 0.0)
 
         def txn_10cell(i: int) -> None:
             with client.transaction() as txn:
@@ -117,6 +155,8 @@ def run(
 ) -> dict[str, object]:
     value = b"v" * value_size
     client = connect(store, oracle=oracle)
+    client.oracle = TimedOracle(client.oracle)
+    client._ctx.oracle = client.oracle
     per_repeat: list[dict[str, float]] = []
     timings: list[dict[str, Timing]] = []
     try:
@@ -163,6 +203,17 @@ def run(
                 f"{s.low:.2f}-{s.high:.2f}",
                 f">= {target}x",
                 "pass" if s.median >= target else "MISS",
+            ]
+        )
+    if ORACLE_SHARE:
+        share = spread(ORACLE_SHARE)
+        ratio_rows.append(
+            [
+                "P1 oracle wait / txn latency",
+                f"{share.median:.1%}",
+                f"{share.low:.1%}-{share.high:.1%}",
+                "<= 10%",
+                "pass" if share.median <= 0.10 else "MISS",
             ]
         )
     print_table(["ratio", "median", "spread", "target", "result"], ratio_rows)
