@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     "percolator.localhbase.cli",
     "oracle.cli",
     "observers.cli",
+    "spark_jobs.cli",
     "percolator.commands.gc",
     "percolator.commands.demo",
 ]

@@ -1,0 +1,224 @@
+"""``percolator backfill`` and ``percolator export``: the Spark jobs on the command line.
+
+Both run in local mode (``local[*]``) unless ``--master`` names a cluster (or the command was
+started by ``spark-submit``); ``--conf KEY=VALUE`` passes any Spark setting through.
+Arguments that can be checked without Spark (missing input paths, unknown format, bad
+names) fail before the JVM starts.  Progress goes to stderr; the final report to stdout
+(``--json`` for a machine-readable one).
+
+Exit codes: 0 done; 2 an error of the project's tree (printed as one ``percolator: error:``
+line, followed for bad rows by their counts and examples).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from percolator.commands.common import add_oracle_option, add_store_option
+from percolator.errors import ConfigError, PercolatorError
+
+
+def _add_spark_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--master", default=None,
+                        help="Spark master URL (default local[*], or spark-submit's)")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting, passed through (repeatable)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _pairs(values: Sequence[str], what: str) -> dict[str, str]:
+    out = {}
+    for pair in values:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{what} {pair!r} must look like KEY=VALUE")
+        out[key] = value
+    return out
+
+
+def register(subparsers: Any) -> None:
+    backfill: argparse.ArgumentParser = subparsers.add_parser(
+        "backfill",
+        help="load Parquet/CSV/JSON into a table through transactions (Spark, exactly once)",
+        description="Load rows into a table with Spark: one transaction per batch, with its "
+        "progress marker, so a re-run (or a retried task) never writes a row twice.  The "
+        "whole input is checked before anything is written.",
+    )
+    backfill.add_argument("inputs", nargs="+", metavar="INPUT",
+                          help="files, directories or URLs Spark can read")
+    add_store_option(backfill)
+    add_oracle_option(backfill)
+    backfill.add_argument("--table", required=True, help="target table (created if missing)")
+    backfill.add_argument("--key", required=True, help="input column holding the row key")
+    backfill.add_argument("--column", action="append", default=[], metavar="SRC[=TARGET]",
+                          help="value column to store, optionally renamed (repeatable; "
+                          "default: every column but the key)")
+    backfill.add_argument("--format", choices=("parquet", "csv", "json"),
+                          help="input format (default: from the file extension)")
+    backfill.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                          help="Spark reader option, e.g. sep=; (repeatable)")
+    backfill.add_argument("--schema", help="input schema as DDL, e.g. 'id STRING, n INT'")
+    backfill.add_argument("--job-id", help="names the job's progress (default: derived from "
+                          "input, table and mapping)")
+    backfill.add_argument("--progress-table", default="backfill_progress",
+                          help="table of progress markers (default %(default)s)")
+    backfill.add_argument("--batch-size", type=int, help="rows per transaction (default 200)")
+    backfill.add_argument("--buckets", type=int, help="number of write tasks (default: from "
+                          "the row count)")
+    backfill.add_argument("--max-bad-rows", type=int,
+                          help="fail if more rows than this cannot be mapped (default 0)")
+    backfill.add_argument("--max-bad-fraction", type=float,
+                          help="fail if more than this fraction of rows cannot be mapped")
+    backfill.add_argument("--max-value-bytes", type=int,
+                          help="larger values make their row bad (default 64 MiB)")
+    backfill.add_argument("--progress-interval", type=float, default=5.0, metavar="SECONDS",
+                          help="how often progress is printed (default %(default)s)")
+    backfill.add_argument("--forget", action="store_true",
+                          help="delete the progress of --job-id instead of loading (a later "
+                          "run then writes every row again)")
+    _add_spark_options(backfill)
+    backfill.set_defaults(func=run_backfill_command)
+
+    export: argparse.ArgumentParser = subparsers.add_parser(
+        "export",
+        help="write a consistent snapshot of a table to Parquet (Spark)",
+        description="Read a table at one snapshot timestamp, in row ranges read in parallel, "
+        "and write it as Parquet: exactly the transactions committed before the export began.",
+    )
+    add_store_option(export)
+    add_oracle_option(export)
+    export.add_argument("--table", required=True, help="table to export")
+    export.add_argument("--output", required=True, help="Parquet output path or URL")
+    export.add_argument("--column", action="append", default=[], metavar="COLUMN",
+                        help="column to export (repeatable; default: every cell)")
+    export.add_argument("--layout", choices=("wide", "cells"),
+                        help="one row per table row (wide, needs --column) or one per cell")
+    export.add_argument("--read-ts", type=int, help="snapshot timestamp (default: now)")
+    export.add_argument("--splits", type=int, help="row ranges (default: four per core)")
+    export.add_argument("--strings", action="store_true",
+                        help="decode rows and values as UTF-8 strings")
+    export.add_argument("--mode", choices=("error", "overwrite"), default="error",
+                        help="if the output exists: fail (default) or overwrite")
+    _add_spark_options(export)
+    export.set_defaults(func=run_export_command)
+
+
+def _session(args: argparse.Namespace, app_name: str) -> Any:
+    from spark_jobs.session import build_session, import_pyspark
+
+    import_pyspark()
+    conf = _pairs(args.conf, "--conf")
+    try:
+        return build_session(args.master, conf, app_name=app_name)
+    except PercolatorError:
+        raise
+    except Exception as exc:  # the JVM did not start: no Java, bad conf, ...
+        from spark_jobs.session import SparkJobError, spark_failure_reason
+
+        raise SparkJobError(f"cannot start Spark: {spark_failure_reason(exc)}") from None
+
+
+def _progress(name: str) -> Any:
+    def emit(message: str) -> None:
+        print(f"{name}: {message}", file=sys.stderr, flush=True)
+
+    return emit
+
+
+def run_backfill_command(args: argparse.Namespace) -> int:
+    from spark_jobs.backfill import (
+        BackfillOptions,
+        ColumnMapping,
+        check_inputs_exist,
+        detect_format,
+        forget_job,
+        run_backfill,
+    )
+
+    if args.forget:
+        if not args.job_id:
+            raise ConfigError("--forget needs --job-id")
+        import percolator
+
+        with percolator.connect(args.store, oracle=args.oracle) as client:
+            removed = forget_job(client, args.job_id, args.progress_table)
+        print(f"removed {removed} progress rows of job {args.job_id}")
+        return 0
+    options = BackfillOptions(
+        store=args.store,
+        table=args.table,
+        inputs=tuple(args.inputs),
+        key=args.key,
+        columns=tuple(ColumnMapping.parse(c) for c in args.column),
+        format=args.format,
+        reader_options=_pairs(args.option, "--option"),
+        schema=args.schema,
+        oracle=args.oracle,
+        job_id=args.job_id,
+        progress_table=args.progress_table,
+        batch_size=args.batch_size,
+        buckets=args.buckets,
+        max_bad_rows=args.max_bad_rows,
+        max_bad_fraction=args.max_bad_fraction,
+        progress_interval_s=args.progress_interval,
+        **({"max_value_bytes": args.max_value_bytes} if args.max_value_bytes else {}),
+    )
+    # Checked before the JVM starts (tens of seconds): a typo fails at once.
+    check_inputs_exist(options.inputs)
+    if options.format is None:
+        detect_format(options.inputs)
+    spark = _session(args, "percolator-backfill")
+    report = run_backfill(spark, options, progress=_progress("backfill"))
+    print(json.dumps(report.as_dict(), sort_keys=True) if args.json else report.summary())
+    return 0
+
+
+def run_export_command(args: argparse.Namespace) -> int:
+    from spark_jobs.export import ExportOptions, check_output, write_export
+
+    options = ExportOptions(
+        store=args.store,
+        table=args.table,
+        columns=tuple(args.column) or None,
+        layout=args.layout,
+        read_ts=args.read_ts,
+        oracle=args.oracle,
+        splits=args.splits,
+        strings=args.strings,
+    )
+    mode = "overwrite" if args.mode == "overwrite" else "errorifexists"
+    check_output(args.output, mode)  # before the JVM starts
+    spark = _session(args, "percolator-export")
+    _progress("export")(f"exporting {args.table} to {args.output}")
+    report = write_export(spark, options, args.output, mode=mode)
+    if args.json:
+        print(json.dumps(report.__dict__, sort_keys=True))
+    else:
+        print(report.summary())
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m spark_jobs.cli backfill|export ...`` (the same commands as
+    ``percolator backfill|export``)."""
+    parser = argparse.ArgumentParser(prog="percolator")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    register(subparsers)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except PercolatorError as exc:
+        print(f"percolator: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("percolator: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

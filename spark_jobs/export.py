@@ -1,0 +1,336 @@
+"""Export: read a table at one snapshot timestamp, in parallel row ranges, into a DataFrame
+or Parquet.
+
+    from spark_jobs.export import ExportOptions, export_table, write_export
+    export = export_table(spark, ExportOptions(store="hbase://zk:9090", table="accounts",
+                                               columns=("balance",)))
+    export.df.agg(...)                 # read lazily, always at export.read_ts
+    write_export(spark, options, "out/accounts.parquet")
+
+Consistency
+-----------
+The driver takes **one** ``read_ts`` from the oracle (or uses the one given); every executor
+reads its ranges through :meth:`percolator.Snapshot.scan` at that timestamp.  A snapshot read
+at ``read_ts`` sees exactly the transactions whose commit timestamp is ``<= read_ts``: locks
+of transactions that might commit below it are resolved (waited for, rolled forward or
+back) before reading.  Since ``read_ts`` was handed out after every transaction that had
+committed when the export began, the export reflects exactly the transactions committed
+before it began (and none that commit while it runs), whatever the writers do meanwhile.
+
+Layouts
+-------
+``wide`` (when ``columns`` are named): one row per table row, ``row`` then one column per
+named column (null where absent); rows with none of them are left out.
+``cells``: one row per cell: ``row``, ``column``, ``value``.
+Rows and values are ``binary``; with ``strings=True`` they are decoded as UTF-8 (a value that
+is not UTF-8 fails the export with an error naming the cell).
+
+Splitting
+---------
+The row space is cut into ``splits`` ranges (default: four per core) at row keys sampled
+from the lock family on the driver (one scan of the lock family - one small cell per cell,
+kept in memory by HBase; no data is read), or at the ``split_keys`` given.  The ranges
+cover every key, so the sampling only balances the work; it does not affect the result.
+
+Garbage collection
+------------------
+Reads below the GC safe point fail (:class:`~percolator.errors.SafePointError`).
+:func:`write_export` holds an open transaction at ``read_ts`` for its whole run, which keeps
+the safe point below it.  A DataFrame returned by :func:`export_table` is lazy: it reads when
+an action runs, at the same ``read_ts`` every time, so evaluate it within the GC life time
+(default 10 minutes) or use :func:`write_export`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import percolator
+from percolator.errors import ConfigError, InvalidArgumentError, TableNotFoundError
+from percolator.layout import LOCK, check_table_name, encode_column
+from percolator.store.base import ScanOptions
+from spark_jobs.session import (
+    SparkJobError,
+    check_store_for_spark,
+    import_pyspark,
+    session_master,
+    spark_failure_reason,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+LAYOUTS = ("wide", "cells")
+#: at most this many sampled keys are kept on the driver while splitting
+_MAX_SAMPLES = 4096
+_SCAN_BATCH = 500
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """What to export.  ``read_ts``: None for a fresh timestamp from the oracle.
+    ``layout``: ``wide`` (needs ``columns``) or ``cells``; default wide if columns are
+    named, else cells.  ``splits``: number of row ranges (default four per core).
+    ``split_keys``: explicit range boundaries instead of sampling."""
+
+    store: str
+    table: str
+    columns: tuple[str, ...] | None = None
+    layout: str | None = None
+    read_ts: int | None = None
+    oracle: str | None = None
+    splits: int | None = None
+    split_keys: tuple[bytes, ...] | None = None
+    strings: bool = False
+    client_options: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_table_name(self.table)
+        if isinstance(self.columns, str):
+            raise InvalidArgumentError("columns must be a sequence of column names")
+        for column in self.columns or ():
+            try:
+                encode_column(column, allow_reserved=True)
+            except InvalidArgumentError as exc:
+                raise ConfigError(f"export column: {exc}") from None
+        if self.columns is not None and len(set(self.columns)) != len(self.columns):
+            raise ConfigError(f"export columns repeat a name: {list(self.columns)}")
+        if self.layout is not None and self.layout not in LAYOUTS:
+            raise ConfigError(f"export layout {self.layout!r} is not one of {list(LAYOUTS)}")
+        if self.layout == "wide" and not self.columns:
+            raise ConfigError("the wide layout needs the columns to export (--column)")
+        if self.splits is not None and (not isinstance(self.splits, int) or self.splits < 1):
+            raise ConfigError(f"splits must be a positive integer, got {self.splits!r}")
+        if self.read_ts is not None and (not isinstance(self.read_ts, int) or self.read_ts <= 0):
+            raise ConfigError(f"read_ts must be a positive integer, got {self.read_ts!r}")
+        percolator.ClientOptions(**self.client_options)
+
+    @property
+    def effective_layout(self) -> str:
+        return self.layout or ("wide" if self.columns else "cells")
+
+
+@dataclass
+class Export:
+    """A lazily-read export: ``df`` reads ``table`` at ``read_ts`` over ``ranges``."""
+
+    df: DataFrame
+    table: str
+    read_ts: int
+    ranges: list[tuple[bytes, bytes | None]]
+
+
+# --------------------------------------------------------------------------- splitting
+
+
+def sample_split_keys(
+    client: percolator.Client,
+    table: str,
+    splits: int,
+    columns: Sequence[str] | None = None,
+) -> list[bytes]:
+    """About ``splits - 1`` row keys that cut the table into ranges of similar row counts.
+
+    One scan of the lock family keeps every ``stride``-th row key, doubling the stride when
+    the sample grows past its bound, so memory stays bounded on any table size."""
+    if splits <= 1:
+        return []
+    qualifiers = [c.encode("utf-8") for c in columns] if columns else None
+    options = ScanOptions(qualifiers=qualifiers, batch_size=_SCAN_BATCH)
+    samples: list[bytes] = []
+    stride = 1
+    for seen, (row, _) in enumerate(client.store.scan(table, LOCK, options)):
+        if seen % stride == 0:
+            samples.append(row)
+            if len(samples) >= _MAX_SAMPLES:
+                samples = samples[::2]
+                stride *= 2
+    if len(samples) < 2:
+        return []
+    step = len(samples) / splits
+    keys = sorted({samples[int(i * step)] for i in range(1, splits) if int(i * step) > 0})
+    return keys
+
+
+def ranges_of(keys: Sequence[bytes]) -> list[tuple[bytes, bytes | None]]:
+    """``[start, stop)`` ranges covering every row key, cut at ``keys``."""
+    bounds = sorted(set(k for k in keys if k))
+    starts: list[bytes] = [b"", *bounds]
+    stops: list[bytes | None] = [*bounds, None]
+    return list(zip(starts, stops, strict=True))
+
+
+# --------------------------------------------------------------------------- reading
+
+
+@dataclass(frozen=True)
+class _ReadPlan:
+    store: str
+    oracle: str | None
+    client_options: Mapping[str, int]
+    table: str
+    read_ts: int
+    columns: tuple[str, ...] | None
+    layout: str
+    strings: bool
+
+
+def _decode(value: bytes, strings: bool, where: str) -> bytes | str:
+    if not strings:
+        return value
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(
+            f"{where} is not UTF-8 ({value[:40]!r}...); export without strings"
+        ) from None
+
+
+def _read_range(plan: _ReadPlan, bounds: tuple[bytes, bytes | None]) -> Iterator[tuple[Any, ...]]:
+    start, stop = bounds
+    with percolator.connect(plan.store, oracle=plan.oracle, **plan.client_options) as client:
+        snapshot = client.snapshot(plan.read_ts)
+        columns = list(plan.columns) if plan.columns is not None else None
+        for row, cells in snapshot.scan(plan.table, start, stop, columns):
+            key = _decode(row, plan.strings, f"row key {row[:40]!r}")
+            if plan.layout == "wide":
+                assert plan.columns is not None
+                yield (key, *(
+                    _decode(cells[c], plan.strings, f"{plan.table}/{row!r}/{c}")
+                    if c in cells else None
+                    for c in plan.columns
+                ))
+            else:
+                for column in sorted(cells):
+                    value = _decode(cells[column], plan.strings, f"{plan.table}/{row!r}/{column}")
+                    yield key, column, value
+
+
+def _schema(plan: _ReadPlan) -> Any:
+    from pyspark.sql.types import BinaryType, StringType, StructField, StructType
+
+    data = StringType() if plan.strings else BinaryType()
+    fields = [StructField("row", data, nullable=False)]
+    if plan.layout == "wide":
+        assert plan.columns is not None
+        fields += [StructField(c, data, nullable=True) for c in plan.columns]
+    else:
+        fields += [
+            StructField("column", StringType(), nullable=False),
+            StructField("value", data, nullable=False),
+        ]
+    return StructType(fields)
+
+
+def export_table(
+    spark: SparkSession, options: ExportOptions, *, read_ts: int | None = None
+) -> Export:
+    """A DataFrame of ``options.table`` at one snapshot (see the module docstring).
+
+    Raises ConfigError (unknown table, unusable store URL) before any Spark job runs."""
+    import_pyspark()
+    store = check_store_for_spark(options.store, session_master(spark))
+    layout = options.effective_layout
+    with percolator.connect(options.store, oracle=options.oracle, **options.client_options) as c:
+        if not c.store.table_exists(options.table):
+            raise TableNotFoundError(options.table)
+        ts = read_ts or options.read_ts or c.oracle.get_timestamp()
+        c.snapshot(ts)  # fails now, with a clear error, if ts is below the GC safe point
+        if options.split_keys is not None:
+            keys = list(options.split_keys)
+        else:
+            splits = options.splits or 4 * spark.sparkContext.defaultParallelism
+            keys = sample_split_keys(c, options.table, splits, options.columns)
+    ranges = ranges_of(keys)
+    plan = _ReadPlan(
+        store=store,
+        oracle=options.oracle,
+        client_options=dict(options.client_options),
+        table=options.table,
+        read_ts=ts,
+        columns=options.columns,
+        layout=layout,
+        strings=options.strings,
+    )
+    rdd = spark.sparkContext.parallelize(ranges, len(ranges)).flatMap(
+        lambda bounds: _read_range(plan, bounds)
+    )
+    return Export(spark.createDataFrame(rdd, _schema(plan)), options.table, ts, ranges)
+
+
+def check_output(output: str, mode: str) -> None:
+    """ConfigError if a local ``output`` exists and ``mode`` does not allow replacing it."""
+    local = _local(output)
+    if mode in ("error", "errorifexists") and local is not None and os.path.exists(local):
+        raise ConfigError(f"export output {output} already exists; remove it or overwrite it")
+
+
+def _local(path: str) -> str | None:
+    """The local path of ``path``; None on another file system (Spark checks those)."""
+    parts = urlsplit(path)
+    if parts.scheme == "file":
+        return parts.path
+    if parts.scheme and len(parts.scheme) > 1:
+        return None
+    return path
+
+
+@dataclass
+class ExportReport:
+    table: str
+    read_ts: int
+    rows: int
+    ranges: int
+    output: str
+    seconds: float
+
+    def summary(self) -> str:
+        return (f"exported {self.rows} rows of {self.table} at read_ts {self.read_ts} "
+                f"({self.ranges} ranges) to {self.output} in {self.seconds:.1f} s")
+
+
+def write_export(
+    spark: SparkSession,
+    options: ExportOptions,
+    output: str,
+    *,
+    mode: str = "errorifexists",
+) -> ExportReport:
+    """Export to Parquet at ``output``.  While it runs, an open (read-only) transaction on
+    the driver keeps the GC safe point below ``read_ts``; when ``options.read_ts`` is None,
+    that transaction's ``start_ts`` is the read timestamp.  ``mode`` is Spark's save mode."""
+    started = time.monotonic()
+    check_output(output, mode)
+    with percolator.connect(options.store, oracle=options.oracle, **options.client_options) as c:
+        guard = c.transaction()
+        try:
+            # Published now (not only by the client's periodic publisher): GC sees it at once.
+            c.publish_min_start_ts()
+            read_ts = options.read_ts or guard.start_ts
+            export = export_table(spark, options, read_ts=read_ts)
+            from pyspark.errors import PySparkException
+
+            try:
+                export.df.write.mode(mode).parquet(output)
+                rows = spark.read.parquet(output).count()
+            except PySparkException as exc:
+                raise SparkJobError(
+                    f"export of {options.table} to {output} failed: {spark_failure_reason(exc)}"
+                ) from None
+            except Exception as exc:  # Py4J errors from the JVM side of the write
+                raise SparkJobError(
+                    f"export of {options.table} to {output} failed: {spark_failure_reason(exc)}"
+                ) from None
+        finally:
+            guard.rollback()
+    return ExportReport(
+        options.table, read_ts, rows, len(export.ranges), output, time.monotonic() - started
+    )

@@ -1,0 +1,59 @@
+"""Checks the Spark tests make straight against the store, and a run-counting observer.
+
+``write_records`` counts the commits of every cell from the write family (one write record
+per committed transaction that wrote the cell), so "written once" is read from the store,
+not from the job's own report.  :class:`RunCounter` logs each committed observer run in
+``runs`` in the same transaction as its acknowledgement, so only committed runs count.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import percolator
+from observers.api import Observer
+from percolator.layout import WRITE
+from percolator.transaction import Transaction
+
+ITEMS = "items"
+RUNS = "runs"
+
+
+def connect(url: str) -> percolator.Client:
+    """A driver-side client on a store shared with the executors (the store's oracle)."""
+    return percolator.connect(url, oracle=None, lock_ttl_ms=1000, lock_wait_ms=10_000)
+
+
+def write_records(
+    client: percolator.Client, table: str, rows: Sequence[bytes], column: str
+) -> dict[bytes, int]:
+    """How many commits wrote ``(table, row, column)``, per row (absent rows: 0)."""
+    found = client.store.read_rows(
+        table, list(rows), columns=[(WRITE, column.encode())], max_versions=1000
+    )
+    return {row: len(found.get(row, {}).get((WRITE, column.encode()), [])) for row in rows}
+
+
+def table_rows(client: percolator.Client, table: str) -> dict[bytes, dict[str, bytes]]:
+    return dict(client.snapshot().scan(table))
+
+
+class RunCounter(Observer):
+    """Counts its committed runs on ``items/value`` in ``runs`` (row ``<row>|<start_ts>``)."""
+
+    name = "spark-run-counter"
+    table = ITEMS
+    columns = ("value",)
+
+    def setup(self, client: percolator.Client) -> None:
+        client.create_table(ITEMS)
+        client.create_table(RUNS)
+
+    def process(self, txn: Transaction, row: bytes, column: str) -> None:
+        txn.set(RUNS, row + b"|" + b"%020d" % txn.start_ts, "seen", txn.get(ITEMS, row, column)
+                or b"")
+
+
+def runs_per_row(client: percolator.Client) -> Counter[bytes]:
+    return Counter(row.rsplit(b"|", 1)[0] for row, _ in client.snapshot().scan(RUNS))

@@ -1,0 +1,161 @@
+"""``percolator backfill`` / ``percolator export`` on the command line, and a backfill whose
+whole driver (JVM and Python workers included) is SIGKILLed, then re-run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spark_jobs.cli import main, register
+from tests.spark.helpers import ITEMS, connect, table_rows, write_records
+
+REPO = Path(__file__).resolve().parents[2]
+JOB_MARKER = "PERCOLATOR_TEST_JOB"
+
+
+def write_items(path: Path, count: int) -> None:
+    path.write_text("".join(
+        json.dumps({"id": f"item{i:05d}", "value": f"v{i}"}) + "\n" for i in range(count)
+    ))
+
+
+def kill_marked(marker: str) -> None:
+    """SIGKILL every process whose environment holds ``JOB_MARKER=marker``: the driver, its
+    JVM and Spark's Python daemon and workers (which leave the driver's process group, and
+    are re-parented if their parent dies first) - a crash of the whole job."""
+    needle = f"{JOB_MARKER}={marker}".encode()
+    for _ in range(3):  # again, for anything forked while the first round ran
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as environ:
+                    if needle not in environ.read().split(b"\0"):
+                        continue
+                os.kill(int(entry), signal.SIGKILL)
+            except (OSError, ProcessLookupError):
+                continue
+        time.sleep(0.2)
+
+
+def test_missing_input_fails_before_spark_starts(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.parquet"
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "spark_jobs.cli", "backfill", str(missing),
+         "--store", f"embedded:{tmp_path / 'store'}", "--table", ITEMS, "--key", "id"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"percolator: error: input path(s) not found: {missing}"
+    assert result.stdout == ""
+    # No JVM was started: nothing Spark-like was printed, and it was quick even here.
+    assert time.monotonic() - started < 60
+
+
+def test_register_adds_both_commands() -> None:
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["backfill", "in.json", "--table", "t", "--key", "k",
+                              "--column", "a=b", "--conf", "spark.x=1"])
+    assert args.func.__name__ == "run_backfill_command"
+    assert args.column == ["a=b"] and args.conf == ["spark.x=1"]
+    args = parser.parse_args(["export", "--table", "t", "--output", "o"])
+    assert args.func.__name__ == "run_export_command"
+
+
+@pytest.mark.spark
+def test_backfill_then_export_on_the_command_line(
+    spark: Any, embedded_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "in.json"
+    write_items(source, 30)
+    code = main(["backfill", str(source), "--store", embedded_url, "--table", ITEMS,
+                 "--key", "id", "--column", "value=text", "--batch-size", "7", "--json",
+                 "--master", "local[2,4]", "--job-id", "cli-job"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    report = json.loads(out.out)
+    assert report["rows_written"] == 30 and report["job_id"] == "cli-job"
+    assert "backfill: writing 30 rows into items as job cli-job" in out.err
+
+    output = tmp_path / "out.parquet"
+    code = main(["export", "--store", embedded_url, "--table", ITEMS, "--column", "text",
+                 "--strings", "--output", str(output)])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert out.out.startswith("exported 30 rows of items at read_ts ")
+    rows = {r["row"]: r["text"] for r in spark.read.parquet(str(output)).collect()}
+    assert rows == {f"item{i:05d}": f"v{i}" for i in range(30)}
+
+    # The same output again: refused, one line.
+    code = main(["export", "--store", embedded_url, "--table", ITEMS, "--output", str(output)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert err == f"percolator: error: export output {output} already exists; remove it or " \
+        "overwrite it"
+
+    code = main(["backfill", "--forget", "--job-id", "cli-job", "--store", embedded_url,
+                 "--table", ITEMS, "--key", "id", str(source)])
+    assert code == 0
+    assert "removed" in capsys.readouterr().out
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_killed_driver_then_rerun_writes_each_row_once(
+    spark: Any, embedded_url: str, tmp_path: Path
+) -> None:
+    count = 3000
+    source = tmp_path / "in.json"
+    write_items(source, count)
+    command = [
+        sys.executable, "-m", "spark_jobs.cli", "backfill", str(source),
+        "--store", embedded_url, "--table", ITEMS, "--key", "id", "--job-id", "crash",
+        "--batch-size", "20", "--buckets", "12", "--progress-interval", "0.5",
+        "--master", "local[2]", "--conf", "spark.ui.enabled=false",
+    ]
+    marker = uuid.uuid4().hex
+    env = {**os.environ, "PYTHONPATH": str(REPO), JOB_MARKER: marker}
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    assert proc.stderr is not None
+    try:
+        for line in proc.stderr:
+            # Kill the whole job (driver, JVM, Python workers) once some tasks finished.
+            if "rows done" in line and not line.startswith("backfill: 0/"):
+                kill_marked(marker)
+                break
+        proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            kill_marked(marker)
+    assert proc.returncode == -signal.SIGKILL
+    with connect(embedded_url) as client:
+        committed = len(table_rows(client, ITEMS))
+    assert 0 < committed < count
+
+    from spark_jobs.backfill import BackfillOptions, run_backfill
+
+    report = run_backfill(spark, BackfillOptions(
+        store=embedded_url, table=ITEMS, inputs=(str(source),), key="id", job_id="crash",
+        client_options={"lock_ttl_ms": 1000},
+    ))
+    # A batch whose commit point passed before the kill is visible (rolled forward) and
+    # skipped; one that had not passed it was rolled back and is written now.
+    assert report.rows_skipped == committed
+    assert report.rows_written + report.rows_skipped == count
+    with connect(embedded_url) as client:
+        assert len(table_rows(client, ITEMS)) == count
+        keys = [f"item{i:05d}".encode() for i in range(count)]
+        assert set(write_records(client, ITEMS, keys, "value").values()) == {1}
