@@ -114,10 +114,10 @@ def test_task_failing_on_first_attempt_is_retried_without_rewriting(
     path = write_json(tmp_path / "in", rows, files=2)
     inject = InjectedFailure(after_batches=1, action="raise", attempts=1)
     report = run_backfill(spark, options(embedded_url, path, inject_failure=inject))
+    check_written_once(embedded_url, rows)
     # Every task committed one batch, failed, and its retry skipped that batch.
     assert report.batches_skipped == 4
     assert report.rows_written + report.rows_skipped == ROWS
-    check_written_once(embedded_url, rows)
 
 
 def test_killed_python_worker_is_retried_without_rewriting(
@@ -127,8 +127,8 @@ def test_killed_python_worker_is_retried_without_rewriting(
     path = write_json(tmp_path / "in", rows, files=2)
     inject = InjectedFailure(after_batches=2, action="kill", attempts=1, partitions=(1, 2))
     report = run_backfill(spark, options(embedded_url, path, inject_failure=inject))
-    assert report.batches_skipped == 4  # two batches in each of the two killed tasks
     check_written_once(embedded_url, rows)
+    assert report.batches_skipped == 4  # two batches in each of the two killed tasks
 
 
 def test_rerun_after_failed_job_writes_each_row_once_and_observers_run_once(
