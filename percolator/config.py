@@ -1,0 +1,341 @@
+"""Configuration of the ``percolator`` command line: flags, environment and a config file.
+
+Every option of every sub-command can be set three ways.  Precedence, highest first:
+
+1. the command-line flag (``percolator worker --threads 8``);
+2. an environment variable:
+
+   - ``PERCOLATOR_STORE`` and ``PERCOLATOR_ORACLE`` set ``--store`` / ``--oracle`` of every
+     command that has them (the usual wiring of a deployment);
+   - ``PERCOLATOR_<COMMAND>_<OPTION>`` sets one command's option, with the command path and
+     the option name upper-cased and ``-`` written ``_``: ``PERCOLATOR_WORKER_THREADS=8``,
+     ``PERCOLATOR_ORACLE_SERVE_LISTEN=0.0.0.0:7070``;
+
+3. the config file, TOML: top-level ``store`` and ``oracle`` apply to every command that has
+   them, and a table per command holds that command's options under their flag names::
+
+       store = "hbase://hbase:9090"
+       oracle = "grpc://oracle:7070,oracle-standby:7070"
+
+       [worker]
+       threads = 8
+       observer = ["doc-index", "doc-clusters"]   # repeatable options take a list
+
+       [oracle.serve]
+       listen = "0.0.0.0:7070"
+
+   The file is ``--config PATH`` (before the command), else ``$PERCOLATOR_CONFIG``, else
+   ``./percolator.toml`` when it exists;
+
+4. the option's built-in default, shown by ``--help``.
+
+The whole file is checked whichever command runs, so a misspelt table or option fails at
+once with one line naming the file, the table and the option; a value that does not parse
+names its source (file table or environment variable) the same way.  Settings reach argparse
+as defaults, so a flag given on the command line always wins and a required option supplied
+by the file or the environment is no longer required.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 reads TOML with the tomli backport
+    import tomli as tomllib
+
+from percolator.errors import ConfigError
+
+CONFIG_ENV = "PERCOLATOR_CONFIG"
+DEFAULT_CONFIG_FILE = "percolator.toml"
+ENV_PREFIX = "PERCOLATOR_"
+# Options that a top-level key of the file, or an environment variable without a command
+# part, sets for every command that has them.
+SHARED_OPTIONS = ("store", "oracle")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One value for one option and where it came from (for messages and ``--help``)."""
+
+    dest: str
+    value: Any
+    source: str
+
+
+def find_config_file(explicit: str | None, environ: Mapping[str, str]) -> Path | None:
+    """The config file to read: ``explicit``, else ``$PERCOLATOR_CONFIG``, else
+    ``./percolator.toml`` if it exists, else None.  A named file that does not exist is an
+    error (a typo must not silently fall back to defaults)."""
+    named = explicit or environ.get(CONFIG_ENV) or None
+    if named:
+        path = Path(named)
+        if not path.is_file():
+            origin = "--config" if explicit else CONFIG_ENV
+            raise ConfigError(f"config file {named!r} (from {origin}) does not exist")
+        return path
+    default = Path(DEFAULT_CONFIG_FILE)
+    return default if default.is_file() else None
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    """Parse ``path`` as TOML; syntax errors become one :class:`ConfigError` line."""
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: cannot be read: {exc.strerror}") from None
+
+
+def command_parsers(
+    parser: argparse.ArgumentParser,
+) -> dict[tuple[str, ...], argparse.ArgumentParser]:
+    """Every leaf command of ``parser`` by its path, e.g. ``("oracle", "serve")``."""
+    found: dict[tuple[str, ...], argparse.ArgumentParser] = {}
+
+    def walk(current: argparse.ArgumentParser, path: tuple[str, ...]) -> None:
+        subparsers = _subparsers_action(current)
+        if subparsers is None:
+            if path:
+                found[path] = current
+            return
+        for name, child in subparsers.choices.items():
+            walk(child, (*path, name))
+
+    walk(parser, ())
+    return found
+
+
+def _subparsers_action(parser: argparse.ArgumentParser) -> argparse._SubParsersAction[Any] | None:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action
+    return None
+
+
+def _options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    """The settable options of one command by flag name (``life-time``), without --help."""
+    options: dict[str, argparse.Action] = {}
+    for action in parser._actions:
+        if not action.option_strings or isinstance(action, argparse._HelpAction):
+            continue
+        if action.dest == argparse.SUPPRESS:
+            continue
+        options[action.dest.replace("_", "-")] = action
+    return options
+
+
+def _convert(action: argparse.Action, raw: Any, source: str) -> Any:
+    """Turn a value from the file (typed) or the environment (a string) into what the flag
+    would have produced; errors name ``source``."""
+    flag = action.option_strings[-1]
+
+    def fail(why: str) -> ConfigError:
+        return ConfigError(f"{source}: bad value {raw!r} for {flag}: {why}")
+
+    if action.nargs == 0:  # store_true / store_false
+        if isinstance(raw, bool):
+            return raw if action.const is True else not raw
+        text = str(raw).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return action.const
+        if text in ("0", "false", "no", "off"):
+            return action.default
+        raise fail("expected true or false")
+    if isinstance(action, argparse._AppendAction):
+        items = raw if isinstance(raw, list) else [raw]
+        return [_convert_one(action, item, fail) for item in items]
+    if isinstance(raw, list):
+        raise fail("expected a single value, not a list")
+    return _convert_one(action, raw, fail)
+
+
+def _convert_one(action: argparse.Action, raw: Any, fail: Any) -> Any:
+    if isinstance(raw, (dict, list)):
+        raise fail("expected a single value")
+    text = raw if isinstance(raw, str) else str(raw)
+    value: Any = text
+    if action.type is not None and callable(action.type):
+        try:
+            value = action.type(text)
+        except (argparse.ArgumentTypeError, TypeError, ValueError) as exc:
+            raise fail(str(exc) or "does not parse") from None
+    if action.choices is not None and value not in action.choices:
+        raise fail(f"choose from {', '.join(map(str, action.choices))}")
+    return value
+
+
+def env_name(path: Sequence[str], option: str) -> str:
+    """The environment variable of one command's option, e.g. PERCOLATOR_WORKER_THREADS."""
+    parts = [*path, option]
+    return ENV_PREFIX + "_".join(part.upper().replace("-", "_") for part in parts)
+
+
+def _file_sections(
+    config: Mapping[str, Any],
+    parsers: Mapping[tuple[str, ...], argparse.ArgumentParser],
+    path: Path,
+) -> dict[tuple[str, ...], dict[str, Any]]:
+    """Split the file into shared keys and per-command tables, rejecting unknown names."""
+    sections: dict[tuple[str, ...], dict[str, Any]] = {(): {}}
+    groups = {p[:i] for p in parsers for i in range(1, len(p))}
+
+    def visit(table: Mapping[str, Any], prefix: tuple[str, ...]) -> None:
+        for key, value in table.items():
+            here = (*prefix, key)
+            if isinstance(value, dict):
+                if here in parsers:
+                    sections[here] = dict(value)
+                elif here in groups:
+                    visit(value, here)
+                else:
+                    known = sorted(".".join(p) for p in parsers)
+                    raise ConfigError(
+                        f"config file {path}: unknown command table [{'.'.join(here)}] "
+                        f"(commands: {', '.join(known)})"
+                    )
+            elif prefix == ():
+                if key.replace("_", "-") not in SHARED_OPTIONS:
+                    raise ConfigError(
+                        f"config file {path}: unknown top-level option {key!r} (only "
+                        f"{', '.join(SHARED_OPTIONS)} may be top-level; put others in the "
+                        "command's table, e.g. [worker])"
+                    )
+                sections[()][key.replace("_", "-")] = value
+            else:
+                raise ConfigError(
+                    f"config file {path}: [{'.'.join(prefix)}] is a group of commands; "
+                    f"put {key!r} in one of its commands' tables"
+                )
+
+    visit(config, ())
+    for command, values in sections.items():
+        if command == ():
+            continue
+        options = _options(parsers[command])
+        for key, value in values.items():
+            if key.replace("_", "-") not in options:
+                raise ConfigError(
+                    f"config file {path}: [{'.'.join(command)}] has no option {key!r} "
+                    f"(options: {', '.join(sorted(options))})"
+                )
+            # Check the value now, whichever command runs, so a bad [worker] entry is
+            # caught by `percolator gc` too and not first at a deployment's worker start.
+            _convert(options[key.replace("_", "-")], value, f"config file {path} "
+                     f"[{'.'.join(command)}]")
+    return sections
+
+
+def resolve(
+    parser: argparse.ArgumentParser,
+    command: tuple[str, ...],
+    *,
+    config_path: Path | None,
+    environ: Mapping[str, str],
+) -> list[Setting]:
+    """The file and environment settings for ``command``, environment over file.
+
+    The whole file is validated, not just ``command``'s table.  Unknown
+    ``PERCOLATOR_<COMMAND>_...`` variables are not errors: the environment is shared with
+    other programs and commands, and the names of other commands' options are valid there.
+    """
+    parsers = command_parsers(parser)
+    sections: dict[tuple[str, ...], dict[str, Any]] = {(): {}}
+    if config_path is not None:
+        sections = _file_sections(load_config_file(config_path), parsers, config_path)
+    if command not in parsers:
+        return []
+    options = _options(parsers[command])
+    settings: dict[str, Setting] = {}
+    for key, value in sections.get((), {}).items():
+        if key in options:
+            source = f"config file {config_path} (top level)"
+            value = _convert(options[key], value, source)
+            settings[key] = Setting(options[key].dest, value, source)
+    for key, value in sections.get(command, {}).items():
+        key = key.replace("_", "-")
+        source = f"config file {config_path} [{'.'.join(command)}]"
+        value = _convert(options[key], value, source)
+        settings[key] = Setting(options[key].dest, value, source)
+    for key in SHARED_OPTIONS:
+        name = ENV_PREFIX + key.upper()
+        if key in options and environ.get(name):
+            settings[key] = Setting(
+                options[key].dest, _convert(options[key], environ[name], name), name
+            )
+    for key, action in options.items():
+        name = env_name(command, key)
+        if name in environ and not (key in SHARED_OPTIONS and name == ENV_PREFIX + key.upper()):
+            settings[key] = Setting(action.dest, _convert(action, environ[name], name), name)
+    return list(settings.values())
+
+
+def command_path(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[str, ...]:
+    """The sub-command path ``argv`` selects, e.g. ``("oracle", "serve")``, found by walking
+    the sub-parsers over the non-option tokens (options taking a value are skipped with it)."""
+    path: list[str] = []
+    current = parser
+    tokens = list(argv)
+    index = 0
+    while index < len(tokens):
+        subparsers = _subparsers_action(current)
+        if subparsers is None:
+            break
+        token = tokens[index]
+        index += 1
+        if token == "--":
+            break
+        if token.startswith("-"):
+            action = current._option_string_actions.get(token.split("=", 1)[0])
+            if action is not None and action.nargs != 0 and "=" not in token:
+                index += 1
+            continue
+        if token not in subparsers.choices:
+            break
+        path.append(token)
+        current = subparsers.choices[token]
+    return tuple(path)
+
+
+class _Unset:
+    """Default of an option the file or environment sets: tells "flag not given" apart."""
+
+    def __repr__(self) -> str:
+        return "<from config>"
+
+
+def apply(
+    parser: argparse.ArgumentParser, command: tuple[str, ...], settings: Sequence[Setting]
+) -> Callable[[argparse.Namespace], None]:
+    """Prepare ``command``'s parser for ``settings``; returns the step that fills them into
+    the parsed namespace wherever the flag was not given (flags win).
+
+    A required option supplied by a setting stops being required.  Defaults are replaced by
+    a marker rather than by the setting itself because argparse's repeatable options append
+    to their default: a flag must replace the file's list, not extend it.
+    """
+    leaf = command_parsers(parser).get(command)
+    by_dest = {setting.dest: setting for setting in settings}
+    marks: dict[str, Any] = {}
+    if leaf is not None:
+        for action in leaf._actions:
+            if action.dest in by_dest and action.option_strings:
+                action.required = False
+                mark: Any = None if isinstance(action, argparse._AppendAction) else _Unset()
+                action.default = mark
+                marks[action.dest] = mark
+
+    def fill(namespace: argparse.Namespace) -> None:
+        for dest, mark in marks.items():
+            if getattr(namespace, dest, mark) is mark:
+                setattr(namespace, dest, by_dest[dest].value)
+
+    return fill

@@ -1,0 +1,151 @@
+"""Flags, environment and config file: precedence, validation and one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from percolator import config
+from percolator.cli import build_parser
+from percolator.errors import ConfigError
+
+
+def parse(
+    argv: list[str], *, environ: Mapping[str, str] | None = None, file_text: str | None = None,
+    tmp_path: Path | None = None,
+) -> argparse.Namespace:
+    """What ``percolator ARGV`` would hand to its command, without running it."""
+    parser = build_parser()
+    path = None
+    if file_text is not None:
+        assert tmp_path is not None
+        path = tmp_path / "percolator.toml"
+        path.write_text(file_text)
+    command = config.command_path(parser, argv)
+    settings = config.resolve(parser, command, config_path=path, environ=environ or {})
+    fill = config.apply(parser, command, settings)
+    args = parser.parse_args(argv)
+    fill(args)
+    return args
+
+
+def test_defaults_without_settings() -> None:
+    args = parse(["worker"])
+    assert args.threads == 4
+    assert args.store == "embedded:./percolator-data"
+    assert args.oracle is None
+
+
+def test_file_sets_shared_and_command_options(tmp_path: Path) -> None:
+    text = (
+        'store = "hbase://db:9090"\noracle = "grpc://o:7070"\n'
+        '[worker]\nthreads = 8\nobserver = ["doc-index"]\n'
+    )
+    args = parse(["worker"], file_text=text, tmp_path=tmp_path)
+    assert (args.store, args.oracle, args.threads, args.observer) == (
+        "hbase://db:9090", "grpc://o:7070", 8, ["doc-index"]
+    )
+    # The shared store applies to other commands too; the worker table does not.
+    gc = parse(["gc"], file_text=text, tmp_path=tmp_path)
+    assert gc.store == "hbase://db:9090"
+    assert gc.life_time == 600.0
+
+
+def test_environment_beats_file_and_flag_beats_environment(tmp_path: Path) -> None:
+    text = 'store = "hbase://file:1"\n[worker]\nthreads = 8\n'
+    env = {"PERCOLATOR_STORE": "hbase://env:2", "PERCOLATOR_WORKER_THREADS": "6"}
+    args = parse(["worker"], environ=env, file_text=text, tmp_path=tmp_path)
+    assert (args.store, args.threads) == ("hbase://env:2", 6)
+    args = parse(
+        ["worker", "--threads", "2", "--store", "memory:"], environ=env, file_text=text,
+        tmp_path=tmp_path,
+    )
+    assert (args.store, args.threads) == ("memory:", 2)
+
+
+def test_repeatable_flag_replaces_the_file_list(tmp_path: Path) -> None:
+    text = '[worker]\nobserver = ["doc-index", "doc-clusters"]\n'
+    args = parse(["worker", "--observer", "doc-inlinks"], file_text=text, tmp_path=tmp_path)
+    assert args.observer == ["doc-inlinks"]
+
+
+def test_nested_command_table_and_required_option(tmp_path: Path) -> None:
+    text = '[oracle.serve]\nstore = "memory:"\nlisten = "0.0.0.0:7171"\n'
+    args = parse(["oracle", "serve"], file_text=text, tmp_path=tmp_path)
+    assert (args.store, args.listen) == ("memory:", "0.0.0.0:7171")
+    env = {"PERCOLATOR_ORACLE_SERVE_LISTEN": "127.0.0.1:7272", "PERCOLATOR_STORE": "memory:"}
+    args = parse(["oracle", "serve"], environ=env)
+    assert (args.store, args.listen) == ("memory:", "127.0.0.1:7272")
+
+
+def test_boolean_from_environment() -> None:
+    assert parse(["gc"], environ={"PERCOLATOR_GC_JSON": "yes"}).json is True
+    assert parse(["gc"], environ={"PERCOLATOR_GC_JSON": "0"}).json is False
+    with pytest.raises(ConfigError, match="PERCOLATOR_GC_JSON: bad value 'maybe' for --json"):
+        parse(["gc"], environ={"PERCOLATOR_GC_JSON": "maybe"})
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[wroker]\nthreads = 2\n', r"unknown command table \[wroker\]"),
+        ('[worker]\nthread = 2\n', r"\[worker\] has no option 'thread'"),
+        ('threads = 2\n', "unknown top-level option 'threads'"),
+        ('[worker]\nthreads = "many"\n', r"\[worker\]: bad value 'many' for --threads"),
+        ('[worker]\nthreads = [1, 2]\n', "expected a single value"),
+        ('[oracle]\nlisten = "x"\n', r"\[oracle\] is a group of commands"),
+        ('store = \n', "not valid TOML"),
+    ],
+)
+def test_bad_file_is_one_clear_error(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse(["gc"], file_text=text, tmp_path=tmp_path)
+
+
+def test_bad_environment_value_names_the_variable() -> None:
+    with pytest.raises(ConfigError, match="PERCOLATOR_WORKER_THREADS: bad value 'x'"):
+        parse(["worker"], environ={"PERCOLATOR_WORKER_THREADS": "x"})
+
+
+def test_command_path_skips_option_values() -> None:
+    parser = build_parser()
+    assert config.command_path(parser, ["--config", "x.toml", "oracle", "serve"]) == (
+        "oracle", "serve"
+    )
+    assert config.command_path(parser, ["worker", "--threads", "3"]) == ("worker",)
+    assert config.command_path(parser, ["nonsense"]) == ()
+
+
+def run_cli(args: list[str], cwd: Path, env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("PERCOLATOR_")}
+    full_env.update(env)
+    return subprocess.run(
+        [sys.executable, "-m", "percolator.cli", *args], cwd=cwd, env=full_env,
+        capture_output=True, text=True, timeout=120,
+    )
+
+
+def test_cli_reads_percolator_toml_from_the_working_directory(tmp_path: Path) -> None:
+    store = tmp_path / "data"
+    (tmp_path / "percolator.toml").write_text(f'store = "embedded:{store}"\n[gc]\njson = true\n')
+    result = run_cli(["gc"], tmp_path, {})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.lstrip().startswith("{")  # --json came from the file
+    assert store.exists()  # the store came from the file
+
+
+def test_cli_bad_config_is_one_line_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "bad.toml").write_text("[worker]\nthread = 2\n")
+    result = run_cli(["--config", "bad.toml", "gc"], tmp_path, {})
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "has no option 'thread'" in lines[0], result.stderr
+    result = run_cli(["gc"], tmp_path, {"PERCOLATOR_CONFIG": str(tmp_path / "missing.toml")})
+    assert result.returncode == 2
+    assert "missing.toml" in result.stderr and "does not exist" in result.stderr
