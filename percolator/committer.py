@@ -15,10 +15,10 @@ Order of steps, each marked with its failpoint:
    ``Committed{commit_ts}`` (``commit.before_primary``, ``commit.primary_cas``,
    ``commit.primary_cas_applied``).  Failure means someone rolled us back: abort.  An unknown
    outcome raises :class:`UndeterminedCommitError`, never a guess;
-5. write records of every cell at ``commit_ts`` in one batch (``commit.after_write_records``),
-   then compare-and-set each secondary to ``Committed`` in parallel
-   (``commit.after_secondaries``).  Failures after the commit point are left to lazy
-   roll-forward by readers.
+5. write records of every cell at ``commit_ts`` in one batch per table, concurrently with
+   the compare-and-sets of each secondary to ``Committed`` (``commit.after_write_records``
+   once both are done, ``commit.after_secondaries``).  Failures after the commit point are
+   left to lazy roll-forward by readers.
 
 While the locks are held, a heartbeat extends the primary's TTL so a long commit is not
 rolled back by others.  On any error before the commit point, every lock this transaction
@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from concurrent.futures import wait
 from dataclasses import dataclass
 
 from percolator import failpoints
@@ -42,7 +43,7 @@ from percolator.errors import (
     UndeterminedCommitError,
 )
 from percolator.layout import LOCK, NOTIFY
-from percolator.protocol.cells import CellKey, Mutation, group_by_table
+from percolator.protocol.cells import CellKey, Mutation, RawCell, group_by_table
 from percolator.protocol.commit import commit_cell, write_record_puts
 from percolator.protocol.prewrite import prewrite
 from percolator.protocol.rollback import rollback_cell
@@ -70,6 +71,7 @@ class Committer:
         start_ts: int,
         mutations: Sequence[Mutation],
         notify: Sequence[CellKey] = (),
+        known: Mapping[CellKey, RawCell] | None = None,
     ) -> None:
         if not mutations:
             raise ValueError("nothing to commit")
@@ -79,6 +81,8 @@ class Committer:
         self.primary = ordered[0]
         self.secondaries = ordered[1:]
         self._notify = list(notify)
+        # Raw cell states the transaction read at start_ts: prewrite skips re-reading them.
+        self._known = dict(known or {})
         # Every cell we locked, with the exact lock bytes we wrote there.
         self._locked: dict[CellKey, bytes] = {}
         self._locked_guard = threading.Lock()
@@ -120,7 +124,9 @@ class Committer:
             [self.primary],
             self.start_ts,
             self._make_lock,
+            executor=ctx.executor,  # data put and lock compare-and-set concurrently
             on_locked=self._on_locked,
+            known=self._known,
         )
         with self._primary_guard, self._locked_guard:
             self._primary_bytes = self._locked[self.primary.key]
@@ -135,6 +141,7 @@ class Committer:
                 self._make_lock,
                 executor=ctx.executor,
                 on_locked=self._on_locked,
+                known=self._known,
             )
         failpoints.failpoint("prewrite.after_secondaries")
 
@@ -266,23 +273,39 @@ class Committer:
             by_table: dict[str, list[tuple[CellKey, Kind]]] = {}
             for m in (self.primary, *self.secondaries):
                 by_table.setdefault(m.key.table, []).append((m.key, m.kind))
-            for table, cells in by_table.items():
-                ctx.store.put(table, write_record_puts(cells, self.start_ts, commit_ts))
-            failpoints.failpoint("commit.after_write_records")
+
+            def put_records() -> None:
+                for table, cells in by_table.items():
+                    ctx.store.put(table, write_record_puts(cells, self.start_ts, commit_ts))
+
             with self._locked_guard:
                 lock_bytes = dict(self._locked)
-            run_all(
-                ctx.executor,
-                lambda m: commit_cell(
+
+            def commit_secondary(m: Mutation) -> bool:
+                return commit_cell(
                     ctx.store,
                     m.key,
                     self.start_ts,
                     commit_ts,
                     lock_bytes.get(m.key),
                     write_record_done=True,
-                ),
-                self.secondaries,
-            )
+                )
+
+            if not self.secondaries:
+                put_records()
+                failpoints.failpoint("commit.after_write_records")
+            else:
+                # The records and the secondaries' compare-and-sets go out together: a
+                # secondary's Committed{commit_ts} carries the commit by itself, and its
+                # record is only needed before a later prewrite replaces that state,
+                # which puts any missing record first (design notes §3, MUST).
+                records = ctx.executor.submit(put_records)
+                try:
+                    run_all(ctx.executor, commit_secondary, self.secondaries)
+                finally:
+                    wait([records])
+                records.result()
+                failpoints.failpoint("commit.after_write_records")
             failpoints.failpoint("commit.after_secondaries")
             return True
         except Exception as exc:

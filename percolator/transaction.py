@@ -34,13 +34,16 @@ from percolator.layout import (
     encode_column,
     encode_row,
 )
-from percolator.protocol.cells import CellKey, Mutation
+from percolator.protocol.cells import CellKey, Mutation, RawCell
 from percolator.protocol.read import read_cells, read_commits
 from percolator.records import Kind
 from percolator.store.base import ScanOptions
 
 if TYPE_CHECKING:
     from percolator.client import Client
+
+# How many raw cell states a transaction keeps from its reads for its prewrite.
+MAX_SEEN = 10_000
 
 
 class TxnStatus(enum.Enum):
@@ -69,10 +72,25 @@ class Snapshot:
         encode_column(column, allow_reserved=reserved)
         return CellKey(table, encode_row(row), column)
 
+    #: raw states read so far, handed to the prewrite (None: a read-only snapshot keeps none)
+    _seen: dict[CellKey, RawCell] | None = None
+
+    def _seen_sink(self) -> dict[CellKey, RawCell] | None:
+        # Bounded, so a transaction scanning a huge range does not hold every cell it saw;
+        # beyond the bound the prewrite simply reads cells itself.
+        if self._seen is not None and len(self._seen) < MAX_SEEN:
+            return self._seen
+        return None
+
     def _read(self, keys: Sequence[CellKey]) -> dict[CellKey, bytes | None]:
         ctx = self._client._ctx
         return read_cells(
-            ctx.store, ctx.resolver, keys, self.start_ts, lock_wait_ms=ctx.options.lock_wait_ms
+            ctx.store,
+            ctx.resolver,
+            keys,
+            self.start_ts,
+            lock_wait_ms=ctx.options.lock_wait_ms,
+            seen=self._seen_sink(),
         )
 
     def get(self, table: str, row: bytes | str, column: str) -> bytes | None:
@@ -92,7 +110,12 @@ class Snapshot:
         key = self._key(table, row, column, reserved=self._allow_reserved)
         ctx = self._client._ctx
         value, commit = read_commits(
-            ctx.store, ctx.resolver, [key], self.start_ts, lock_wait_ms=ctx.options.lock_wait_ms
+            ctx.store,
+            ctx.resolver,
+            [key],
+            self.start_ts,
+            lock_wait_ms=ctx.options.lock_wait_ms,
+            seen=self._seen_sink(),
         )[key]
         return value, (commit.commit_ts if commit is not None else None)
 
@@ -186,6 +209,7 @@ class Transaction(Snapshot):
     def __init__(self, client: Client, start_ts: int, *, allow_reserved: bool = False) -> None:
         super().__init__(client, start_ts)
         self._writes: dict[CellKey, Mutation] = {}
+        self._seen = {}
         self._status = TxnStatus.ACTIVE
         self._allow_reserved = allow_reserved
         self.commit_ts: int | None = None
@@ -306,7 +330,7 @@ class Transaction(Snapshot):
             ctx = self._client._ctx
             mutations = list(self._writes.values())
             notify = [m.key for m in mutations if ctx.is_observed(m.key)]
-            committer = Committer(ctx, self.start_ts, mutations, notify)
+            committer = Committer(ctx, self.start_ts, mutations, notify, known=self._seen)
             result = committer.commit()
         except UndeterminedCommitError:
             self._status = TxnStatus.UNDETERMINED

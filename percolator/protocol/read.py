@@ -39,9 +39,10 @@ def read_cells(
     read_ts: int,
     *,
     lock_wait_ms: int = 10_000,
+    seen: dict[CellKey, RawCell] | None = None,
 ) -> dict[CellKey, bytes | None]:
     """Values of ``keys`` as of ``read_ts`` (``None`` = absent or deleted)."""
-    found = read_commits(store, resolver, keys, read_ts, lock_wait_ms=lock_wait_ms)
+    found = read_commits(store, resolver, keys, read_ts, lock_wait_ms=lock_wait_ms, seen=seen)
     return {key: value for key, (value, _) in found.items()}
 
 
@@ -52,9 +53,14 @@ def read_commits(
     read_ts: int,
     *,
     lock_wait_ms: int = 10_000,
+    seen: dict[CellKey, RawCell] | None = None,
 ) -> dict[CellKey, tuple[bytes | None, CommitInfo | None]]:
     """Values of ``keys`` as of ``read_ts`` with the commit that wrote each (``None`` when
-    the cell was never written; a DELETE commit gives value ``None`` and its commit)."""
+    the cell was never written; a DELETE commit gives value ``None`` and its commit).
+
+    ``seen``, if given, receives the raw state each answer was read from; a transaction
+    hands it to its prewrite, which can then skip re-reading cells it read (see
+    percolator/protocol/prewrite.py)."""
     results: dict[CellKey, tuple[bytes | None, CommitInfo | None]] = {}
     pending = list(dict.fromkeys(keys))
     deadline = time.monotonic() + lock_wait_ms / 1000
@@ -69,6 +75,8 @@ def read_commits(
             if lock is not None and lock.start_ts <= read_ts:
                 blocked.append(raw)
                 continue
+            if seen is not None:
+                seen[key] = raw
             commit = raw.latest_commit(read_ts)
             if commit is None or commit.kind == Kind.DELETE:
                 results[key] = (None, commit)
