@@ -155,6 +155,10 @@ def run_worker(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     with percolator.connect(args.store, oracle=args.oracle) as client:
+        # Fail fast on a wrong store or oracle address: an idle worker would otherwise
+        # only notice at its first notification, maybe hours later.
+        with client.snapshot():
+            pass
         worker = Worker(client, loaded.observers, options)
         worker.start()
         for name, message in worker.errors:

@@ -89,6 +89,18 @@ def test_bad_worker_options_are_reported(url: str) -> None:
     assert "threads must be an int >= 1" in result.stderr
 
 
+def test_a_worker_with_an_unreachable_oracle_or_store_fails_at_start(url: str) -> None:
+    result = run_cli(
+        ["worker", "--store", url, "--observer", "doc-index", "--oracle", "grpc://127.0.0.1:1"]
+    )
+    assert result.returncode == 2, result.stderr
+    assert "worker ready" not in result.stdout
+    assert "no timestamp oracle among ['127.0.0.1:1'] answered" in result.stderr
+    result = run_cli(["worker", "--store", "hbase://127.0.0.1:1", "--observer", "doc-index"])
+    assert result.returncode == 2, result.stderr
+    assert "cannot reach HBase Thrift gateway at 127.0.0.1:1" in result.stderr
+
+
 def test_notifications_list_and_retry(url: str) -> None:
     client = connect(url)
     helpers.create_tables(client)
