@@ -27,6 +27,7 @@ COMMAND_MODULES = [
     "observers.cli",
     "spark_jobs.cli",
     "percolator.commands.gc",
+    "percolator.commands.status",
     "percolator.commands.demo",
 ]
 

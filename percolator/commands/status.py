@@ -1,0 +1,358 @@
+"""``percolator status``: what needs an operator's attention, read from the store.
+
+It changes no data (it never resolves a lock, moves the safe point or deletes anything), so
+it is safe to run at any time against a live deployment:
+
+- **locks**: outstanding lock cells of every user table, an age histogram and the oldest
+  ones (age = wall clock - the physical part of the lock's ``start_ts``; ``expired`` = past
+  its TTL, so the next reader will roll it back or forward);
+- **notifications**: per observed column (and its observer) the pending notifications and
+  the parked ones; pending notifications on columns no observer is registered for are
+  listed separately (nobody will process them);
+- **oracle**: the persisted record (epoch, high-water mark = the limit no timestamp exceeds,
+  lease holder and expiry); with ``--oracle grpc://...`` also each server's own answer;
+- **gc**: the safe point and the oldest transaction start published by live clients.
+
+``--json`` prints one object with the keys ``store``, ``locks`` (``count``, ``expired``,
+``by_age`` {bucket: count}, ``oldest`` [..], ``truncated`` tables), ``notifications``
+(``observers`` [{observer, table, column, pending, parked}], ``unobserved`` [{table, column,
+pending}]), ``oracle`` (``record`` or null, ``servers`` [..]), ``gc`` (``safe_point``,
+``safe_point_time``, ``oldest_published_start_ts``) and ``problems`` (strings).
+
+Exit code: 0 when nothing is wrong, 1 when ``problems`` is not empty (expired locks, parked
+notifications, unobserved notifications, no active oracle among ``--oracle``), 2 for a bad
+option or an unreachable store (one line, like every command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from percolator.commands.common import add_oracle_option, add_store_option
+from percolator.errors import ConfigError, OracleError
+from percolator.layout import LOCK, NOTIFY, SYSTEM_TABLE_PREFIX
+from percolator.records import LockCell
+from percolator.store.base import ScanOptions, Store
+from percolator.timestamps import describe, now_ms, physical_ms
+
+# Upper bounds (ms) of the lock-age buckets, and their labels.
+AGE_BUCKETS = [(1_000, "<1s"), (10_000, "<10s"), (60_000, "<1min"), (600_000, "<10min")]
+OLDER = ">=10min"
+
+
+@dataclass
+class LockEntry:
+    table: str
+    row: str
+    column: str
+    start_ts: int
+    age_ms: int
+    ttl_ms: int
+    expired: bool
+    primary: str
+
+
+@dataclass
+class LockReport:
+    count: int = 0
+    expired: int = 0
+    by_age: dict[str, int] = field(default_factory=dict)
+    oldest: list[LockEntry] = field(default_factory=list)
+    #: tables whose scan stopped at --scan-limit cells (counts are lower bounds there)
+    truncated: list[str] = field(default_factory=list)
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "status",
+        help="locks, notification backlog, oracle and GC state of a deployment",
+        description="Report outstanding locks by age, pending and parked notifications per "
+        "observer, the oracle's epoch and limit and the GC safe point.  Reads only.  Exit "
+        "code 0: nothing wrong; 1: something needs attention (listed under problems).",
+    )
+    add_store_option(parser)
+    add_oracle_option(parser)
+    parser.add_argument("--table", action="append", help="only this table (repeatable)")
+    parser.add_argument(
+        "--oldest", type=int, default=10, metavar="N", help="list the N oldest locks (default 10)"
+    )
+    parser.add_argument(
+        "--scan-limit",
+        type=int,
+        default=1_000_000,
+        metavar="CELLS",
+        help="stop counting locks of a table after this many lock cells (default %(default)s)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(func=run)
+
+
+def _show_row(row: bytes) -> str:
+    """Rows as text when they are printable UTF-8, else as hex (marked)."""
+    try:
+        text = row.decode("utf-8")
+    except UnicodeDecodeError:
+        return "0x" + row.hex()
+    return text if text.isprintable() else "0x" + row.hex()
+
+
+def _bucket(age_ms: int) -> str:
+    for bound, label in AGE_BUCKETS:
+        if age_ms < bound:
+            return label
+    return OLDER
+
+
+def scan_locks(store: Store, tables: list[str], *, oldest: int, scan_limit: int) -> LockReport:
+    """Every lock held in ``tables`` (lock cells in the ``Locked`` state)."""
+    report = LockReport(by_age={label: 0 for _, label in AGE_BUCKETS} | {OLDER: 0})
+    now = now_ms()
+    entries: list[LockEntry] = []
+    for table in tables:
+        seen = 0
+        for row, cells in store.scan(table, LOCK, ScanOptions(batch_size=1000)):
+            for qualifier, (_, value) in cells.items():
+                seen += 1
+                lock = LockCell.decode(value).lock
+                if lock is None:
+                    continue
+                age = max(0, now - physical_ms(lock.start_ts))
+                expired = age > lock.ttl_ms
+                report.count += 1
+                report.expired += expired
+                report.by_age[_bucket(age)] += 1
+                primary = (
+                    f"{lock.primary_table}/{_show_row(lock.primary_row)}/{lock.primary_column}"
+                )
+                entries.append(
+                    LockEntry(
+                        table, _show_row(row), qualifier.decode("utf-8"), lock.start_ts, age,
+                        lock.ttl_ms, expired, primary,
+                    )
+                )
+            if seen >= scan_limit:
+                report.truncated.append(table)
+                break
+        # Keep only the oldest few while scanning, so a huge table does not hold them all.
+        entries = sorted(entries, key=lambda e: e.start_ts)[:oldest]
+    report.oldest = entries
+    return report
+
+
+def notification_report(
+    client: Any, tables: list[str]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Per registered observed column: pending and parked; and pending unobserved ones."""
+    from observers.api import registrations
+    from observers.parking import ParkingLot
+
+    parked: dict[tuple[str, str], int] = {}
+    for record in ParkingLot(client).records():
+        key = (record.table, record.column)
+        parked[key] = parked.get(key, 0) + 1
+    registered = registrations(client.store)
+    pending: dict[tuple[str, str], int] = {}
+    for table in tables:
+        for _, cells in client.store.scan(table, NOTIFY, ScanOptions(batch_size=1000)):
+            for qualifier in cells:
+                key = (table, qualifier.decode("utf-8"))
+                pending[key] = pending.get(key, 0) + 1
+    observed = []
+    for (table, column), registration in sorted(registered.items()):
+        if tables and table not in tables:
+            continue
+        waiting = pending.get((table, column), 0)
+        observed.append(
+            {
+                "observer": registration.observer,
+                "table": table,
+                "column": column,
+                # Parked cells keep their notification: count them once, as parked.
+                "pending": max(0, waiting - parked.get((table, column), 0)),
+                "parked": parked.get((table, column), 0),
+            }
+        )
+    unobserved = [
+        {"table": table, "column": column, "pending": count}
+        for (table, column), count in sorted(pending.items())
+        if (table, column) not in registered
+    ]
+    return observed, unobserved
+
+
+def oracle_report(store: Store, oracle: str | None) -> dict[str, Any]:
+    from oracle.persist import OracleCell
+
+    snapshot = OracleCell(store).read()
+    record = None
+    if snapshot.record is not None:
+        r = snapshot.record
+        record = {
+            "epoch": r.epoch,
+            "limit": r.high_water,
+            "limit_time": describe(r.high_water),
+            "holder": r.holder,
+            "lease_expiry_ms": r.lease_expiry_ms,
+            "lease_live": r.leased and r.lease_expiry_ms > now_ms(),
+        }
+    servers: list[dict[str, Any]] = []
+    if oracle:
+        servers = _ask_servers(oracle)
+    return {"record": record, "servers": servers}
+
+
+def _ask_servers(oracle: str) -> list[dict[str, Any]]:
+    from oracle.client import GrpcOracleClient
+    from oracle.factory import parse_oracle_url
+    from oracle.proto_gen import oracle_pb2
+
+    addresses, tls, token, (_, rpc_timeout_s) = parse_oracle_url(oracle)
+    client = GrpcOracleClient(addresses, token=token, tls=tls, rpc_timeout_s=rpc_timeout_s)
+    servers: list[dict[str, Any]] = []
+    try:
+        for address in addresses:
+            try:
+                info = client.info(address)
+            except OracleError as exc:
+                servers.append({"address": address, "error": str(exc)})
+                continue
+            servers.append(
+                {
+                    "address": address,
+                    "role": oracle_pb2.Role.Name(info.role).removeprefix("ROLE_").lower(),
+                    "epoch": info.epoch,
+                    "limit": info.persisted_high_water,
+                    "last_issued": info.last_issued,
+                }
+            )
+    finally:
+        client.close()
+    return servers
+
+
+def gc_report(store: Store) -> dict[str, Any]:
+    from percolator.protocol.gc import published_min_start_ts, read_safe_point
+
+    safe_point, _ = read_safe_point(store)
+    oldest, _ = published_min_start_ts(store, now_ms())
+    return {
+        "safe_point": safe_point,
+        "safe_point_time": describe(safe_point) if safe_point else None,
+        "oldest_published_start_ts": oldest,
+    }
+
+
+def build_report(client: Any, args: argparse.Namespace) -> dict[str, Any]:
+    store: Store = client.store
+    # Engine tables only: the meta table (and any other system table) has no lock family.
+    tables = [t for t in store.list_tables() if not t.startswith(SYSTEM_TABLE_PREFIX)]
+    if args.table:
+        missing = sorted(set(args.table) - set(tables))
+        if missing:
+            raise ConfigError(f"--table: no such table {', '.join(map(repr, missing))}")
+        tables = [t for t in tables if t in args.table]
+    locks = scan_locks(store, tables, oldest=args.oldest, scan_limit=args.scan_limit)
+    observed, unobserved = notification_report(client, tables)
+    oracle = oracle_report(store, args.oracle)
+    problems = []
+    if locks.expired:
+        problems.append(f"{locks.expired} expired lock(s) waiting for a reader or GC")
+    for entry in observed:
+        if entry["parked"]:
+            problems.append(
+                f"{entry['parked']} parked notification(s) of observer {entry['observer']!r}"
+            )
+    for entry in unobserved:
+        problems.append(
+            f"{entry['pending']} notification(s) on {entry['table']}/{entry['column']}, "
+            "which no observer is registered for"
+        )
+    if args.oracle:
+        errors = [s for s in oracle["servers"] if "error" in s]
+        if not any(s.get("role") == "active" for s in oracle["servers"]):
+            detail = f" ({errors[0]['error']})" if errors else ""
+            problems.append(f"no active oracle among {args.oracle}{detail}")
+    return {
+        "store": store.url,
+        "tables": tables,
+        "locks": asdict(locks),
+        "notifications": {"observers": observed, "unobserved": unobserved},
+        "oracle": oracle,
+        "gc": gc_report(store),
+        "problems": problems,
+    }
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines = [f"store {report['store']}: {len(report['tables'])} table(s)"]
+    locks = report["locks"]
+    ages = ", ".join(f"{label} {n}" for label, n in locks["by_age"].items() if n)
+    more = f" (counted up to the scan limit in {', '.join(locks['truncated'])})" if locks[
+        "truncated"] else ""
+    lines.append(f"locks: {locks['count']} held, {locks['expired']} expired{more}"
+                 + (f"; by age: {ages}" if ages else ""))
+    for e in locks["oldest"]:
+        state = "EXPIRED" if e["expired"] else "live"
+        lines.append(
+            f"  {e['age_ms'] / 1000:8.1f}s {state:7} {e['table']}/{e['row']}/{e['column']} "
+            f"start_ts {e['start_ts']} ttl {e['ttl_ms']} ms primary {e['primary']}"
+        )
+    lines.append("notifications:")
+    observers = report["notifications"]["observers"]
+    if not observers:
+        lines.append("  no observed columns registered")
+    width = max([len(o["observer"]) for o in observers] + [8])
+    for o in observers:
+        lines.append(
+            f"  {o['observer']:{width}} {o['table']}/{o['column']}: {o['pending']} pending, "
+            f"{o['parked']} parked"
+        )
+    for u in report["notifications"]["unobserved"]:
+        lines.append(f"  (no observer) {u['table']}/{u['column']}: {u['pending']} pending")
+    oracle = report["oracle"]
+    record = oracle["record"]
+    if record is None:
+        lines.append("oracle: no record in the store yet (no timestamp issued)")
+    else:
+        lease = "live" if record["lease_live"] else "none/lapsed"
+        lines.append(
+            f"oracle: epoch {record['epoch']}, limit {record['limit_time']}, holder "
+            f"{record['holder'] or '-'} (lease {lease})"
+        )
+    for s in oracle["servers"]:
+        if "error" in s:
+            lines.append(f"  {s['address']}: {s['error']}")
+        else:
+            lines.append(f"  {s['address']}: {s['role']}, epoch {s['epoch']}")
+    gc = report["gc"]
+    safe = gc["safe_point_time"] or "none (GC never ran)"
+    oldest = gc["oldest_published_start_ts"]
+    lines.append(
+        f"gc: safe point {safe}; oldest live transaction published: "
+        + (describe(oldest) if oldest else "none")
+    )
+    lines.append("problems: " + ("none" if not report["problems"] else ""))
+    lines += [f"  - {p}" for p in report["problems"]]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    import percolator
+
+    if args.oldest < 0:
+        raise ConfigError(f"--oldest must be >= 0, got {args.oldest}")
+    if args.scan_limit <= 0:
+        raise ConfigError(f"--scan-limit must be > 0, got {args.scan_limit}")
+    # The oracle is only asked for its info: the client itself never needs a timestamp.
+    with percolator.connect(args.store) as client:
+        report = build_report(client, args)
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+    else:
+        print(format_report(report))
+    sys.stdout.flush()
+    return 1 if report["problems"] else 0
