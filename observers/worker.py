@@ -43,7 +43,7 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -55,6 +55,7 @@ from observers.runner import (
     Notification,
     Outcome,
     RunAbortedError,
+    RunResult,
     process_notification,
 )
 from percolator.errors import ConfigError, PercolatorError, UndeterminedCommitError
@@ -86,6 +87,9 @@ class WorkerOptions:
     metrics_host: str = "127.0.0.1"
     #: serve metrics on this port (0: any free port); None: no endpoint
     metrics_port: int | None = None
+    #: called after every committed run as ``on_commit(observer_name, notification, result)``
+    #: from the runner thread (for embedding: progress displays, tests); must not raise
+    on_commit: Callable[[str, Notification, RunResult], None] | None = None
 
     def __post_init__(self) -> None:
         for name in ("threads", "scanners", "failure_limit", "scan_batch", "attempts"):
@@ -565,6 +569,11 @@ class Worker:
             latency = result.latency_s
             if latency is not None:
                 self.metrics.latency.observe(latency, observer=name)
+            if self.options.on_commit is not None:
+                try:
+                    self.options.on_commit(name, notification, result)
+                except Exception:  # a display hook must not fail the run it reports
+                    log.exception("on_commit hook failed for %s", notification)
         else:
             self.metrics.skipped.inc(observer=name)
         with self._lock:
