@@ -14,6 +14,7 @@ import pytest
 
 import percolator
 from observers import reference
+from percolator.store import open_store
 
 ROOT = Path(__file__).resolve().parent.parent
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -29,7 +30,7 @@ def demo(*args: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedPro
 
 def check_run(result: subprocess.CompletedProcess[str], store_url: str | None) -> dict[str, Any]:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    summary = json.loads(result.stdout)
+    summary: dict[str, Any] = json.loads(result.stdout)
     assert summary["identical"] is True and summary["matches_reference"] is True
     assert summary["changes"] >= 2 and summary["observer_runs_live"] >= summary["changes"]
     assert summary["incremental_s"] > 0 and summary["recompute_s"] > 0
@@ -77,7 +78,7 @@ def test_demo_on_hbase(tmp_path: Path, hbase_url: str) -> None:
         assert again.returncode == 2
         assert "already has demo tables" in again.stderr
     finally:
-        s = percolator.store.open_store(store)
+        s = open_store(store)
         for table in s.list_tables():
             s.drop_table(table)
         s.close()

@@ -20,6 +20,7 @@ from observers.parking import ParkingLot
 from observers.runner import Notification
 from percolator.committer import Committer
 from percolator.layout import NOTIFY
+from percolator.store import open_store
 from percolator.store.base import Put
 from percolator.transaction import Transaction
 
@@ -170,7 +171,7 @@ def test_status_on_hbase(hbase_url: str) -> None:
     result = status(url, "--json")
     assert result.returncode == 1, result.stderr
     check_report(json.loads(result.stdout), expected)
-    store = percolator.store.open_store(url)
+    store = open_store(url)
     for table in store.list_tables():
         store.drop_table(table)
     store.close()

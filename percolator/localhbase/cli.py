@@ -88,6 +88,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--port", type=_port, default=None, help="Thrift port (default: a free port)"
     )
     start.add_argument(
+        "--bind",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="address the Thrift gateway listens on (default %(default)s; 0.0.0.0 in a "
+        "container serving others)",
+    )
+    start.add_argument(
         "--foreground",
         action="store_true",
         help="stay in the foreground; Ctrl-C (or SIGTERM) stops HBase and exits",
@@ -135,7 +142,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _start(args: argparse.Namespace) -> int:
-    hbase = LocalHBase(args.dir, thrift_port=args.port, progress=stderr_progress)
+    hbase = LocalHBase(
+        args.dir, thrift_port=args.port, progress=stderr_progress, thrift_bind=args.bind
+    )
     if not args.foreground:
         url = hbase.start(timeout=args.timeout)
         hbase.detach()

@@ -686,8 +686,12 @@ class LocalHBase:
         thrift_heap: str = "256m",
         stop_grace_s: float = DEFAULT_STOP_GRACE_S,
         extra_config: Mapping[str, str] | None = None,
+        thrift_bind: str = "127.0.0.1",
     ) -> None:
         self.workdir = Path(workdir).expanduser().resolve()
+        # The Thrift gateway's listen address.  Loopback by default; a container serving
+        # other containers binds 0.0.0.0.  Probes always go through loopback.
+        self._thrift_bind = thrift_bind
         self._requested_thrift_port = thrift_port
         self._requested_zk_port = zk_port
         self.thrift_port = thrift_port  # the ports in use once started
@@ -820,7 +824,7 @@ class LocalHBase:
                     "thrift",
                     self._thrift_heap,
                     classpath,
-                    [_THRIFT_CLASS, "-b", "127.0.0.1", "-p", str(self.thrift_port), "start"],
+                    [_THRIFT_CLASS, "-b", self._thrift_bind, "-p", str(self.thrift_port), "start"],
                 )
                 self._register_atexit()
                 # Written after each launch, before the wait: a launcher killed mid-start
