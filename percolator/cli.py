@@ -38,8 +38,8 @@ configuration, highest precedence first:
      --store/--oracle; PERCOLATOR_<COMMAND>_<OPTION> for one command's option,
      e.g. PERCOLATOR_WORKER_THREADS=8 or PERCOLATOR_ORACLE_SERVE_LISTEN=0.0.0.0:7070
   3. the config file (TOML): --config PATH, else $PERCOLATOR_CONFIG, else
-     ./percolator.toml if present; top-level store/oracle, one table per command:
-     [worker] threads = 8, [oracle.serve] listen = "0.0.0.0:7070"
+     ./percolator.toml if present; [defaults] store/oracle for every command, one
+     table per command: [worker] threads = 8, [oracle.serve] listen = "0.0.0.0:7070"
   4. built-in defaults (see each command's --help)
 """
 

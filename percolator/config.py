@@ -11,9 +11,11 @@ Every option of every sub-command can be set three ways.  Precedence, highest fi
      the option name upper-cased and ``-`` written ``_``: ``PERCOLATOR_WORKER_THREADS=8``,
      ``PERCOLATOR_ORACLE_SERVE_LISTEN=0.0.0.0:7070``;
 
-3. the config file, TOML: top-level ``store`` and ``oracle`` apply to every command that has
-   them, and a table per command holds that command's options under their flag names::
+3. the config file, TOML: ``store`` and ``oracle`` in the ``[defaults]`` table apply to
+   every command that has them, and a table per command holds that command's options under
+   their flag names::
 
+       [defaults]
        store = "hbase://hbase:9090"
        oracle = "grpc://oracle:7070,oracle-standby:7070"
 
@@ -55,7 +57,9 @@ from percolator.errors import ConfigError
 CONFIG_ENV = "PERCOLATOR_CONFIG"
 DEFAULT_CONFIG_FILE = "percolator.toml"
 ENV_PREFIX = "PERCOLATOR_"
-# Options that a top-level key of the file, or an environment variable without a command
+# The file's table of settings shared by every command that has the option.
+DEFAULTS_TABLE = "defaults"
+# Options that the [defaults] table of the file, or an environment variable without a command
 # part, sets for every command that has them.
 SHARED_OPTIONS = ("store", "oracle")
 
@@ -191,7 +195,18 @@ def _file_sections(
     def visit(table: Mapping[str, Any], prefix: tuple[str, ...]) -> None:
         for key, value in table.items():
             here = (*prefix, key)
-            if isinstance(value, dict):
+            if here == (DEFAULTS_TABLE,):
+                if not isinstance(value, dict):
+                    raise ConfigError(f"config file {path}: [{DEFAULTS_TABLE}] must be a table")
+                for option, setting in value.items():
+                    if option.replace("_", "-") not in SHARED_OPTIONS:
+                        raise ConfigError(
+                            f"config file {path}: [{DEFAULTS_TABLE}] has no option {option!r} "
+                            f"(only {', '.join(SHARED_OPTIONS)}; put others in the command's "
+                            "table, e.g. [worker])"
+                        )
+                    sections[()][option.replace("_", "-")] = setting
+            elif isinstance(value, dict):
                 if here in parsers:
                     sections[here] = dict(value)
                 elif here in groups:
@@ -200,16 +215,14 @@ def _file_sections(
                     known = sorted(".".join(p) for p in parsers)
                     raise ConfigError(
                         f"config file {path}: unknown command table [{'.'.join(here)}] "
-                        f"(commands: {', '.join(known)})"
+                        f"(commands: {', '.join(known)}, and [{DEFAULTS_TABLE}])"
                     )
             elif prefix == ():
-                if key.replace("_", "-") not in SHARED_OPTIONS:
-                    raise ConfigError(
-                        f"config file {path}: unknown top-level option {key!r} (only "
-                        f"{', '.join(SHARED_OPTIONS)} may be top-level; put others in the "
-                        "command's table, e.g. [worker])"
-                    )
-                sections[()][key.replace("_", "-")] = value
+                raise ConfigError(
+                    f"config file {path}: {key!r} outside a table; shared settings go in "
+                    f"[{DEFAULTS_TABLE}] ({', '.join(SHARED_OPTIONS)}), others in the "
+                    "command's table, e.g. [worker]"
+                )
             else:
                 raise ConfigError(
                     f"config file {path}: [{'.'.join(prefix)}] is a group of commands; "
@@ -257,7 +270,7 @@ def resolve(
     settings: dict[str, Setting] = {}
     for key, value in sections.get((), {}).items():
         if key in options:
-            source = f"config file {config_path} (top level)"
+            source = f"config file {config_path} [{DEFAULTS_TABLE}]"
             value = _convert(options[key], value, source)
             settings[key] = Setting(options[key].dest, value, source)
     for key, value in sections.get(command, {}).items():

@@ -44,7 +44,7 @@ def test_defaults_without_settings() -> None:
 
 def test_file_sets_shared_and_command_options(tmp_path: Path) -> None:
     text = (
-        'store = "hbase://db:9090"\noracle = "grpc://o:7070"\n'
+        '[defaults]\nstore = "hbase://db:9090"\noracle = "grpc://o:7070"\n'
         '[worker]\nthreads = 8\nobserver = ["doc-index"]\n'
     )
     args = parse(["worker"], file_text=text, tmp_path=tmp_path)
@@ -58,7 +58,7 @@ def test_file_sets_shared_and_command_options(tmp_path: Path) -> None:
 
 
 def test_environment_beats_file_and_flag_beats_environment(tmp_path: Path) -> None:
-    text = 'store = "hbase://file:1"\n[worker]\nthreads = 8\n'
+    text = '[defaults]\nstore = "hbase://file:1"\n[worker]\nthreads = 8\n'
     env = {"PERCOLATOR_STORE": "hbase://env:2", "PERCOLATOR_WORKER_THREADS": "6"}
     args = parse(["worker"], environ=env, file_text=text, tmp_path=tmp_path)
     assert (args.store, args.threads) == ("hbase://env:2", 6)
@@ -73,6 +73,17 @@ def test_repeatable_flag_replaces_the_file_list(tmp_path: Path) -> None:
     text = '[worker]\nobserver = ["doc-index", "doc-clusters"]\n'
     args = parse(["worker", "--observer", "doc-inlinks"], file_text=text, tmp_path=tmp_path)
     assert args.observer == ["doc-inlinks"]
+
+
+def test_shared_defaults_and_the_oracle_command_tables_coexist(tmp_path: Path) -> None:
+    text = (
+        '[defaults]\nstore = "memory:"\noracle = "grpc://o:7070"\n'
+        '[oracle.serve]\nlisten = "0.0.0.0:7070"\n[worker]\nthreads = 3\n'
+    )
+    serve = parse(["oracle", "serve"], file_text=text, tmp_path=tmp_path)
+    assert (serve.store, serve.listen) == ("memory:", "0.0.0.0:7070")
+    worker = parse(["worker"], file_text=text, tmp_path=tmp_path)
+    assert (worker.oracle, worker.threads) == ("grpc://o:7070", 3)
 
 
 def test_nested_command_table_and_required_option(tmp_path: Path) -> None:
@@ -96,7 +107,8 @@ def test_boolean_from_environment() -> None:
     [
         ('[wroker]\nthreads = 2\n', r"unknown command table \[wroker\]"),
         ('[worker]\nthread = 2\n', r"\[worker\] has no option 'thread'"),
-        ('threads = 2\n', "unknown top-level option 'threads'"),
+        ('threads = 2\n', "'threads' outside a table; shared settings go in"),
+        ('[defaults]\nthreads = 2\n', r"\[defaults\] has no option 'threads'"),
         ('[worker]\nthreads = "many"\n', r"\[worker\]: bad value 'many' for --threads"),
         ('[worker]\nthreads = [1, 2]\n', "expected a single value"),
         ('[oracle]\nlisten = "x"\n', r"\[oracle\] is a group of commands"),
@@ -133,7 +145,9 @@ def run_cli(args: list[str], cwd: Path, env: Mapping[str, str]) -> subprocess.Co
 
 def test_cli_reads_percolator_toml_from_the_working_directory(tmp_path: Path) -> None:
     store = tmp_path / "data"
-    (tmp_path / "percolator.toml").write_text(f'store = "embedded:{store}"\n[gc]\njson = true\n')
+    (tmp_path / "percolator.toml").write_text(
+        f'[defaults]\nstore = "embedded:{store}"\n[gc]\njson = true\n'
+    )
     result = run_cli(["gc"], tmp_path, {})
     assert result.returncode == 0, result.stderr
     assert result.stdout.lstrip().startswith("{")  # --json came from the file
@@ -149,3 +163,15 @@ def test_cli_bad_config_is_one_line_exit_2(tmp_path: Path) -> None:
     result = run_cli(["gc"], tmp_path, {"PERCOLATOR_CONFIG": str(tmp_path / "missing.toml")})
     assert result.returncode == 2
     assert "missing.toml" in result.stderr and "does not exist" in result.stderr
+
+
+def test_the_example_in_the_operations_guide_is_valid(tmp_path: Path) -> None:
+    import re
+
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
+    match = re.search(r"```toml\n(.*?)```", guide, re.S)
+    assert match is not None
+    worker = parse(["worker"], file_text=match.group(1), tmp_path=tmp_path)
+    assert worker.threads == 8 and worker.oracle.startswith("grpc://")
+    serve = parse(["oracle", "serve"], file_text=match.group(1), tmp_path=tmp_path)
+    assert serve.listen == "0.0.0.0:7070"
