@@ -318,9 +318,10 @@ def bench_latency(
     with worker_process(args.store, args.threads, args.workers, oracle_url):
         saturation(client, 100, "warm")  # connections, caches
         # The worker alone on a backlog: an upper bound, with no writer competing for CPU.
-        flood = statistics.median(
+        flood_runs = [
             saturation(client, args.flood, f"flood{i}") for i in range(args.flood_repeats)
-        )
+        ]
+        flood = statistics.median(flood_runs)
         print(
             f"backlog throughput (no concurrent writer): {fmt_rate(flood)} runs/s "
             f"({args.workers} worker(s) x {args.threads} threads)"
@@ -361,6 +362,9 @@ def bench_latency(
         "(target p50 <= 1 s, p99 <= 5 s)"
     )
     result["backlog_runs_per_s"] = flood
+    result["backlog_runs"] = flood_runs
+    result["threads"] = args.threads
+    result["workers"] = args.workers
     result["saturation_writes_per_s"] = saturation_rate
     result["sweep"] = [asdict(s) | {"kept_up": s.kept_up} for s in sweep]
     result["half"] = [asdict(s) for s in half]
@@ -398,9 +402,9 @@ def _scan_row(i: int, key_space: int) -> bytes:
     return b"row-%010d" % ((i * 2654435761) % key_space)
 
 
-def timed_scan(client: percolator.Client, family: str, repeats: int) -> float:
-    """Median time of one scan of ``family``, after an untimed one (caches, and the
-    embedded store's write-ahead log after a bulk load)."""
+def timed_scan(client: percolator.Client, family: str, repeats: int) -> list[float]:
+    """The times of ``repeats`` scans of ``family`` (seconds), after an untimed one (caches,
+    and the embedded store's write-ahead log after a bulk load)."""
     times = []
     for _ in client.store.scan(SCAN_TABLE, family, ScanOptions(batch_size=500)):
         pass
@@ -409,7 +413,7 @@ def timed_scan(client: percolator.Client, family: str, repeats: int) -> float:
         for _row, _cells in client.store.scan(SCAN_TABLE, family, ScanOptions(batch_size=500)):
             pass
         times.append(time.perf_counter() - started)
-    return statistics.median(times)
+    return times
 
 
 def bench_scan(args: argparse.Namespace, client: percolator.Client) -> dict[str, object]:
@@ -427,10 +431,21 @@ def bench_scan(args: argparse.Namespace, client: percolator.Client) -> dict[str,
     for size in sizes:
         load_rows(client, loaded, size, key_space)
         loaded = size
-        notify = timed_scan(client, NOTIFY, args.scan_repeats)
+        notify_runs = timed_scan(client, NOTIFY, args.scan_repeats)
+        notify = statistics.median(notify_runs)
         found = len(pending(client, SCAN_TABLE))
-        full = timed_scan(client, LOCK, max(1, min(args.scan_repeats, 3)))
-        results.append({"rows": size, "dirty": found, "notify_scan_s": notify, "lock_scan_s": full})
+        full_runs = timed_scan(client, LOCK, max(1, min(args.scan_repeats, 3)))
+        full = statistics.median(full_runs)
+        results.append(
+            {
+                "rows": size,
+                "dirty": found,
+                "notify_scan_s": notify,
+                "lock_scan_s": full,
+                "notify_scan_runs_s": notify_runs,
+                "lock_scan_runs_s": full_runs,
+            }
+        )
         rows_table.append([f"{size:,}", found, fmt_ms(notify * 1000), fmt_ms(full * 1000)])
     print_table(["table rows", "dirty", "notify pass ms", "full scan ms"], rows_table)
     ratio = results[-1]["notify_scan_s"] / results[0]["notify_scan_s"]

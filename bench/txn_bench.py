@@ -219,6 +219,10 @@ def run(
     print_table(["ratio", "median", "spread", "target", "result"], ratio_rows)
     return {
         "ratios": {k: v.as_dict() for k, v in summary.items()},
+        # P1: the share of 1-cell transaction latency spent waiting for timestamps, per repeat
+        "oracle_share": list(ORACLE_SHARE),
+        "oracle": oracle or "local (in the store)",
+        "value_size": value_size,
         "timings": [{k: v.as_dict() for k, v in t.items()} for t in timings],
         "threads": threads,
         "ops": ops,
