@@ -23,8 +23,8 @@ class Progress:
     """Progress of one step toward ``total`` units (or open-ended with ``total=None``).
 
     Call :meth:`update` with the absolute count done so far; :meth:`close` prints the final
-    line.  Rate is measured from the first update; the remaining time is extrapolated from
-    it when a total is known.
+    line.  Rate is measured from when the bar was created; the remaining time is
+    extrapolated from it when a total is known.
     """
 
     def __init__(
