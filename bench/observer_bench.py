@@ -65,10 +65,11 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make ``bench`` and the packages importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from percolator.observers.api import Observer, register_observers, trigger
+from percolator.observers.parking import pending
+
 import percolator
 from bench._common import fmt_ms, fmt_rate, percentile, print_table
-from observers.api import Observer, register_observers, trigger
-from observers.parking import pending
 from percolator.layout import DATA, LOCK, META_TABLE, NOTIFY, WRITE
 from percolator.records import CommitInfo, Kind, LockCell, WriteRecord
 from percolator.store import open_store
@@ -129,7 +130,7 @@ def worker_process(
                         [
                             sys.executable,
                             "-m",
-                            "observers.cli",
+                            "percolator.observers.cli",
                             "worker",
                             "--store",
                             store_url,

@@ -5,7 +5,7 @@ running one) and, in this one client process, measures with 1, 100 and 1,000 con
 waiters, side by side in one run:
 
 ``batched``     every waiter calls ``get_timestamp()`` on one shared
-                :class:`~oracle.client.GrpcOracleClient`, which coalesces concurrent
+                :class:`~percolator.oracle.client.GrpcOracleClient`, which coalesces concurrent
                 requests into one Allocate RPC in flight
 ``per-rpc``     every waiter sends its own ``Allocate(count=1)`` on one shared channel:
                 one timestamp per RPC, as many RPCs in flight as waiters
@@ -46,6 +46,10 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` and the package
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import grpc
+from percolator.oracle.client import GrpcOracleClient
+from percolator.oracle.factory import parse_oracle_url
+from percolator.oracle.local import LocalOracle
+from percolator.oracle.proto_gen import oracle_pb2, oracle_pb2_grpc
 
 from bench._common import (
     Summary,
@@ -56,10 +60,6 @@ from bench._common import (
     run_timed,
     summarize,
 )
-from oracle.client import GrpcOracleClient
-from oracle.factory import parse_oracle_url
-from oracle.local import LocalOracle
-from oracle.proto_gen import oracle_pb2, oracle_pb2_grpc
 from percolator.store import open_store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,7 +72,7 @@ _READY = re.compile(r"oracle: listening on (\S+) ")
 def oracle_server(store_url: str) -> Iterator[str]:
     """An oracle server process on ``store_url``; yields its address; stops it after."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "oracle.cli", "serve", "--store", store_url,
+        [sys.executable, "-m", "percolator.oracle.cli", "serve", "--store", store_url,
          "--listen", "127.0.0.1:0"],
         cwd=ROOT,
         stdout=subprocess.PIPE,

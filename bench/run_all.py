@@ -254,8 +254,13 @@ class Runner:
             log.write(f"$ {step.command}\n")
             log.flush()
             proc = subprocess.Popen(
-                command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                text=True, errors="replace",
+                command,
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
             )
             copier = threading.Thread(target=self._copy, args=(proc, log), daemon=True)
             copier.start()
@@ -332,8 +337,11 @@ def _interrupt(proc: subprocess.Popen[str]) -> None:
 
 def _last_line(path: Path) -> str:
     try:
-        lines = [ln for ln in path.read_text(encoding="utf-8", errors="replace").splitlines()
-                 if ln.strip()]
+        lines = [
+            ln
+            for ln in path.read_text(encoding="utf-8", errors="replace").splitlines()
+            if ln.strip()
+        ]
     except OSError:
         return ""
     return lines[-1][:300] if lines else ""
@@ -385,11 +393,22 @@ def machine_info() -> J:
 
 def _source_revision() -> str:
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                              capture_output=True, text=True, timeout=30, check=True).stdout
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                                cwd=ROOT, capture_output=True, text=True, timeout=30,
-                                check=True).stdout
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return "unknown (not a git checkout)"
     changed = len([ln for ln in status.splitlines() if ln.strip()])
@@ -404,20 +423,26 @@ def _parser() -> argparse.ArgumentParser:
         prog="bench/run_all",
         description="Run every benchmark and write bench/results.md with plots.",
     )
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke run: tiny sizes, one repeat (a few minutes)")
-    parser.add_argument("--repeats", type=int, help="repeats of every measurement "
-                        "(default: 3, or 1 with --quick)")
-    parser.add_argument("--store", help="use this running HBase (hbase://HOST:PORT[?prefix=P]) "
-                        "instead of starting one")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: tiny sizes, one repeat (a few minutes)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, help="repeats of every measurement (default: 3, or 1 with --quick)"
+    )
+    parser.add_argument(
+        "--store",
+        help="use this running HBase (hbase://HOST:PORT[?prefix=P]) instead of starting one",
+    )
     parser.add_argument("--only", help=f"comma-separated step groups to run ({','.join(GROUPS)})")
     parser.add_argument("--skip", help="comma-separated step groups to leave out")
-    parser.add_argument("--profile-all", action="store_true",
-                        help="profile every target, not only the missed ones")
+    parser.add_argument(
+        "--profile-all", action="store_true", help="profile every target, not only the missed ones"
+    )
     parser.add_argument("--out", default=str(BENCH / "results.md"), help="report (markdown)")
     parser.add_argument("--plots", default=str(BENCH / "plots"), help="directory of the PNGs")
-    parser.add_argument("--workdir", help="where logs and raw JSON go (default: a new "
-                        "temporary directory, kept)")
+    parser.add_argument(
+        "--workdir", help="where logs and raw JSON go (default: a new temporary directory, kept)"
+    )
     parser.add_argument("--verbose", action="store_true", help="show every step's output")
     return parser
 
@@ -452,8 +477,11 @@ def run_all(argv: Sequence[str] | None) -> int:
         print(f"run_all: {exc}", file=sys.stderr)
         return 2
     if args.store and not args.store.lower().startswith("hbase://"):
-        print(f"run_all: --store must be an HBase URL (hbase://HOST:PORT[?prefix=P]), got "
-              f"{args.store!r}", file=sys.stderr)
+        print(
+            f"run_all: --store must be an HBase URL (hbase://HOST:PORT[?prefix=P]), got "
+            f"{args.store!r}",
+            file=sys.stderr,
+        )
         return 2
     if args.store:
         problem = _check_store(args.store)
@@ -490,8 +518,9 @@ def run_all(argv: Sequence[str] | None) -> int:
         with contextlib.ExitStack() as stack:
             if args.store:
                 base_url = args.store
-                machine["hbase"] = ("external Thrift-1 gateway (its version is not reported "
-                                    "through Thrift-1)")
+                machine["hbase"] = (
+                    "external Thrift-1 gateway (its version is not reported through Thrift-1)"
+                )
             else:
                 from percolator.localhbase.launcher import LocalHBase, hbase_version
 
@@ -505,16 +534,20 @@ def run_all(argv: Sequence[str] | None) -> int:
                     print(f"run_all: cannot start a local HBase: {exc}", file=sys.stderr)
                     return 2
                 base_url = local.url
-                machine["hbase"] = (f"{hbase_version()} standalone + Thrift-1, started fresh "
-                                    f"for this run ({time.monotonic() - t0:.0f} s to start)")
+                machine["hbase"] = (
+                    f"{hbase_version()} standalone + Thrift-1, started fresh "
+                    f"for this run ({time.monotonic() - t0:.0f} s to start)"
+                )
             machine["store"] = urlsplit(base_url)._replace(query="").geturl()
             namespaces = Namespaces(base_url, run_id)
             stack.callback(namespaces.drop_all)  # runs after the oracle stops, before HBase
             from bench.oracle_bench import oracle_server
 
             oracle_url = "grpc://" + stack.enter_context(oracle_server(namespaces.url("oracle")))
-            machine["oracle"] = ("timestamp oracle server (oracle.cli serve) on the same HBase, "
-                                 "one for the whole run")
+            machine["oracle"] = (
+                "timestamp oracle server (percolator.oracle.cli serve) on the same HBase, "
+                "one for the whole run"
+            )
             _run_steps(runner, raw, sizes, groups, namespaces, oracle_url, args.profile_all)
     except KeyboardInterrupt:
         print("run_all: interrupted; everything it started has been stopped", file=sys.stderr)
@@ -529,9 +562,13 @@ def run_all(argv: Sequence[str] | None) -> int:
     for t in targets:
         print(f"  {t.tid:4} {t.verdict:12} {t.figure}", file=sys.stderr)
     failed = [s for s in runner.steps if s.status != "ok"]
-    print(f"run_all: wrote {out} in {(time.monotonic() - started) / 60:.1f} min"
-          + (f"; {len(failed)} step(s) failed: {', '.join(s.name for s in failed)}"
-             if failed else ""), file=sys.stderr)
+    print(
+        f"run_all: wrote {out} in {(time.monotonic() - started) / 60:.1f} min"
+        + (
+            f"; {len(failed)} step(s) failed: {', '.join(s.name for s in failed)}" if failed else ""
+        ),
+        file=sys.stderr,
+    )
     return 1 if failed else 0
 
 
@@ -569,38 +606,123 @@ def _run_steps(
         return str(BENCH / f"{name}.py")
 
     def txn_args(store: str | None, threads: int, value_size: int) -> list[str]:
-        return [py("txn_bench"), *(["--store", store] if store else []), "--oracle", oracle_url,
-                "--ops", str(sizes.txn_ops), "--threads", str(threads), "--repeats", r,
-                "--value-size", str(value_size)]
+        return [
+            py("txn_bench"),
+            *(["--store", store] if store else []),
+            "--oracle",
+            oracle_url,
+            "--ops",
+            str(sizes.txn_ops),
+            "--threads",
+            str(threads),
+            "--repeats",
+            r,
+            "--value-size",
+            str(value_size),
+        ]
 
     # Untimed: warms the HBase server (JIT) and the page cache before anything is measured.
-    runner.run("warmup", [py("store_bench"), "--store", ns.url("warm"), "--ops",
-                          str(sizes.warmup_ops), "--threads", str(sizes.txn_threads),
-                          "--repeats", "1", "--warmup", "0"])
+    runner.run(
+        "warmup",
+        [
+            py("store_bench"),
+            "--store",
+            ns.url("warm"),
+            "--ops",
+            str(sizes.warmup_ops),
+            "--threads",
+            str(sizes.txn_threads),
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+        ],
+    )
     if "store" in groups:
-        runner.run("store", [py("store_bench"), "--store", ns.url("store"), "--ops",
-                             str(sizes.store_ops), "--threads", str(sizes.txn_threads),
-                             "--repeats", r])
+        runner.run(
+            "store",
+            [
+                py("store_bench"),
+                "--store",
+                ns.url("store"),
+                "--ops",
+                str(sizes.store_ops),
+                "--threads",
+                str(sizes.txn_threads),
+                "--repeats",
+                r,
+            ],
+        )
     if "txn" in groups:
         runner.run("txn_hbase", txn_args(ns.url("txn"), sizes.txn_threads, 64))
         runner.run("txn_embedded", txn_args(None, sizes.txn_threads, 64))
     if "oracle" in groups:
-        runner.run("oracle", [py("oracle_bench"), "--store", ns.url("orc"), "--waiters",
-                              sizes.oracle_waiters, "--repeats", r, "--seconds",
-                              str(sizes.oracle_seconds)])
+        runner.run(
+            "oracle",
+            [
+                py("oracle_bench"),
+                "--store",
+                ns.url("orc"),
+                "--waiters",
+                sizes.oracle_waiters,
+                "--repeats",
+                r,
+                "--seconds",
+                str(sizes.oracle_seconds),
+            ],
+        )
     if "observers" in groups:
-        scan = ["--scan-base", str(sizes.scan_base), "--scan-growth", str(sizes.scan_growth),
-                "--dirty", str(sizes.scan_dirty), "--scan-repeats", str(sizes.scan_repeats)]
-        runner.run("observers", [py("observer_bench"), "--store", ns.url("obs"), "--oracle",
-                                 oracle_url, "--threads", str(sizes.obs_threads), "--flood",
-                                 str(sizes.obs_flood), "--flood-repeats", r, "--step-seconds",
-                                 str(sizes.obs_step_seconds), "--half-repeats", r, *scan])
-        runner.run("scan_embedded", [py("observer_bench"), "--only", "scan", "--oracle",
-                                     oracle_url, *scan])
+        scan = [
+            "--scan-base",
+            str(sizes.scan_base),
+            "--scan-growth",
+            str(sizes.scan_growth),
+            "--dirty",
+            str(sizes.scan_dirty),
+            "--scan-repeats",
+            str(sizes.scan_repeats),
+        ]
+        runner.run(
+            "observers",
+            [
+                py("observer_bench"),
+                "--store",
+                ns.url("obs"),
+                "--oracle",
+                oracle_url,
+                "--threads",
+                str(sizes.obs_threads),
+                "--flood",
+                str(sizes.obs_flood),
+                "--flood-repeats",
+                r,
+                "--step-seconds",
+                str(sizes.obs_step_seconds),
+                "--half-repeats",
+                r,
+                *scan,
+            ],
+        )
+        runner.run(
+            "scan_embedded", [py("observer_bench"), "--only", "scan", "--oracle", oracle_url, *scan]
+        )
     if "spark" in groups:
-        runner.run("spark", [py("spark_bench"), "--store", ns.url("spark"), "--rows",
-                             str(sizes.spark_rows), "--docs", str(sizes.spark_docs), "--rounds",
-                             str(sizes.spark_rounds), "--repeats", r])
+        runner.run(
+            "spark",
+            [
+                py("spark_bench"),
+                "--store",
+                ns.url("spark"),
+                "--rows",
+                str(sizes.spark_rows),
+                "--docs",
+                str(sizes.spark_docs),
+                "--rounds",
+                str(sizes.spark_rounds),
+                "--repeats",
+                r,
+            ],
+        )
     if "lock" in groups:
         lock = [py("lock_bench"), "--repeats", r, "--cells", str(sizes.lock_cells)]
         runner.run("lock_hbase", [*lock, "--store", ns.url("lock")])
@@ -645,13 +767,29 @@ def _run_scaling(
     rate = "0.5x"
     for threads, workers in sizes.scaling_observers:
         name = f"obs_t{threads}_w{workers}"
-        result = runner.run(name, [
-            str(BENCH / "run_all.py"), "observer-scaling",
-            "--store", ns.url(f"os{threads}w{workers}"),
-            "--oracle", oracle_url, "--threads", str(threads), "--workers", str(workers),
-            "--flood", str(sizes.scaling_flood), "--repeats", str(sizes.repeats),
-            "--at-rate", rate, "--step-seconds", str(sizes.scaling_step_seconds),
-        ])
+        result = runner.run(
+            name,
+            [
+                str(BENCH / "run_all.py"),
+                "observer-scaling",
+                "--store",
+                ns.url(f"os{threads}w{workers}"),
+                "--oracle",
+                oracle_url,
+                "--threads",
+                str(threads),
+                "--workers",
+                str(workers),
+                "--flood",
+                str(sizes.scaling_flood),
+                "--repeats",
+                str(sizes.repeats),
+                "--at-rate",
+                rate,
+                "--step-seconds",
+                str(sizes.scaling_step_seconds),
+            ],
+        )
         series["observers"].append(name)
         if result is not None and rate.endswith("x"):
             rate = f"{float(result['fixed_rate']):.3f}"
@@ -668,15 +806,32 @@ def _run_profiles(
     spark = runner.runs.get("spark", {})
     load = spark.get("load") or {}
     for kind in kinds:
-        argv = [str(BENCH / "run_all.py"), "profile", "--kind", kind, "--store",
-                ns.url(f"prof{kind[:4]}"), "--oracle", oracle_url,
-                "--ops", str(sizes.profile_ops), "--repeats", str(sizes.repeats)]
+        argv = [
+            str(BENCH / "run_all.py"),
+            "profile",
+            "--kind",
+            kind,
+            "--store",
+            ns.url(f"prof{kind[:4]}"),
+            "--oracle",
+            oracle_url,
+            "--ops",
+            str(sizes.profile_ops),
+            "--repeats",
+            str(sizes.repeats),
+        ]
         if kind == "oracle":
             # The coalescing client as P1b measures it (100 threads in one process).
             argv += ["--waiters", "100"]
         elif kind == "scan":
-            argv += ["--scan-base", str(sizes.scan_base), "--scan-growth",
-                     str(sizes.scan_growth), "--dirty", str(sizes.scan_dirty)]
+            argv += [
+                "--scan-base",
+                str(sizes.scan_base),
+                "--scan-growth",
+                str(sizes.scan_growth),
+                "--dirty",
+                str(sizes.scan_dirty),
+            ]
         elif kind == "incremental":
             # The benchmark's corpus size: what one change costs depends on the corpus.
             docs = sizes.spark_docs
@@ -686,9 +841,11 @@ def _run_profiles(
         elif kind == "lock":
             argv += ["--cells", str(sizes.lock_cells)]
         result = runner.run(f"profile_{kind}", argv)
-        raw["profiles"][kind] = result if result is not None else {
-            "error": runner.steps[-1].error or runner.steps[-1].status
-        }
+        raw["profiles"][kind] = (
+            result
+            if result is not None
+            else {"error": runner.steps[-1].error or runner.steps[-1].status}
+        )
 
 
 # --------------------------------------------------------------------------- observer scaling
@@ -713,9 +870,10 @@ def observer_scaling_main(argv: Sequence[str]) -> int:
     if match is None:
         parser.error(f"--at-rate must be a rate or a multiple like 0.5x, got {args.at_rate!r}")
 
+    from percolator.observers.api import register_observers
+
     import percolator
     from bench import observer_bench as ob
-    from observers.api import register_observers
 
     client = percolator.connect(args.store, oracle=args.oracle)
     try:
@@ -724,8 +882,7 @@ def observer_scaling_main(argv: Sequence[str]) -> int:
         register_observers(client, [observer])
         with ob.worker_process(args.store, args.threads, args.workers, args.oracle):
             ob.saturation(client, min(100, args.flood), "warm")  # connections, caches
-            backlog = [ob.saturation(client, args.flood, f"flood{i}") for i in
-                       range(args.repeats)]
+            backlog = [ob.saturation(client, args.flood, f"flood{i}") for i in range(args.repeats)]
             value = float(match.group(1))
             rate = value * statistics.median(backlog) if match.group(2) else value
             step = ob.measure_step(client, rate, args.step_seconds, "fixed")
@@ -740,9 +897,11 @@ def observer_scaling_main(argv: Sequence[str]) -> int:
         "fixed_rate": rate,
         "step": asdict(step) | {"kept_up": step.kept_up},
     }
-    print(f"{args.workers} worker(s) x {args.threads} threads: backlog "
-          f"{statistics.median(backlog):.1f} runs/s; at {rate:.1f} writes/s p50 "
-          f"{step.p50_s * 1000:.0f} ms, p99 {step.p99_s * 1000:.0f} ms")
+    print(
+        f"{args.workers} worker(s) x {args.threads} threads: backlog "
+        f"{statistics.median(backlog):.1f} runs/s; at {rate:.1f} writes/s p50 "
+        f"{step.p50_s * 1000:.0f} ms, p99 {step.p99_s * 1000:.0f} ms"
+    )
     Path(args.json).write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     return 0
 
@@ -803,17 +962,22 @@ class Probe:
         """The cost per operation, ``per`` operations having run since :meth:`start`."""
         seconds = time.perf_counter() - self.started
         after = self.store.stats.calls
-        trips = {op: (n - self.calls.get(op, 0)) / per for op, n in after.items()
-                 if n != self.calls.get(op, 0)}
+        trips = {
+            op: (n - self.calls.get(op, 0)) / per
+            for op, n in after.items()
+            if n != self.calls.get(op, 0)
+        }
         return {
             "unit": unit,
             "count": per,
             "ms_per_op": seconds * 1000 / per,
             "round_trips_per_op": trips,
-            "timestamps_per_op": ((self.oracle.timestamps - self.timestamps) / per
-                                  if self.oracle else 0.0),
-            "oracle_ms_per_op": ((self.oracle.waited_s - self.waited_s) * 1000 / per
-                                 if self.oracle else 0.0),
+            "timestamps_per_op": (
+                (self.oracle.timestamps - self.timestamps) / per if self.oracle else 0.0
+            ),
+            "oracle_ms_per_op": (
+                (self.oracle.waited_s - self.waited_s) * 1000 / per if self.oracle else 0.0
+            ),
         }
 
 
@@ -824,7 +988,7 @@ def _short_path(filename: str) -> str:
         return filename.split("site-packages/", 1)[1]
     root = str(ROOT) + os.sep
     if filename.startswith(root):
-        return filename[len(root):]
+        return filename[len(root) :]
     match = re.search(r"/lib/python3[.\d]*/(.*)$", filename)
     return match.group(1) if match else filename
 
@@ -837,12 +1001,14 @@ def top_functions(source: cProfile.Profile | pstats.Stats, per: float, n: int = 
     out = []
     for (filename, line, name), (_cc, calls, own, cumulative, _callers) in ranked:
         where = _short_path(filename)
-        out.append({
-            "function": f"{where}:{line}({name})" if where else name,
-            "calls_per_op": calls / per,
-            "own_ms_per_op": own * 1000 / per,
-            "cum_ms_per_op": cumulative * 1000 / per,
-        })
+        out.append(
+            {
+                "function": f"{where}:{line}({name})" if where else name,
+                "calls_per_op": calls / per,
+                "own_ms_per_op": own * 1000 / per,
+                "cum_ms_per_op": cumulative * 1000 / per,
+            }
+        )
     return out
 
 
@@ -873,8 +1039,9 @@ def measure_op(
 @contextlib.contextmanager
 def _engine(store_url: str, oracle_url: str | None) -> Iterator[tuple[Any, Any, CountingOracle]]:
     """A client on ``store_url`` whose oracle is counted: ``(client, store, oracle)``."""
+    from percolator.oracle.factory import open_oracle
+
     import percolator
-    from oracle.factory import open_oracle
     from percolator.client import ensure_meta_table
     from percolator.store import open_store
 
@@ -902,12 +1069,19 @@ def profile_txn(args: argparse.Namespace) -> J:
         store.create_table("prof_raw", [FamilySpec("d")])
         rows = 2 * args.ops + 10
         for start in range(0, rows, 500):
-            store.put("prof_raw", [Put(b"r%09d" % i, "d", b"q", 1, value)
-                                   for i in range(start, min(rows, start + 500))])
+            store.put(
+                "prof_raw",
+                [
+                    Put(b"r%09d" % i, "d", b"q", 1, value)
+                    for i in range(start, min(rows, start + 500))
+                ],
+            )
         for start in range(0, rows, 200):
+
             def load(txn: Any, lo: int = start) -> None:
                 for i in range(lo, min(rows, lo + 200)):
                     txn.set("prof_txn", b"r%09d" % i, "c", value)
+
             client.run(load)
 
         def raw_get(i: int) -> None:
@@ -917,31 +1091,37 @@ def profile_txn(args: argparse.Namespace) -> J:
         ops["raw_get"] = measure_op(raw_get, count=args.ops, probe=probe, unit="one get")
         ops["raw_put"] = measure_op(
             lambda i: store.put("prof_raw", [Put(b"p%09d" % i, "d", b"q", 1, value)]),
-            count=args.ops, probe=probe, unit="one put")
+            count=args.ops,
+            probe=probe,
+            unit="one put",
+        )
         reader = client.transaction()
 
         def txn_read(i: int) -> None:
             if reader.get("prof_txn", b"r%09d" % i, "c") is None:
                 raise AssertionError(f"row {i} missing")
 
-        ops["txn_read"] = measure_op(txn_read, count=args.ops, probe=probe,
-                                     unit="get in an open transaction")
+        ops["txn_read"] = measure_op(
+            txn_read, count=args.ops, probe=probe, unit="get in an open transaction"
+        )
         reader.rollback()
 
         def txn_1cell(i: int) -> None:
             with client.transaction() as txn:
                 txn.set("prof_txn", b"w%09d" % i, "c", value)
 
-        ops["txn_1cell"] = measure_op(txn_1cell, count=args.ops, probe=probe,
-                                      unit="1-cell transaction")
+        ops["txn_1cell"] = measure_op(
+            txn_1cell, count=args.ops, probe=probe, unit="1-cell transaction"
+        )
 
         def txn_10cell(i: int) -> None:
             with client.transaction() as txn:
                 for j in range(10):
                     txn.set("prof_txn", b"m%09d-%d" % (i, j), "c", value)
 
-        ops["txn_10cell"] = measure_op(txn_10cell, count=max(5, args.ops // 5), probe=probe,
-                                       unit="10-cell transaction")
+        ops["txn_10cell"] = measure_op(
+            txn_10cell, count=max(5, args.ops // 5), probe=probe, unit="10-cell transaction"
+        )
     return {"ops": ops, "value_size": args.value_size}
 
 
@@ -949,9 +1129,10 @@ def profile_oracle(args: argparse.Namespace) -> J:
     """The coalescing client under ``--waiters`` threads: rate and RPCs per timestamp
     without a profiler, then CPU per timestamp by function (a thread-CPU-time profiler in
     every waiting thread, merged)."""
+    from percolator.oracle.client import GrpcOracleClient
+    from percolator.oracle.factory import parse_oracle_url
+
     from bench._common import run_timed
-    from oracle.client import GrpcOracleClient
-    from oracle.factory import parse_oracle_url
 
     addresses, tls, token, _ = parse_oracle_url(args.oracle)
     client = GrpcOracleClient(addresses, token=token, tls=tls, timeout_s=30)
@@ -988,27 +1169,32 @@ def profile_oracle(args: argparse.Namespace) -> J:
         cpu_s = sum(v[2] for v in entries.values())
     finally:
         client.close()
-    return {"ops": {"batched": {
-        "unit": "timestamp (coalescing client)",
-        "count": count,
-        "waiters": waiters,
-        "ms_per_op": 1000 / timing.rate,
-        "round_trips_per_op": {},
-        "rpcs_per_timestamp": rpcs_per_ts,
-        "timestamps_per_op": 1.0,
-        "oracle_ms_per_op": 0.0,
-        "cpu_us_per_op": cpu_s * 1e6 / count,
-        "process_cpu_us_per_op": process_cpu_s * 1e6 / count,
-        "top": top_functions(stats, count),
-        "profiled_ops": count,
-        "profile_clock": "thread CPU",
-    }}}
+    return {
+        "ops": {
+            "batched": {
+                "unit": "timestamp (coalescing client)",
+                "count": count,
+                "waiters": waiters,
+                "ms_per_op": 1000 / timing.rate,
+                "round_trips_per_op": {},
+                "rpcs_per_timestamp": rpcs_per_ts,
+                "timestamps_per_op": 1.0,
+                "oracle_ms_per_op": 0.0,
+                "cpu_us_per_op": cpu_s * 1e6 / count,
+                "process_cpu_us_per_op": process_cpu_s * 1e6 / count,
+                "top": top_functions(stats, count),
+                "profiled_ops": count,
+                "profile_clock": "thread CPU",
+            }
+        }
+    }
 
 
 def profile_observer(args: argparse.Namespace) -> J:
+    from percolator.observers.api import register_observers
+    from percolator.observers.worker import run_until_quiet
+
     from bench import observer_bench as ob
-    from observers.api import register_observers
-    from observers.worker import run_until_quiet
 
     with _engine(args.store, args.oracle) as (client, store, oracle):
         observer = ob.LatencyObserver()
@@ -1019,7 +1205,7 @@ def profile_observer(args: argparse.Namespace) -> J:
             rows = [f"{prefix}-{i:07d}".encode() for i in range(n)]
             for start in range(0, n, 50):
                 with client.transaction() as txn:
-                    for row in rows[start:start + 50]:
+                    for row in rows[start : start + 50]:
                         txn.set(ob.EVENTS, row, "value", b"x")
 
         write("warm", 10)
@@ -1042,8 +1228,9 @@ def profile_observer(args: argparse.Namespace) -> J:
 
 
 def profile_scan(args: argparse.Namespace) -> J:
+    from percolator.observers.api import trigger
+
     from bench import observer_bench as ob
-    from observers.api import trigger
     from percolator.layout import NOTIFY
     from percolator.store.base import ScanOptions
 
@@ -1055,8 +1242,10 @@ def profile_scan(args: argparse.Namespace) -> J:
         dirty = [b"row-%010d" % rng.randrange(key_space) for _ in range(args.dirty)]
         trigger(client, ob.SCAN_TABLE, dirty, "value")
         loaded = 0
-        for label, size in (("notify_pass_small", args.scan_base),
-                            ("notify_pass_large", args.scan_base * args.scan_growth)):
+        for label, size in (
+            ("notify_pass_small", args.scan_base),
+            ("notify_pass_large", args.scan_base * args.scan_growth),
+        ):
             ob.load_rows(client, loaded, size, key_space)
             loaded = size
 
@@ -1064,17 +1253,22 @@ def profile_scan(args: argparse.Namespace) -> J:
                 for _row in store.scan(ob.SCAN_TABLE, NOTIFY, ScanOptions(batch_size=500)):
                     pass
 
-            result = measure_op(one_pass, count=max(3, args.repeats), probe=Probe(store, oracle),
-                                unit="notification pass", warmup=1)
+            result = measure_op(
+                one_pass,
+                count=max(3, args.repeats),
+                probe=Probe(store, oracle),
+                unit="notification pass",
+                warmup=1,
+            )
             result.update({"rows": size, "dirty": args.dirty})
             ops[label] = result
     return {"ops": ops}
 
 
 def profile_incremental(args: argparse.Namespace) -> J:
-    from observers import corpus, pipeline
-    from observers.api import register_observers
-    from observers.worker import run_until_quiet
+    from percolator.observers import corpus, pipeline
+    from percolator.observers.api import register_observers
+    from percolator.observers.worker import run_until_quiet
 
     with _engine(args.store, args.oracle) as (client, store, oracle):
         pipeline.create_tables(client)
@@ -1095,8 +1289,9 @@ def profile_incremental(args: argparse.Namespace) -> J:
         probe.start()
         report = run_until_quiet(client, pipeline.observers())
         result = probe.stop(changed, "changed document, processed to quiescence")
-        result.update({"changes": changed, "runs_per_op": report.runs / changed,
-                       "documents": args.docs})
+        result.update(
+            {"changes": changed, "runs_per_op": report.runs / changed, "documents": args.docs}
+        )
         changed = change(3)
         profiler = cProfile.Profile()
         profiler.enable()
@@ -1141,10 +1336,12 @@ def profile_backfill(args: argparse.Namespace) -> J:
                 puts += [Put(row, "d", b"a", 1, value), Put(row, "d", b"b", 1, value)]
             store.put("prof_rawfill", puts)
 
-        fill_result = measure_op(fill, count=count, probe=probe, unit=f"batch of {batch} rows",
-                                 warmup=1)
-        raw_result = measure_op(raw, count=count, probe=probe, unit=f"batch of {batch} rows",
-                                warmup=1)
+        fill_result = measure_op(
+            fill, count=count, probe=probe, unit=f"batch of {batch} rows", warmup=1
+        )
+        raw_result = measure_op(
+            raw, count=count, probe=probe, unit=f"batch of {batch} rows", warmup=1
+        )
         fill_result["rows"] = raw_result["rows"] = batch
     return {"ops": {"backfill_batch": fill_result, "raw_batch": raw_result}}
 
@@ -1155,27 +1352,37 @@ def profile_lock(args: argparse.Namespace) -> J:
     from percolator.context import ClientOptions
 
     ttl = ClientOptions().lock_ttl_ms
-    client = percolator.connect(args.store, oracle=None, lock_ttl_ms=ttl,
-                                lock_wait_ms=ttl + 10_000)
+    client = percolator.connect(args.store, oracle=None, lock_ttl_ms=ttl, lock_wait_ms=ttl + 10_000)
     try:
         profiler = cProfile.Profile()
-        trial = run_trial(client, args.store, None, case="before-commit-point",
-                          cells=args.cells, ttl_ms=ttl, profiler=profiler)
+        trial = run_trial(
+            client,
+            args.store,
+            None,
+            case="before-commit-point",
+            cells=args.cells,
+            ttl_ms=ttl,
+            profiler=profiler,
+        )
     finally:
         client.close()
-    return {"ops": {"resolving_read": {
-        "unit": f"read of {args.cells} cells locked by a killed client",
-        "count": 1,
-        "ms_per_op": trial.read_s * 1000,
-        "round_trips_per_op": {k: float(v) for k, v in trial.round_trips.items()},
-        "timestamps_per_op": 0.0,
-        "oracle_ms_per_op": 0.0,
-        "must_wait_s": trial.must_wait_s,
-        "ttl_ms": trial.ttl_ms,
-        "top": top_functions(profiler, 1),
-        "profiled_ops": 1,
-        "profile_clock": "wall",
-    }}}
+    return {
+        "ops": {
+            "resolving_read": {
+                "unit": f"read of {args.cells} cells locked by a killed client",
+                "count": 1,
+                "ms_per_op": trial.read_s * 1000,
+                "round_trips_per_op": {k: float(v) for k, v in trial.round_trips.items()},
+                "timestamps_per_op": 0.0,
+                "oracle_ms_per_op": 0.0,
+                "must_wait_s": trial.must_wait_s,
+                "ttl_ms": trial.ttl_ms,
+                "top": top_functions(profiler, 1),
+                "profiled_ops": 1,
+                "profile_clock": "wall",
+            }
+        }
+    }
 
 
 PROFILES: dict[str, Callable[[argparse.Namespace], J]] = {

@@ -8,7 +8,7 @@ Two measurements, in one Spark session (local mode by default):
 
     * ``raw``: executors blind-put the mapped rows straight into the store in batches (one
       ``Store.put`` per batch, no transactions, no timestamps, no retry safety);
-    * ``backfill``: :func:`spark_jobs.backfill.run_backfill` - the input check pass, then
+    * ``backfill``: :func:`percolator.spark_jobs.backfill.run_backfill` - the input check pass, then
       one transaction per batch with its progress marker, timestamps from the oracle.
 
     Reported: rows/s of each (median of ``--repeats``, whole job wall time, Spark session
@@ -23,7 +23,7 @@ Two measurements, in one Spark session (local mode by default):
 
     * ``incremental``: the notifications are processed until none is left, alternately by
       a worker with ``--threads`` runner threads (started for the round) and by the
-      synchronous single-threaded drain ``observers.worker.run_until_quiet``;
+      synchronous single-threaded drain ``percolator.observers.worker.run_until_quiet``;
     * ``recompute``: export ``documents`` at a snapshot, recompute every derived table with
       Spark (spark_jobs/recompute.py) and write them as Parquet.
 
@@ -64,7 +64,8 @@ from percolator.store import FamilySpec, Put, open_store
 ROOT = Path(__file__).resolve().parent.parent
 RAW_FAMILIES = [FamilySpec("d")]
 #: how the incremental rounds process notifications, alternately: a live worker with
-#: runner threads, and the synchronous single-threaded drain (observers.worker.run_until_quiet)
+#: runner threads, and the synchronous single-threaded drain
+#: (percolator.observers.worker.run_until_quiet)
 RUNNERS = ("worker", "drain")
 
 
@@ -109,16 +110,22 @@ def _raw_partition(store_url: str, table: str, batch: int, rows: Iterable[Any]) 
 
 
 def _import_packages(rows: Iterable[Any]) -> Iterator[int]:
-    import spark_jobs.backfill  # noqa: F401 - imported for its side effect: warm workers
+    import percolator.spark_jobs.backfill  # noqa: F401 - imported for its side effect: warm workers
 
     yield sum(1 for _ in rows)
 
 
 def measure_load(
-    spark: Any, store_url: str, workdir: str, *, rows: int, batch: int, repeats: int,
+    spark: Any,
+    store_url: str,
+    workdir: str,
+    *,
+    rows: int,
+    batch: int,
+    repeats: int,
     value_size: int,
 ) -> dict[str, Any]:
-    from spark_jobs.backfill import BackfillOptions, ColumnMapping, run_backfill
+    from percolator.spark_jobs.backfill import BackfillOptions, ColumnMapping, run_backfill
 
     parallelism = spark.sparkContext.defaultParallelism
     source = os.path.join(workdir, "load.parquet")
@@ -136,9 +143,10 @@ def measure_load(
             try:
                 started = time.perf_counter()
                 written = sum(
-                    spark.read.parquet(source).rdd.map(tuple).mapPartitions(
-                        lambda it, t=table: _raw_partition(store_url, t, batch, it)
-                    ).collect()
+                    spark.read.parquet(source)
+                    .rdd.map(tuple)
+                    .mapPartitions(lambda it, t=table: _raw_partition(store_url, t, batch, it))
+                    .collect()
                 )
                 raw_rates.append(written / (time.perf_counter() - started))
                 if written != rows:
@@ -150,11 +158,19 @@ def measure_load(
             progress = f"bench_progress_{uuid.uuid4().hex[:10]}"
             try:
                 started = time.perf_counter()
-                report = run_backfill(spark, BackfillOptions(
-                    store=store_url, table=table, inputs=(source,), key="id",
-                    columns=(ColumnMapping("a"), ColumnMapping("b")), batch_size=batch,
-                    progress_table=progress, progress_interval_s=3600,
-                ))
+                report = run_backfill(
+                    spark,
+                    BackfillOptions(
+                        store=store_url,
+                        table=table,
+                        inputs=(source,),
+                        key="id",
+                        columns=(ColumnMapping("a"), ColumnMapping("b")),
+                        batch_size=batch,
+                        progress_table=progress,
+                        progress_interval_s=3600,
+                    ),
+                )
                 backfill_rates.append(report.rows_written / (time.perf_counter() - started))
                 if report.rows_written != rows:
                     raise AssertionError(f"backfill wrote {report.rows_written} rows")
@@ -162,8 +178,12 @@ def measure_load(
                 for name in (table, progress):
                     if store.table_exists(name):
                         store.drop_table(name)
-            print(f"load repeat {repeat + 1}: raw {raw_rates[-1]:.0f} rows/s, "
-                  f"backfill {backfill_rates[-1]:.0f} rows/s", file=sys.stderr, flush=True)
+            print(
+                f"load repeat {repeat + 1}: raw {raw_rates[-1]:.0f} rows/s, "
+                f"backfill {backfill_rates[-1]:.0f} rows/s",
+                file=sys.stderr,
+                flush=True,
+            )
     raw, fill = statistics.median(raw_rates), statistics.median(backfill_rates)
     return {
         "rows": rows,
@@ -184,7 +204,7 @@ def _quiet(client: percolator.Client, columns: Sequence[tuple[str, str]]) -> boo
     """No notification left.  ``columns`` lists upstream observed columns before downstream
     ones: a run writes its downstream notification before its commit point and deletes its
     own after, so a scan in that order cannot miss work in flight."""
-    from observers.parking import pending
+    from percolator.observers.parking import pending
 
     return all(not pending(client, table, [column], limit=1) for table, column in columns)
 
@@ -200,22 +220,33 @@ def _wait_quiet(
 
 
 def measure_incremental(
-    spark: Any, store_url: str, workdir: str, *, docs: int, fraction: float, threads: int,
-    seed: int, rounds: int,
+    spark: Any,
+    store_url: str,
+    workdir: str,
+    *,
+    docs: int,
+    fraction: float,
+    threads: int,
+    seed: int,
+    rounds: int,
 ) -> dict[str, Any]:
-    from observers import corpus, pipeline, reference
-    from observers.api import register_observers
-    from observers.worker import Worker, WorkerOptions, run_until_quiet
-    from spark_jobs.backfill import BackfillOptions, run_backfill
-    from spark_jobs.recompute import collect_tables
+    from percolator.observers import corpus, pipeline, reference
+    from percolator.observers.api import register_observers
+    from percolator.observers.worker import Worker, WorkerOptions, run_until_quiet
+    from percolator.spark_jobs.backfill import BackfillOptions, run_backfill
+    from percolator.spark_jobs.recompute import collect_tables
 
     documents = corpus.generate(docs, seed=seed)
     source = os.path.join(workdir, "docs.jsonl")
     with open(source, "w", encoding="utf-8") as out:
         for doc in documents:
             links = doc.links_value()
-            out.write(json.dumps({"url": doc.url, "body": doc.body,
-                                  "links": links.decode() if links else None}) + "\n")
+            out.write(
+                json.dumps(
+                    {"url": doc.url, "body": doc.body, "links": links.decode() if links else None}
+                )
+                + "\n"
+            )
     observers = pipeline.observers()
     # Upstream first: documents/body feeds doc_clusters/canonical.
     observed = [("documents", "body"), ("documents", "links"), ("doc_clusters", "canonical")]
@@ -226,17 +257,26 @@ def measure_incremental(
         pipeline.create_tables(client)
         register_observers(client, observers)
         started = time.perf_counter()
-        run_backfill(spark, BackfillOptions(
-            store=store_url, table=reference.DOCUMENTS, inputs=(source,), key="url",
-            progress_interval_s=3600,
-        ))
+        run_backfill(
+            spark,
+            BackfillOptions(
+                store=store_url,
+                table=reference.DOCUMENTS,
+                inputs=(source,),
+                key="url",
+                progress_interval_s=3600,
+            ),
+        )
         worker = Worker(client, observers, options)
         worker.start()
         _wait_quiet(client, observed)
         worker.stop()
         initial_s = time.perf_counter() - started
-        print(f"initial load and processing of {docs} documents: {initial_s:.1f} s",
-              file=sys.stderr, flush=True)
+        print(
+            f"initial load and processing of {docs} documents: {initial_s:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
 
         # One untimed recompute first: the first run of a query in a JVM spends most of its
         # time loading classes and compiling; a user's recurring batch job would not.
@@ -270,14 +310,18 @@ def measure_incremental(
             recomputed = collect_tables(spark.read.parquet(output).collect())
             problems = reference.diff(recomputed, incremental)
             if problems:
-                raise AssertionError("incremental and recomputed tables differ:\n"
-                                     + "\n".join(problems))
+                raise AssertionError(
+                    "incremental and recomputed tables differ:\n" + "\n".join(problems)
+                )
             expected = reference.compute(corpus.as_input(current))
             if reference.diff(expected, recomputed):
                 raise AssertionError("the recompute differs from observers/reference.py")
-            print(f"round {round_no + 1}: {len(changes)} changes, incremental ({runner}) "
-                  f"{elapsed:.2f} s, recompute {recompute_runs[-1]:.2f} s",
-                  file=sys.stderr, flush=True)
+            print(
+                f"round {round_no + 1}: {len(changes)} changes, incremental ({runner}) "
+                f"{elapsed:.2f} s, recompute {recompute_runs[-1]:.2f} s",
+                file=sys.stderr,
+                flush=True,
+            )
         cell_count = sum(len(c) for t in recomputed.values() for c in t.values())
     recompute_s = statistics.median(recompute_runs)
     incremental_s = {r: statistics.median(runs) for r, runs in incremental_runs.items() if runs}
@@ -298,13 +342,14 @@ def measure_incremental(
 
 def _recompute_to_parquet(spark: Any, store_url: str, workdir: str) -> str:
     """Export ``documents`` at a fresh snapshot, recompute, write Parquet; the output path."""
-    from observers import reference
-    from spark_jobs.export import ExportOptions, export_table
-    from spark_jobs.recompute import recompute
+    from percolator.observers import reference
+    from percolator.spark_jobs.export import ExportOptions, export_table
+    from percolator.spark_jobs.recompute import recompute
 
     output = os.path.join(workdir, f"derived-{uuid.uuid4().hex[:8]}.parquet")
-    export = export_table(spark, ExportOptions(store_url, reference.DOCUMENTS,
-                                               columns=("body", "links")))
+    export = export_table(
+        spark, ExportOptions(store_url, reference.DOCUMENTS, columns=("body", "links"))
+    )
     recompute(spark, export.df).write.parquet(output)
     return output
 
@@ -319,15 +364,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--only", choices=("load", "incremental"))
     parser.add_argument("--rows", type=int, default=20_000, help="rows loaded (%(default)s)")
-    parser.add_argument("--batch", type=int, default=200, help="rows per round trip / "
-                        "transaction (%(default)s)")
+    parser.add_argument(
+        "--batch", type=int, default=200, help="rows per round trip / transaction (%(default)s)"
+    )
     parser.add_argument("--value-size", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--docs", type=int, default=2000, help="corpus size (%(default)s)")
     parser.add_argument("--fraction", type=float, default=0.01)
-    parser.add_argument("--rounds", type=int, default=4,
-                        help="change-then-process rounds, alternating worker and drain "
-                        "(medians reported; default %(default)s)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=4,
+        help="change-then-process rounds, alternating worker and drain "
+        "(medians reported; default %(default)s)",
+    )
     parser.add_argument("--threads", type=int, default=4, help="observer runner threads")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", help="also write the results to this file")
@@ -337,7 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p
     )
-    from spark_jobs.session import build_session, parse_conf
+    from percolator.spark_jobs.session import build_session, parse_conf
 
     spark = build_session(args.master, parse_conf(args.conf), app_name="percolator-bench")
     results: dict[str, Any] = {"master": args.master}
@@ -345,42 +395,81 @@ def main(argv: Sequence[str] | None = None) -> int:
         store_url = args.store or f"embedded:{os.path.join(workdir, 'store')}"
         results["store"] = store_url.split("?")[0]
         if args.only in (None, "load"):
-            load = measure_load(spark, store_url, workdir, rows=args.rows, batch=args.batch,
-                                repeats=args.repeats, value_size=args.value_size)
+            load = measure_load(
+                spark,
+                store_url,
+                workdir,
+                rows=args.rows,
+                batch=args.batch,
+                repeats=args.repeats,
+                value_size=args.value_size,
+            )
             results["load"] = load
             print_table(
                 ["load", "rows/s", "runs"],
                 [
-                    ["raw batched put", f"{load['raw_rows_per_s']:.0f}",
-                     " ".join(f"{r:.0f}" for r in load["raw_runs"])],
-                    ["backfill", f"{load['backfill_rows_per_s']:.0f}",
-                     " ".join(f"{r:.0f}" for r in load["backfill_runs"])],
+                    [
+                        "raw batched put",
+                        f"{load['raw_rows_per_s']:.0f}",
+                        " ".join(f"{r:.0f}" for r in load["raw_runs"]),
+                    ],
+                    [
+                        "backfill",
+                        f"{load['backfill_rows_per_s']:.0f}",
+                        " ".join(f"{r:.0f}" for r in load["backfill_runs"]),
+                    ],
                 ],
             )
-            print(f"backfill / raw = {load['ratio']:.3f} (target >= 0.5) "
-                  f"[{args.rows} rows, {args.batch} per batch, {results['store']}]\n")
+            print(
+                f"backfill / raw = {load['ratio']:.3f} (target >= 0.5) "
+                f"[{args.rows} rows, {args.batch} per batch, {results['store']}]\n"
+            )
         if args.only in (None, "incremental"):
-            incr = measure_incremental(spark, store_url, workdir, docs=args.docs,
-                                       fraction=args.fraction, threads=args.threads,
-                                       seed=args.seed, rounds=args.rounds)
+            incr = measure_incremental(
+                spark,
+                store_url,
+                workdir,
+                docs=args.docs,
+                fraction=args.fraction,
+                threads=args.threads,
+                seed=args.seed,
+                rounds=args.rounds,
+            )
             results["incremental"] = incr
             rows = [
-                [f"incremental ({runner})", f"{seconds:.2f}",
-                 " ".join(f"{r:.2f}" for r in incr["incremental_runs"][runner]),
-                 f"{incr['ratio'][runner]:.1f}x"]
+                [
+                    f"incremental ({runner})",
+                    f"{seconds:.2f}",
+                    " ".join(f"{r:.2f}" for r in incr["incremental_runs"][runner]),
+                    f"{incr['ratio'][runner]:.1f}x",
+                ]
                 for runner, seconds in incr["incremental_s"].items()
             ]
-            rows.append(["full recompute (Spark)", f"{incr['recompute_s']:.2f}",
-                         " ".join(f"{r:.2f}" for r in incr["recompute_runs"]), ""])
-            print_table([f"after changing {args.fraction:.0%}", "seconds", "runs",
-                         "recompute / this"], rows)
-            print(f"target: recompute / incremental >= 50x; results identical "
-                  f"({incr['derived_cells']} derived cells) [{args.docs} documents, "
-                  f"{incr['changes_per_round']:.0f} changes per round]")
+            rows.append(
+                [
+                    "full recompute (Spark)",
+                    f"{incr['recompute_s']:.2f}",
+                    " ".join(f"{r:.2f}" for r in incr["recompute_runs"]),
+                    "",
+                ]
+            )
+            print_table(
+                [f"after changing {args.fraction:.0%}", "seconds", "runs", "recompute / this"], rows
+            )
+            print(
+                f"target: recompute / incremental >= 50x; results identical "
+                f"({incr['derived_cells']} derived cells) [{args.docs} documents, "
+                f"{incr['changes_per_round']:.0f} changes per round]"
+            )
         if args.store:
             with open_store(args.store) as store:
-                for table in ("documents", "doc_clusters", "doc_index", "doc_inlinks",
-                              "backfill_progress"):
+                for table in (
+                    "documents",
+                    "doc_clusters",
+                    "doc_index",
+                    "doc_inlinks",
+                    "backfill_progress",
+                ):
                     if store.table_exists(table):
                         store.drop_table(table)
     spark.stop()

@@ -6,7 +6,7 @@ it and calls :meth:`Observer.process` with a fresh transaction, the row and the 
 Whatever that transaction writes commits atomically with the observer's acknowledgement,
 and may in turn notify other observers::
 
-    from observers.api import Observer
+    from percolator.observers.api import Observer
 
     class WordCount(Observer):
         name = "word-count"
@@ -134,7 +134,7 @@ def check_observer(observer: object) -> Observer:
     Returns it, typed."""
     if not isinstance(observer, Observer):
         raise InvalidArgumentError(
-            f"{observer!r} is not an observer: subclass observers.api.Observer"
+            f"{observer!r} is not an observer: subclass percolator.observers.api.Observer"
         )
     name = getattr(observer, "name", None)
     if not isinstance(name, str) or not _NAME.match(name):

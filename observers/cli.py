@@ -1,7 +1,7 @@
 """``percolator worker``, ``percolator notifications list|retry`` and
 ``percolator observers list|register|unregister``.
 
-Also runnable on its own: ``python -m observers.cli worker ...``.
+Also runnable on its own: ``python -m percolator.observers.cli worker ...``.
 """
 
 from __future__ import annotations
@@ -126,9 +126,10 @@ def _print_ready(message: str) -> None:
 
 
 def run_worker(args: argparse.Namespace) -> int:
+    from percolator.observers.plugins import load_observers
+    from percolator.observers.worker import Worker, WorkerOptions
+
     import percolator
-    from observers.plugins import load_observers
-    from observers.worker import Worker, WorkerOptions
 
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
@@ -184,8 +185,9 @@ def _select(args: argparse.Namespace) -> tuple[str | None, str | None]:
 
 
 def run_list(args: argparse.Namespace) -> int:
+    from percolator.observers.parking import ParkingLot, pending
+
     import percolator
-    from observers.parking import ParkingLot, pending
 
     with percolator.connect(args.store, oracle=args.oracle) as client:
         if args.pending:
@@ -228,8 +230,9 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_retry(args: argparse.Namespace) -> int:
+    from percolator.observers.parking import ParkingLot
+
     import percolator
-    from observers.parking import ParkingLot
 
     if args.row is not None and args.row_hex is not None:
         raise ConfigError("give --row or --row-hex, not both")
@@ -267,8 +270,9 @@ def run_retry(args: argparse.Namespace) -> int:
 
 
 def run_observers_list(args: argparse.Namespace) -> int:
+    from percolator.observers.api import registrations
+
     import percolator
-    from observers.api import registrations
 
     with percolator.connect(args.store, oracle=args.oracle) as client:
         found = registrations(client.store)
@@ -282,9 +286,10 @@ def run_observers_list(args: argparse.Namespace) -> int:
 
 
 def run_observers_register(args: argparse.Namespace) -> int:
+    from percolator.observers.api import register_observers
+    from percolator.observers.plugins import load_observers
+
     import percolator
-    from observers.api import register_observers
-    from observers.plugins import load_observers
 
     loaded = load_observers(args.observer)
     if loaded.errors:
@@ -299,8 +304,9 @@ def run_observers_register(args: argparse.Namespace) -> int:
 
 
 def run_observers_unregister(args: argparse.Namespace) -> int:
+    from percolator.observers.api import unregister_observer
+
     import percolator
-    from observers.api import unregister_observer
 
     with percolator.connect(args.store, oracle=args.oracle) as client:
         removed = unregister_observer(client, args.name)
@@ -313,7 +319,7 @@ def run_observers_unregister(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m observers.cli ...``: the same sub-commands outside ``percolator``."""
+    """``python -m percolator.observers.cli ...``: the same sub-commands outside ``percolator``."""
     parser = argparse.ArgumentParser(prog="percolator")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True

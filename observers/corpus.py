@@ -22,7 +22,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from observers.reference import DOCUMENTS
+from percolator.observers.reference import DOCUMENTS
+
 from percolator.transaction import Transaction
 
 if TYPE_CHECKING:

@@ -27,13 +27,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from observers.api import trigger
+from percolator.observers.api import trigger
+
 from percolator.errors import ConfigError
 from percolator.layout import META_FAMILY, META_TABLE, NOTIFY
 from percolator.store.base import Delete, Put, ScanOptions
 
 if TYPE_CHECKING:
-    from observers.runner import Notification
+    from percolator.observers.runner import Notification
+
     from percolator.client import Client
 
 PARKED_PREFIX = b"parked/"

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from observers.api import Observer
-from observers.reference import (
+from percolator.observers.api import Observer
+from percolator.observers.reference import (
     CLUSTERS,
     DOCUMENTS,
     FROM_PREFIX,
@@ -48,6 +48,7 @@ from observers.reference import (
     parse_terms,
     terms,
 )
+
 from percolator.transaction import Transaction
 
 if TYPE_CHECKING:

@@ -22,7 +22,8 @@ import importlib.metadata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from observers.api import Observer, check_observer
+from percolator.observers.api import Observer, check_observer
+
 from percolator.errors import ConfigError, InvalidArgumentError
 
 GROUP = "percolator.observers"
@@ -80,7 +81,8 @@ def load(entry_point: importlib.metadata.EntryPoint) -> Observer:
             ) from exc
         if not isinstance(made, Observer):
             raise PluginError(
-                name, f"{entry_point.value!r} gave {made!r}, not an observers.api.Observer"
+                name,
+                f"{entry_point.value!r} gave {made!r}, not a percolator.observers.api.Observer",
             )
         observer = made
     else:

@@ -34,7 +34,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from observers.api import Observer, encode_ack, observer_transaction, read_ack
+from percolator.observers.api import Observer, encode_ack, observer_transaction, read_ack
+
 from percolator import failpoints
 from percolator.errors import PercolatorError, StoreError, UndeterminedCommitError
 from percolator.layout import NOTIFY, ack_column

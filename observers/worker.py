@@ -47,10 +47,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from observers.api import Observer, check_observer, register_observers, wait_until_notified
-from observers.metrics import LATENCY_BUCKETS, Labels, MetricsServer, Registry
-from observers.parking import Cell, ParkingLot, pending
-from observers.runner import (
+from percolator.observers.api import (
+    Observer,
+    check_observer,
+    register_observers,
+    wait_until_notified,
+)
+from percolator.observers.metrics import LATENCY_BUCKETS, Labels, MetricsServer, Registry
+from percolator.observers.parking import Cell, ParkingLot, pending
+from percolator.observers.runner import (
     ConflictExhaustedError,
     Notification,
     Outcome,
@@ -58,6 +63,7 @@ from observers.runner import (
     RunResult,
     process_notification,
 )
+
 from percolator.errors import ConfigError, PercolatorError, UndeterminedCommitError
 from percolator.layout import META_FAMILY, META_TABLE, NOTIFY
 from percolator.store.base import Delete, Put, ScanOptions

@@ -1,6 +1,6 @@
 """``percolator oracle serve`` and ``percolator oracle info``.
 
-Also runnable on its own as ``python -m oracle.cli serve|info ...`` (same arguments).
+Also runnable on its own as ``python -m percolator.oracle.cli serve|info ...`` (same arguments).
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from oracle.factory import TOKEN_ENV, parse_oracle_url
-from oracle.lease import DEFAULT_MAX_COUNT, LeaseConfig
+from percolator.oracle.factory import TOKEN_ENV, parse_oracle_url
+from percolator.oracle.lease import DEFAULT_MAX_COUNT, LeaseConfig
+
 from percolator.errors import ConfigError, OracleError, PercolatorError
 from percolator.timestamps import describe
 
@@ -37,28 +38,60 @@ def register(subparsers: Any) -> None:
             "are off unless given.  Stops cleanly on SIGTERM or Ctrl-C, releasing its lease."
         ),
     )
-    serve.add_argument("--store", required=True, metavar="URL",
-                       help="store URL holding the oracle record (embedded:PATH, hbase://...)")
-    serve.add_argument("--listen", default="127.0.0.1:7070", metavar="HOST:PORT",
-                       help="address to serve on (default 127.0.0.1:7070; port 0 picks one)")
+    serve.add_argument(
+        "--store",
+        required=True,
+        metavar="URL",
+        help="store URL holding the oracle record (embedded:PATH, hbase://...)",
+    )
+    serve.add_argument(
+        "--listen",
+        default="127.0.0.1:7070",
+        metavar="HOST:PORT",
+        help="address to serve on (default 127.0.0.1:7070; port 0 picks one)",
+    )
     serve.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate chain")
     serve.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert")
-    serve.add_argument("--token", help=f"require this shared token (visible in ps: prefer "
-                       f"--token-file or ${TOKEN_ENV})")
+    serve.add_argument(
+        "--token",
+        help=f"require this shared token (visible in ps: prefer --token-file or ${TOKEN_ENV})",
+    )
     serve.add_argument("--token-file", metavar="PATH", help="require the token in this file")
-    serve.add_argument("--lease-ms", type=int, default=LeaseConfig.lease_ms,
-                       help="lease duration (default %(default)s)")
-    serve.add_argument("--window-ms", type=int, default=LeaseConfig.window_ms,
-                       help="how far ahead of the clock the high-water mark is persisted "
-                       "(default %(default)s)")
-    serve.add_argument("--margin-ms", type=int, default=LeaseConfig.margin_ms,
-                       help="allowance for clock drift and delays (default %(default)s)")
-    serve.add_argument("--max-count", type=int, default=DEFAULT_MAX_COUNT,
-                       help="largest count one Allocate may ask for (default %(default)s)")
-    serve.add_argument("--metrics-port", type=int, metavar="PORT",
-                       help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics")
-    serve.add_argument("--metrics-host", default="127.0.0.1",
-                       help="address of the metrics endpoint (default %(default)s)")
+    serve.add_argument(
+        "--lease-ms",
+        type=int,
+        default=LeaseConfig.lease_ms,
+        help="lease duration (default %(default)s)",
+    )
+    serve.add_argument(
+        "--window-ms",
+        type=int,
+        default=LeaseConfig.window_ms,
+        help="how far ahead of the clock the high-water mark is persisted (default %(default)s)",
+    )
+    serve.add_argument(
+        "--margin-ms",
+        type=int,
+        default=LeaseConfig.margin_ms,
+        help="allowance for clock drift and delays (default %(default)s)",
+    )
+    serve.add_argument(
+        "--max-count",
+        type=int,
+        default=DEFAULT_MAX_COUNT,
+        help="largest count one Allocate may ask for (default %(default)s)",
+    )
+    serve.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics",
+    )
+    serve.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="address of the metrics endpoint (default %(default)s)",
+    )
     serve.set_defaults(func=run_serve)
 
     info = commands.add_parser(
@@ -67,8 +100,12 @@ def register(subparsers: Any) -> None:
         description="Ask each address of an oracle URL for its state.  Exit code 0 if one "
         "of them is active, 1 otherwise.",
     )
-    info.add_argument("--oracle", required=True, metavar="URL",
-                      help="grpc://HOST:PORT[,HOST:PORT...] (grpcs:// for TLS)")
+    info.add_argument(
+        "--oracle",
+        required=True,
+        metavar="URL",
+        help="grpc://HOST:PORT[,HOST:PORT...] (grpcs:// for TLS)",
+    )
     info.set_defaults(func=run_info)
 
 
@@ -91,7 +128,7 @@ def _token(args: argparse.Namespace) -> str | None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from oracle.server import ServerOptions, serve
+    from percolator.oracle.server import ServerOptions, serve
 
     logging.basicConfig(
         level=logging.INFO,
@@ -117,8 +154,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def run_info(args: argparse.Namespace) -> int:
-    from oracle.client import GrpcOracleClient
-    from oracle.proto_gen import oracle_pb2
+    from percolator.oracle.client import GrpcOracleClient
+    from percolator.oracle.proto_gen import oracle_pb2
 
     addresses, tls, token, (_, rpc_timeout_s) = parse_oracle_url(args.oracle)
     client = GrpcOracleClient(addresses, token=token, tls=tls, rpc_timeout_s=rpc_timeout_s)
@@ -133,22 +170,27 @@ def run_info(args: argparse.Namespace) -> int:
             role = oracle_pb2.Role.Name(info.role).removeprefix("ROLE_").lower()
             active += info.role == oracle_pb2.ROLE_ACTIVE
             print(f"{address}: {role}, epoch {info.epoch}, process {info.holder_id}")
-            print(f"  lease held by {info.lease_holder_id or '(nobody)'}, "
-                  f"expires at {info.lease_expiry_ms} ms; lease {info.lease_ms} ms, "
-                  f"window {info.window_ms} ms, max count {info.max_count}")
+            print(
+                f"  lease held by {info.lease_holder_id or '(nobody)'}, "
+                f"expires at {info.lease_expiry_ms} ms; lease {info.lease_ms} ms, "
+                f"window {info.window_ms} ms, max count {info.max_count}"
+            )
             print(f"  persisted high water {describe(info.persisted_high_water)}")
             if info.last_issued:
                 print(f"  last issued {describe(info.last_issued)}")
-            print(f"  issued {info.timestamps_issued} timestamps in {info.allocate_calls} "
-                  f"calls; store {info.store_url}")
+            print(
+                f"  issued {info.timestamps_issued} timestamps in {info.allocate_calls} "
+                f"calls; store {info.store_url}"
+            )
     finally:
         client.close()
     return 0 if active else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m oracle.cli``: the ``oracle`` sub-commands without the rest of the CLI."""
-    parser = argparse.ArgumentParser(prog="python -m oracle.cli")
+    """``python -m percolator.oracle.cli``: the ``oracle`` sub-commands without the rest of
+    the CLI."""
+    parser = argparse.ArgumentParser(prog="python -m percolator.oracle.cli")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["oracle", *(sys.argv[1:] if argv is None else argv)])
     try:

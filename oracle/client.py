@@ -1,7 +1,7 @@
 """The client of the gRPC timestamp oracle (``percolator.connect(oracle="grpc://...")``).
 
 * **Coalescing**: concurrent requests from any number of threads share one Allocate RPC in
-  flight (:mod:`oracle.coalesce`); each response serves the whole batch.
+  flight (:mod:`percolator.oracle.coalesce`); each response serves the whole batch.
 * **Fail-over**: the client knows a list of oracle addresses and sends to the one that
   answered last; an address that is down, a standby, or fenced answers UNAVAILABLE (or does
   not answer within ``rpc_timeout_s``, or cancels the call while shutting down) and the
@@ -25,10 +25,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
+from percolator.oracle.coalesce import Coalescer, CoalescerStats
+from percolator.oracle.proto_gen import oracle_pb2, oracle_pb2_grpc
+from percolator.oracle.server import TOKEN_METADATA_KEY, TOKEN_PREFIX, check_listen_address
 
-from oracle.coalesce import Coalescer, CoalescerStats
-from oracle.proto_gen import oracle_pb2, oracle_pb2_grpc
-from oracle.server import TOKEN_METADATA_KEY, TOKEN_PREFIX, check_listen_address
 from percolator.errors import (
     ConfigError,
     InvalidArgumentError,

@@ -1,7 +1,7 @@
 """Pick the timestamp oracle an ``oracle=`` spec names.
 
-* ``None``: :class:`~oracle.local.LocalOracle` on the store (the default).
-* ``grpc://HOST:PORT[,HOST:PORT...][?options]``: :class:`~oracle.client.GrpcOracleClient`
+* ``None``: :class:`~percolator.oracle.local.LocalOracle` on the store (the default).
+* ``grpc://HOST:PORT[,HOST:PORT...][?options]``: :class:`~percolator.oracle.client.GrpcOracleClient`
   over plaintext; ``grpcs://...`` over TLS.
 
 Options (query string):
@@ -33,10 +33,10 @@ _OPTIONS = {"ca", "token_file", "timeout_ms", "rpc_timeout_ms"}
 def open_oracle(spec: str | None, store: Store) -> TimestampOracle:
     """The oracle for ``spec`` (see the module docstring); ``store`` serves the local one."""
     if spec is None:
-        from oracle.local import LocalOracle
+        from percolator.oracle.local import LocalOracle
 
         return LocalOracle(store)
-    from oracle.client import GrpcOracleClient
+    from percolator.oracle.client import GrpcOracleClient
 
     addresses, tls, token, timeouts = parse_oracle_url(spec)
     return GrpcOracleClient(

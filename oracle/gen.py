@@ -2,13 +2,14 @@
 
 This is the one way the generated code is produced::
 
-    python -m oracle.gen          # rewrite oracle/proto_gen/
-    python -m oracle.gen --check  # exit 1 if oracle/proto_gen/ differs from a fresh generation
+    python -m percolator.oracle.gen          # rewrite oracle/proto_gen/
+    python -m percolator.oracle.gen --check  # exit 1 if oracle/proto_gen/ is not a fresh generation
 
 The output depends on the code generators' versions, so both are pinned below and checked
 before anything is generated.  The ``.proto`` is copied into a scratch tree at
 ``oracle/proto_gen/oracle.proto`` before ``protoc`` runs, so the generated modules import each
-other as ``oracle.proto_gen.oracle_pb2`` (protoc derives import paths from the proto's path).
+other as ``percolator.oracle.proto_gen.oracle_pb2``
+(protoc derives import paths from the proto's path).
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ MYPY_PROTOBUF_VERSION = "5.1.0"
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_SOURCE = ROOT / "proto" / "oracle.proto"
 OUTPUT_DIR = ROOT / "oracle" / "proto_gen"
-PACKAGE_PATH = Path("oracle") / "proto_gen"
+PACKAGE_PATH = Path("percolator") / "oracle" / "proto_gen"
 
 INIT_TEXT = (
-    '"""Generated from proto/oracle.proto by `python -m oracle.gen`; do not edit."""\n'
+    '"""Generated from proto/oracle.proto by `python -m percolator.oracle.gen`; do not edit."""\n'
 )
 
 
@@ -111,11 +112,15 @@ def check() -> list[str]:
     problems: list[str] = []
     with tempfile.TemporaryDirectory() as scratch:
         fresh = {p.name: p.read_bytes() for p in generate(Path(scratch))}
-    committed = {
-        p.name: p.read_bytes()
-        for p in OUTPUT_DIR.iterdir()
-        if p.is_file() and p.suffix in (".py", ".pyi")
-    } if OUTPUT_DIR.is_dir() else {}
+    committed = (
+        {
+            p.name: p.read_bytes()
+            for p in OUTPUT_DIR.iterdir()
+            if p.is_file() and p.suffix in (".py", ".pyi")
+        }
+        if OUTPUT_DIR.is_dir()
+        else {}
+    )
     for name in sorted(set(fresh) | set(committed)):
         if name not in committed:
             problems.append(f"oracle/proto_gen/{name} is missing")
@@ -128,7 +133,8 @@ def check() -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m oracle.gen", description="Generate oracle/proto_gen/ from proto/."
+        prog="python -m percolator.oracle.gen",
+        description="Generate oracle/proto_gen/ from proto/.",
     )
     parser.add_argument(
         "--check", action="store_true", help="compare instead of writing; exit 1 on a difference"
@@ -138,17 +144,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.check:
             problems = check()
             for line in problems:
-                print(f"oracle.gen: {line}", file=sys.stderr)
+                print(f"percolator.oracle.gen: {line}", file=sys.stderr)
             if problems:
-                print("oracle.gen: run `python -m oracle.gen` to regenerate", file=sys.stderr)
+                print(
+                    "percolator.oracle.gen: run `python -m percolator.oracle.gen` to regenerate",
+                    file=sys.stderr,
+                )
                 return 1
-            print("oracle.gen: oracle/proto_gen/ matches proto/oracle.proto")
+            print("percolator.oracle.gen: oracle/proto_gen/ matches proto/oracle.proto")
             return 0
         for path in generate(OUTPUT_DIR):
-            print(f"oracle.gen: wrote {path.relative_to(ROOT)}")
+            print(f"percolator.oracle.gen: wrote {path.relative_to(ROOT)}")
         return 0
     except GenerationError as exc:
-        print(f"oracle.gen: error: {exc}", file=sys.stderr)
+        print(f"percolator.oracle.gen: error: {exc}", file=sys.stderr)
         return 2
 
 

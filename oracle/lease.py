@@ -55,7 +55,8 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from oracle.persist import OracleCell, OracleRecord, Snapshot
+from percolator.oracle.persist import OracleCell, OracleRecord, Snapshot
+
 from percolator.errors import (
     FencedError,
     InvalidArgumentError,

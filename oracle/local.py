@@ -3,7 +3,7 @@
 How it stays correct across processes
 -------------------------------------
 Every batch of timestamps is *reserved* by one compare-and-set on the oracle record
-(:mod:`oracle.persist`) that raises the high-water mark to the end of the batch; the
+(:mod:`percolator.oracle.persist`) that raises the high-water mark to the end of the batch; the
 timestamps are handed out only after that compare-and-set succeeded.  Record changes are
 totally ordered (each one expects the exact bytes of the previous one), and each batch
 starts strictly above the mark it replaced, so the compare-and-set is the linearisation
@@ -18,7 +18,8 @@ out a timestamp below one B already handed out), and snapshot isolation needs re
 order: a transaction that starts after another committed must read its writes.  Windows
 ahead are only sound for a single holder fenced by a lease, which is what the gRPC oracle
 server does.  Here, concurrent requests within one process are coalesced into one
-compare-and-set in flight (:mod:`oracle.coalesce`), so the cost is one store round trip per
+compare-and-set in flight (:mod:`percolator.oracle.coalesce`), so the cost is one store round
+trip per
 batch, not per timestamp; the record's bytes from the last successful write are cached, so
 an uncontended batch costs exactly one compare-and-set.
 
@@ -39,9 +40,10 @@ import secrets
 import socket
 import time
 
-from oracle.coalesce import Coalescer, CoalescerStats
-from oracle.lease import SYSTEM_CLOCK, Clock
-from oracle.persist import OracleCell, OracleRecord, Snapshot
+from percolator.oracle.coalesce import Coalescer, CoalescerStats
+from percolator.oracle.lease import SYSTEM_CLOCK, Clock
+from percolator.oracle.persist import OracleCell, OracleRecord, Snapshot
+
 from percolator.errors import (
     OracleError,
     OracleUnavailableError,
@@ -113,15 +115,17 @@ class LocalOracle(TimestampOracle):
             self._known = None
             attempt += 1
             if time.monotonic() >= deadline:
-                why = f"store unavailable: {last_error}" if last_error else (
-                    f"lost {attempt} compare-and-set races in a row"
+                why = (
+                    f"store unavailable: {last_error}"
+                    if last_error
+                    else (f"lost {attempt} compare-and-set races in a row")
                 )
                 raise OracleUnavailableError(
                     f"local oracle could not reserve timestamps in {self.store.url} "
                     f"within {self._timeout_s:g} s ({why})"
                 )
             # Jitter so racing processes do not collide again in lock step.
-            time.sleep(random.uniform(0, min(0.05, 0.0005 * 2**min(attempt, 7))))
+            time.sleep(random.uniform(0, min(0.05, 0.0005 * 2 ** min(attempt, 7))))
 
     def _next_record(self, snap: Snapshot, total: int) -> tuple[int, OracleRecord]:
         old = snap.record

@@ -14,7 +14,8 @@ Meaning
 -------
 ``high_water``
     No timestamp above it has been issued.  Every issuer (a lease holder or a
-    :class:`~oracle.local.LocalOracle`) persists a mark at or above what it is going to issue
+    :class:`~percolator.oracle.local.LocalOracle`) persists a mark at or above what it is going
+    to issue
     **before** issuing, so a successor that starts strictly above the mark never repeats or
     goes below an issued timestamp.
 ``epoch``
@@ -26,7 +27,7 @@ Meaning
 ``lease_expiry_ms`` / ``lease_ms``
     Wall-clock expiry of the holder's lease, and its duration.  ``lease_ms == 0`` means
     nobody holds a lease.  Standbys use the duration to wait out a lease on their own
-    monotonic clock (see :mod:`oracle.lease`).
+    monotonic clock (see :mod:`percolator.oracle.lease`).
 
 Byte format (version 1, big-endian)
 -----------------------------------
@@ -119,8 +120,7 @@ class OracleRecord:
         _, epoch, high_water, expiry, lease_ms, holder_len = _HEADER.unpack_from(data)
         if len(data) != _HEADER.size + holder_len:
             raise OracleError(
-                f"oracle record is {len(data)} bytes, its header says "
-                f"{_HEADER.size + holder_len}"
+                f"oracle record is {len(data)} bytes, its header says {_HEADER.size + holder_len}"
             )
         try:
             holder = data[_HEADER.size :].decode("utf-8")

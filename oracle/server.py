@@ -1,11 +1,12 @@
 """The gRPC timestamp oracle server (``percolator oracle serve``).
 
 One process per address.  Several processes on one store form an active/standby group:
-the lease logic lives in :mod:`oracle.lease`; this module binds it to gRPC, checks the
+the lease logic lives in :mod:`percolator.oracle.lease`; this module binds it to gRPC, checks the
 shared token, serves TLS, and exports metrics.
 
 Every Allocate response is checked against the lease twice: when its range is taken and
-again right before it is returned (:meth:`~oracle.lease.OracleNode.confirm`), and it carries
+again right before it is returned (:meth:`~percolator.oracle.lease.OracleNode.confirm`), and it
+carries
 ``valid_until_ms`` so a client can discard a response that left a paused process late.
 """
 
@@ -26,11 +27,11 @@ from types import FrameType
 from typing import NoReturn
 
 import grpc
+from percolator.oracle.lease import SYSTEM_CLOCK, Clock, LeaseConfig, OracleNode, Role
+from percolator.oracle.metrics import MetricsServer, Registry
+from percolator.oracle.persist import OracleCell
+from percolator.oracle.proto_gen import oracle_pb2, oracle_pb2_grpc
 
-from oracle.lease import SYSTEM_CLOCK, Clock, LeaseConfig, OracleNode, Role
-from oracle.metrics import MetricsServer, Registry
-from oracle.persist import OracleCell
-from oracle.proto_gen import oracle_pb2, oracle_pb2_grpc
 from percolator.errors import (
     ConfigError,
     FencedError,
@@ -116,18 +117,34 @@ class OracleMetrics:
         self.latency = r.histogram(
             "percolator_oracle_rpc_latency_seconds", "Allocate handling time", _LATENCY_BUCKETS
         )
-        r.gauge("percolator_oracle_epoch", "Epoch of the lease this process holds or saw",
-                lambda: node.info().epoch)
-        r.gauge("percolator_oracle_active", "1 while this process holds the lease",
-                lambda: 1 if node.role is Role.ACTIVE else 0)
-        r.gauge("percolator_oracle_persisted_high_water", "Persisted high-water mark",
-                lambda: node.info().high_water)
-        r.gauge("percolator_oracle_last_issued", "Highest timestamp issued by this process",
-                lambda: node.info().last_issued)
-        r.gauge("percolator_oracle_lease_renewals", "Successful lease renewals",
-                lambda: node.info().renewals)
-        r.gauge("percolator_oracle_fenced", "Times this process was fenced",
-                lambda: node.info().fenced)
+        r.gauge(
+            "percolator_oracle_epoch",
+            "Epoch of the lease this process holds or saw",
+            lambda: node.info().epoch,
+        )
+        r.gauge(
+            "percolator_oracle_active",
+            "1 while this process holds the lease",
+            lambda: 1 if node.role is Role.ACTIVE else 0,
+        )
+        r.gauge(
+            "percolator_oracle_persisted_high_water",
+            "Persisted high-water mark",
+            lambda: node.info().high_water,
+        )
+        r.gauge(
+            "percolator_oracle_last_issued",
+            "Highest timestamp issued by this process",
+            lambda: node.info().last_issued,
+        )
+        r.gauge(
+            "percolator_oracle_lease_renewals",
+            "Successful lease renewals",
+            lambda: node.info().renewals,
+        )
+        r.gauge(
+            "percolator_oracle_fenced", "Times this process was fenced", lambda: node.info().fenced
+        )
 
 
 class OracleServicer(oracle_pb2_grpc.TimestampOracleServicer):
@@ -259,8 +276,12 @@ class OracleServer:
         credentials = None
         if options.tls_cert is not None and options.tls_key is not None:
             credentials = grpc.ssl_server_credentials(
-                [(_read_file(options.tls_key, "TLS key"), _read_file(options.tls_cert,
-                                                                     "TLS certificate"))]
+                [
+                    (
+                        _read_file(options.tls_key, "TLS key"),
+                        _read_file(options.tls_cert, "TLS certificate"),
+                    )
+                ]
             )
         if self._store is None:
             self._store = open_store(options.store_url)
@@ -337,7 +358,8 @@ def serve(options: ServerOptions) -> int:
         auth = "token required" if options.token else "no token"
         metrics = (
             f", metrics on http://{options.metrics_host}:{server.metrics_port}/metrics"
-            if server.metrics_port is not None else ""
+            if server.metrics_port is not None
+            else ""
         )
         # Tests and scripts wait for this line.
         print(

@@ -23,9 +23,9 @@ from percolator.errors import PercolatorError
 # Modules that register sub-commands, in --help order.
 COMMAND_MODULES = [
     "percolator.localhbase.cli",
-    "oracle.cli",
-    "observers.cli",
-    "spark_jobs.cli",
+    "percolator.oracle.cli",
+    "percolator.observers.cli",
+    "percolator.spark_jobs.cli",
     "percolator.commands.gc",
     "percolator.commands.status",
     "percolator.commands.demo",

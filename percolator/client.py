@@ -357,7 +357,7 @@ def connect(
         if isinstance(oracle, TimestampOracle):
             ts_oracle = oracle
         else:
-            from oracle.factory import open_oracle
+            from percolator.oracle.factory import open_oracle
 
             ensure_meta_table(store)
             ts_oracle = open_oracle(oracle, store)
@@ -380,7 +380,7 @@ def connect(
 # Guarantee: a commit that begins more than one refresh interval after a registration
 # became visible in the store notifies (its client's cached set was loaded after the
 # registration).  In particular every transaction that *starts* that long after the
-# registration notifies.  observers.api.register_observers waits one interval before
+# registration notifies.  percolator.observers.api.register_observers waits one interval before
 # returning, so writes that start after it returns are all notified.  The interval must be
 # the same in every process: set PERCOLATOR_OBSERVED_REFRESH_MS everywhere or nowhere.
 

@@ -1,6 +1,6 @@
 """Backfill: load Parquet, CSV or JSON into a table through transactions, exactly once.
 
-    from spark_jobs.backfill import BackfillOptions, run_backfill
+    from percolator.spark_jobs.backfill import BackfillOptions, run_backfill
     report = run_backfill(spark, BackfillOptions(
         store="hbase://zk:9090", table="documents", inputs=("s3a://bucket/docs/",),
         key="url", columns=(ColumnMapping("body"), ColumnMapping("outlinks", "links"))))
@@ -77,6 +77,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from percolator.spark_jobs.session import (
+    SparkJobError,
+    check_store_for_spark,
+    import_pyspark,
+    session_master,
+    spark_failure_reason,
+)
+
 import percolator
 from percolator.errors import (
     ConfigError,
@@ -87,13 +95,6 @@ from percolator.errors import (
 from percolator.layout import MAX_VALUE_BYTES, check_table_name, encode_column
 from percolator.store.base import MAX_ROW_LENGTH
 from percolator.transaction import Transaction
-from spark_jobs.session import (
-    SparkJobError,
-    check_store_for_spark,
-    import_pyspark,
-    session_master,
-    spark_failure_reason,
-)
 
 if TYPE_CHECKING:
     from pyspark.rdd import RDD

@@ -108,7 +108,7 @@ def register(subparsers: Any) -> None:
 
 
 def _session(args: argparse.Namespace, app_name: str) -> Any:
-    from spark_jobs.session import build_session, import_pyspark
+    from percolator.spark_jobs.session import build_session, import_pyspark
 
     import_pyspark()
     conf = _pairs(args.conf, "--conf")
@@ -117,7 +117,7 @@ def _session(args: argparse.Namespace, app_name: str) -> Any:
     except PercolatorError:
         raise
     except Exception as exc:  # the JVM did not start: no Java, bad conf, ...
-        from spark_jobs.session import SparkJobError, spark_failure_reason
+        from percolator.spark_jobs.session import SparkJobError, spark_failure_reason
 
         raise SparkJobError(f"cannot start Spark: {spark_failure_reason(exc)}") from None
 
@@ -130,7 +130,7 @@ def _progress(name: str) -> Any:
 
 
 def run_backfill_command(args: argparse.Namespace) -> int:
-    from spark_jobs.backfill import (
+    from percolator.spark_jobs.backfill import (
         BackfillOptions,
         ColumnMapping,
         check_inputs_exist,
@@ -178,7 +178,7 @@ def run_backfill_command(args: argparse.Namespace) -> int:
 
 
 def run_export_command(args: argparse.Namespace) -> int:
-    from spark_jobs.export import ExportOptions, check_output, write_export
+    from percolator.spark_jobs.export import ExportOptions, check_output, write_export
 
     options = ExportOptions(
         store=args.store,
@@ -203,7 +203,7 @@ def run_export_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m spark_jobs.cli backfill|export ...`` (the same commands as
+    """``python -m percolator.spark_jobs.cli backfill|export ...`` (the same commands as
     ``percolator backfill|export``)."""
     parser = argparse.ArgumentParser(prog="percolator")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")

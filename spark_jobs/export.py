@@ -1,7 +1,7 @@
 """Export: read a table at one snapshot timestamp, in parallel row ranges, into a DataFrame
 or Parquet.
 
-    from spark_jobs.export import ExportOptions, export_table, write_export
+    from percolator.spark_jobs.export import ExportOptions, export_table, write_export
     export = export_table(spark, ExportOptions(store="hbase://zk:9090", table="accounts",
                                                columns=("balance",)))
     export.df.agg(...)                 # read lazily, always at export.read_ts
@@ -51,17 +51,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import percolator
-from percolator.errors import ConfigError, InvalidArgumentError, TableNotFoundError
-from percolator.layout import LOCK, check_table_name, encode_column
-from percolator.store.base import ScanOptions
-from spark_jobs.session import (
+from percolator.spark_jobs.session import (
     SparkJobError,
     check_store_for_spark,
     import_pyspark,
     session_master,
     spark_failure_reason,
 )
+
+import percolator
+from percolator.errors import ConfigError, InvalidArgumentError, TableNotFoundError
+from percolator.layout import LOCK, check_table_name, encode_column
+from percolator.store.base import ScanOptions
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

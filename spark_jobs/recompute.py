@@ -2,20 +2,20 @@
 
 This is the batch alternative to the incremental observers (observers/pipeline.py), and the
 reference they must equal: for the same documents, :func:`recompute` yields exactly the
-cells of :func:`observers.reference.compute`, byte for byte (the specification lives in
+cells of :func:`percolator.observers.reference.compute`, byte for byte (the specification lives in
 observers/reference.py).  The per-document functions (tokens, fingerprint, terms, link
 normalization) are the reference's own; what Spark does here is the global part - grouping
 documents into duplicate clusters, building the inverted index of canonical documents, and
 collecting inbound links per target.
 
 Input: a DataFrame with a ``row`` column (the URL) and ``body`` / ``links`` columns, binary or
-string, as produced by ``spark_jobs.export`` in the wide layout (``columns=("body",
+string, as produced by ``percolator.spark_jobs.export`` in the wide layout (``columns=("body",
 "links")``) or read back from its Parquet.  Output: a DataFrame of cells
 ``(table string, row binary, column string, value binary)``; :func:`collect_tables` turns it
-into the nested dict shape of ``observers.reference`` for comparisons.
+into the nested dict shape of ``percolator.observers.reference`` for comparisons.
 
-    python -m spark_jobs.recompute --store embedded:./data --output derived.parquet
-    python -m spark_jobs.recompute --input documents.parquet --output derived.parquet
+    python -m percolator.spark_jobs.recompute --store embedded:./data --output derived.parquet
+    python -m percolator.spark_jobs.recompute --input documents.parquet --output derived.parquet
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from observers.reference import (
+from percolator.observers.reference import (
     CLUSTERS,
     DERIVED_TABLES,
     DOCUMENTS,
@@ -42,8 +42,9 @@ from observers.reference import (
     parse_terms,
     terms,
 )
+from percolator.spark_jobs.session import SparkJobError, import_pyspark, spark_failure_reason
+
 from percolator.errors import ConfigError, PercolatorError
-from spark_jobs.session import SparkJobError, import_pyspark, spark_failure_reason
 
 if TYPE_CHECKING:
     from pyspark.rdd import RDD
@@ -171,7 +172,7 @@ def recompute(spark: SparkSession, documents: DataFrame) -> DataFrame:
 
 def collect_tables(cells: DataFrame | Iterable[Any]) -> Tables:
     """A cells DataFrame (or its collected rows) in the nested shape of
-    ``observers.reference.compute`` (every table present, possibly empty)."""
+    ``percolator.observers.reference.compute`` (every table present, possibly empty)."""
     rows = cells.collect() if hasattr(cells, "collect") else cells
     out: Tables = {DOCUMENTS: {}, **{t: {} for t in DERIVED_TABLES}}
     for table, row, column, value in rows:
@@ -184,7 +185,7 @@ def collect_tables(cells: DataFrame | Iterable[Any]) -> Tables:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m spark_jobs.recompute",
+        prog="python -m percolator.spark_jobs.recompute",
         description="Recompute the example pipeline's derived tables from scratch with Spark.",
     )
     source = parser.add_mutually_exclusive_group(required=True)
@@ -196,8 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--master", default=None, help="Spark master (default local[*])")
     parser.add_argument("--conf", action="append", metavar="KEY=VALUE", help="Spark setting")
     args = parser.parse_args(argv)
-    from spark_jobs.export import ExportOptions, export_table
-    from spark_jobs.session import build_session, parse_conf
+    from percolator.spark_jobs.export import ExportOptions, export_table
+    from percolator.spark_jobs.session import build_session, parse_conf
 
     try:
         spark = build_session(args.master, parse_conf(args.conf), app_name="percolator-recompute")

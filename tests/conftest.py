@@ -114,8 +114,9 @@ def _start_container(
             pytrace=False,
         )
     try:
-        import docker  # type: ignore[import-untyped]  # comes with testcontainers
         from testcontainers.core.container import DockerContainer
+
+        import docker  # type: ignore[import-untyped]  # comes with testcontainers
 
         docker.from_env().ping()
     except Exception as exc:  # no package, no daemon, no permission: all mean "no Docker"

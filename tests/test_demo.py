@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from percolator.observers import reference
 
 import percolator
-from observers import reference
 from percolator.store import open_store
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from percolator.observers.api import Observer, register_observers
+from percolator.observers.parking import ParkingLot
+from percolator.observers.runner import Notification
 
 import percolator
-from observers.api import Observer, register_observers
-from observers.parking import ParkingLot
-from observers.runner import Notification
 from percolator.committer import Committer
 from percolator.layout import NOTIFY
 from percolator.store import open_store

@@ -1,1 +1,1 @@
-"""Generated from proto/oracle.proto by `python -m oracle.gen`; do not edit."""
+"""Generated from proto/oracle.proto by `python -m percolator.oracle.gen`; do not edit."""

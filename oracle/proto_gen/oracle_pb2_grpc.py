@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from oracle.proto_gen import oracle_pb2 as oracle_dot_proto__gen_dot_oracle__pb2
+from percolator.oracle.proto_gen import oracle_pb2 as percolator_dot_oracle_dot_proto__gen_dot_oracle__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in oracle/proto_gen/oracle_pb2_grpc.py depends on'
+        + ' but the generated code in percolator/oracle/proto_gen/oracle_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,18 +36,18 @@ class TimestampOracleStub:
         """
         self.Allocate = channel.unary_unary(
                 '/percolator.oracle.v1.TimestampOracle/Allocate',
-                request_serializer=oracle_dot_proto__gen_dot_oracle__pb2.AllocateRequest.SerializeToString,
-                response_deserializer=oracle_dot_proto__gen_dot_oracle__pb2.AllocateResponse.FromString,
+                request_serializer=percolator_dot_oracle_dot_proto__gen_dot_oracle__pb2.AllocateRequest.SerializeToString,
+                response_deserializer=percolator_dot_oracle_dot_proto__gen_dot_oracle__pb2.AllocateResponse.FromString,
                 _registered_method=True)
         self.Health = channel.unary_unary(
                 '/percolator.oracle.v1.TimestampOracle/Health',
-                request_serializer=oracle_dot_proto__gen_dot_oracle__pb2.HealthRequest.SerializeToString,
-                response_deserializer=oracle_dot_proto__gen_dot_oracle__pb2.HealthResponse.FromString,
+                request_serializer=percolator_dot_oracle_dot_proto__gen_dot_oracle__pb2.HealthRequest.SerializeToString,
+                response_deserializer=percolator_dot_oracle_dot_proto__gen_dot_oracle__pb2.HealthResponse.FromString,
                 _registered_method=True)
         self.Info = channel.unary_unary(
                 '/percolator.oracle.v1.TimestampOracle/Info',
-                request_serializer=oracle_dot_proto__gen_dot_oracle__pb2.InfoRequest.SerializeToString,
-                response_deserializer=oracle_dot_proto__gen_dot_oracle__pb2.InfoResponse.FromString,
+                request_serializer=percolator_dot_oracle_dot_proto__gen_dot_oracle__pb2.InfoRequest.SerializeToString,
+                response_deserializer=percolator_dot_oracle_dot_proto__gen_dot_oracle__pb2.InfoResponse.FromString,
                 _registered_method=True)
 
 
@@ -81,18 +81,18 @@ def add_TimestampOracleServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Allocate': grpc.unary_unary_rpc_method_handler(
                     servicer.Allocate,
-                    request_deserializer=oracle_dot_proto__gen_dot_oracle__pb2.AllocateRequest.FromString,
-                    response_serializer=oracle_dot_proto__gen_dot_oracle__pb2.AllocateResponse.SerializeToString,
+                    request_deserializer=percolator_dot_oracle_dot_proto__gen_dot_oracle__pb2.AllocateRequest.FromString,
+                    response_serializer=percolator_dot_oracle_dot_proto__gen_dot_oracle__pb2.AllocateResponse.SerializeToString,
             ),
             'Health': grpc.unary_unary_rpc_method_handler(
                     servicer.Health,
-                    request_deserializer=oracle_dot_proto__gen_dot_oracle__pb2.HealthRequest.FromString,
-                    response_serializer=oracle_dot_proto__gen_dot_oracle__pb2.HealthResponse.SerializeToString,
+                    request_deserializer=percolator_dot_oracle_dot_proto__gen_dot_oracle__pb2.HealthRequest.FromString,
+                    response_serializer=percolator_dot_oracle_dot_proto__gen_dot_oracle__pb2.HealthResponse.SerializeToString,
             ),
             'Info': grpc.unary_unary_rpc_method_handler(
                     servicer.Info,
-                    request_deserializer=oracle_dot_proto__gen_dot_oracle__pb2.InfoRequest.FromString,
-                    response_serializer=oracle_dot_proto__gen_dot_oracle__pb2.InfoResponse.SerializeToString,
+                    request_deserializer=percolator_dot_oracle_dot_proto__gen_dot_oracle__pb2.InfoRequest.FromString,
+                    response_serializer=percolator_dot_oracle_dot_proto__gen_dot_oracle__pb2.InfoResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -120,8 +120,8 @@ class TimestampOracle:
             request,
             target,
             '/percolator.oracle.v1.TimestampOracle/Allocate',
-            oracle_dot_proto__gen_dot_oracle__pb2.AllocateRequest.SerializeToString,
-            oracle_dot_proto__gen_dot_oracle__pb2.AllocateResponse.FromString,
+            percolator_dot_oracle_dot_proto__gen_dot_oracle__pb2.AllocateRequest.SerializeToString,
+            percolator_dot_oracle_dot_proto__gen_dot_oracle__pb2.AllocateResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -147,8 +147,8 @@ class TimestampOracle:
             request,
             target,
             '/percolator.oracle.v1.TimestampOracle/Health',
-            oracle_dot_proto__gen_dot_oracle__pb2.HealthRequest.SerializeToString,
-            oracle_dot_proto__gen_dot_oracle__pb2.HealthResponse.FromString,
+            percolator_dot_oracle_dot_proto__gen_dot_oracle__pb2.HealthRequest.SerializeToString,
+            percolator_dot_oracle_dot_proto__gen_dot_oracle__pb2.HealthResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -174,8 +174,8 @@ class TimestampOracle:
             request,
             target,
             '/percolator.oracle.v1.TimestampOracle/Info',
-            oracle_dot_proto__gen_dot_oracle__pb2.InfoRequest.SerializeToString,
-            oracle_dot_proto__gen_dot_oracle__pb2.InfoResponse.FromString,
+            percolator_dot_oracle_dot_proto__gen_dot_oracle__pb2.InfoRequest.SerializeToString,
+            percolator_dot_oracle_dot_proto__gen_dot_oracle__pb2.InfoResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -21,7 +21,7 @@ Errors (gRPC status codes):
 
 from collections import abc as _abc
 from grpc import aio as _aio
-from oracle.proto_gen import oracle_pb2 as _oracle_pb2
+from percolator.oracle.proto_gen import oracle_pb2 as _oracle_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys

@@ -44,7 +44,7 @@ from percolator.errors import ConfigError, PercolatorError
 
 if TYPE_CHECKING:
     import percolator
-    from observers.runner import Notification, RunResult
+    from percolator.observers.runner import Notification, RunResult
 
 DEFAULT_WORK_DIR = "demo-out"
 # The pipeline's observed columns, upstream first: documents/body feeds doc_clusters/canonical.
@@ -194,7 +194,7 @@ def _header(out: TextIO, number: int, title: str) -> None:
 
 
 def _pending(client: percolator.Client) -> int:
-    from observers.parking import pending
+    from percolator.observers.parking import pending
 
     return sum(len(pending(client, table, [column])) for table, column in OBSERVED)
 
@@ -202,7 +202,7 @@ def _pending(client: percolator.Client) -> int:
 def _wait_quiet(client: percolator.Client, progress: Any, timeout_s: float = 1800) -> None:
     """Until no notification is left (upstream columns first, so work in flight that moves
     a notification downstream cannot be missed between two scans)."""
-    from observers.parking import pending
+    from percolator.observers.parking import pending
 
     deadline = time.monotonic() + timeout_s
     while True:
@@ -226,7 +226,7 @@ def _write_corpus(path: Path, documents: list[Any]) -> None:
 
 
 def _refuse_existing_tables(client: percolator.Client) -> None:
-    from observers import pipeline
+    from percolator.observers import pipeline
 
     existing = sorted(set(pipeline.TABLES) & set(client.list_tables()))
     if existing:
@@ -289,14 +289,14 @@ def _run_pipeline(
     out: TextIO,
 ) -> None:
     import percolator
-    from observers import corpus, pipeline, reference
-    from observers.api import register_observers
-    from observers.worker import Worker, WorkerOptions
+    from percolator.observers import corpus, pipeline, reference
+    from percolator.observers.api import register_observers
+    from percolator.observers.worker import Worker, WorkerOptions
     from percolator.progress import Progress
-    from spark_jobs.backfill import BackfillOptions, run_backfill
-    from spark_jobs.export import ExportOptions, export_table
-    from spark_jobs.recompute import collect_tables, recompute
-    from spark_jobs.session import build_session
+    from percolator.spark_jobs.backfill import BackfillOptions, run_backfill
+    from percolator.spark_jobs.export import ExportOptions, export_table
+    from percolator.spark_jobs.recompute import collect_tables, recompute
+    from percolator.spark_jobs.session import build_session
 
     _header(out, 2, f"generate a corpus of {args.documents} documents")
     started = time.monotonic()

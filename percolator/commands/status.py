@@ -147,8 +147,8 @@ def notification_report(
     client: Any, tables: list[str]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Per registered observed column: pending and parked; and pending unobserved ones."""
-    from observers.api import registrations
-    from observers.parking import ParkingLot
+    from percolator.observers.api import registrations
+    from percolator.observers.parking import ParkingLot
 
     parked: dict[tuple[str, str], int] = {}
     for record in ParkingLot(client).records():
@@ -185,7 +185,7 @@ def notification_report(
 
 
 def oracle_report(store: Store, oracle: str | None) -> dict[str, Any]:
-    from oracle.persist import OracleCell
+    from percolator.oracle.persist import OracleCell
 
     snapshot = OracleCell(store).read()
     record = None
@@ -206,9 +206,9 @@ def oracle_report(store: Store, oracle: str | None) -> dict[str, Any]:
 
 
 def _ask_servers(oracle: str) -> list[dict[str, Any]]:
-    from oracle.client import GrpcOracleClient
-    from oracle.factory import parse_oracle_url
-    from oracle.proto_gen import oracle_pb2
+    from percolator.oracle.client import GrpcOracleClient
+    from percolator.oracle.factory import parse_oracle_url
+    from percolator.oracle.proto_gen import oracle_pb2
 
     addresses, tls, token, (_, rpc_timeout_s) = parse_oracle_url(oracle)
     client = GrpcOracleClient(addresses, token=token, tls=tls, rpc_timeout_s=rpc_timeout_s)

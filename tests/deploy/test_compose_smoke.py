@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from percolator.observers import corpus, reference
+from percolator.observers.parking import pending
 
 import percolator
-from observers import corpus, reference
-from observers.parking import pending
 from percolator.store import open_store
 from tests.deploy.compose import ROOT, load_compose, service_command, service_env
 
@@ -182,8 +182,8 @@ def test_compose_services_run_as_local_processes(prefix_store: str, tmp_path: Pa
             wait_quiet(client)
             assert check_derived(client) == len(corpus.apply_changes(documents, changes))
             # The standby is the one serving now.
-            from oracle.client import GrpcOracleClient
-            from oracle.proto_gen import oracle_pb2
+            from percolator.oracle.client import GrpcOracleClient
+            from percolator.oracle.proto_gen import oracle_pb2
 
             address = f"127.0.0.1:{ports['oracle-standby']}"
             info_client = GrpcOracleClient([address])

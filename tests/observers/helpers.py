@@ -18,7 +18,8 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable
 
-from observers.api import Observer, observer_transaction, read_ack
+from percolator.observers.api import Observer, observer_transaction, read_ack
+
 from percolator.client import Client
 from percolator.transaction import Snapshot, Transaction
 

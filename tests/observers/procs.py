@@ -1,4 +1,5 @@
-"""Worker subprocesses for the observer tests: the real CLI (``python -m observers.cli worker``)
+"""Worker subprocesses for the observer tests: the real CLI
+(``python -m percolator.observers.cli worker``)
 with the test plugins on ``PYTHONPATH``.
 
 Output goes to a file (not a pipe: a killed or chatty worker can never block on it); the
@@ -17,9 +18,10 @@ import urllib.request
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from percolator.observers.metrics import parse_text
+from percolator.observers.parking import pending
+
 import percolator
-from observers.metrics import parse_text
-from observers.parking import pending
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,9 +39,9 @@ def cli_env(plugin_dir: Path | None, extra: dict[str, str] | None = None) -> dic
 def run_cli(
     args: Sequence[str], plugin_dir: Path | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m observers.cli ARGS`` to completion."""
+    """Run ``python -m percolator.observers.cli ARGS`` to completion."""
     return subprocess.run(
-        [sys.executable, "-m", "observers.cli", *args],
+        [sys.executable, "-m", "percolator.observers.cli", *args],
         cwd=PROJECT_ROOT,
         env=cli_env(plugin_dir),
         capture_output=True,
@@ -63,7 +65,7 @@ class WorkerProcess:
         env: dict[str, str] | None = None,
     ) -> None:
         self.log_path = log_path
-        args = [sys.executable, "-m", "observers.cli", "worker", "--store", store_url]
+        args = [sys.executable, "-m", "percolator.observers.cli", "worker", "--store", store_url]
         for name in observers:
             args += ["--observer", name]
         args += ["--threads", str(threads), "--metrics-port", "0", "--log-level", "WARNING"]

@@ -7,9 +7,7 @@ import time
 from collections.abc import Sequence
 
 import pytest
-
-import percolator
-from observers.api import (
+from percolator.observers.api import (
     Observer,
     Registration,
     check_observer,
@@ -18,7 +16,9 @@ from observers.api import (
     trigger,
     unregister_observer,
 )
-from observers.parking import pending
+from percolator.observers.parking import pending
+
+import percolator
 from percolator.client import OBSERVED_QUALIFIER, observed_refresh_ms, observed_row
 from percolator.errors import ConfigError, InvalidArgumentError
 from percolator.layout import META_FAMILY, META_TABLE
@@ -171,6 +171,6 @@ def test_malformed_declarations_are_rejected_naming_the_problem(
 
 
 def test_something_else_is_not_an_observer() -> None:
-    with pytest.raises(InvalidArgumentError, match=r"subclass observers\.api\.Observer"):
+    with pytest.raises(InvalidArgumentError, match=r"subclass percolator\.observers\.api\.Observer"):
         check_observer(object())
     assert check_observer(_Good()).name == "good"

@@ -1,5 +1,6 @@
 """The command line: ``percolator worker`` and ``percolator notifications list|retry``, run as
-real processes (``python -m observers.cli``, the same sub-commands ``percolator`` has)."""
+real processes
+(``python -m percolator.observers.cli``, the same sub-commands ``percolator`` has)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
+from percolator.observers.parking import ParkingLot, pending
+from percolator.observers.runner import Notification
 
-from observers.parking import ParkingLot, pending
-from observers.runner import Notification
 from tests.observers import helpers
 from tests.observers.conftest import connect
 from tests.observers.helpers import EVENTS, runs

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
+from percolator.observers import corpus, pipeline, reference
 
-from observers import corpus, pipeline, reference
 from tests.observers.conftest import connect
 from tests.observers.procs import WorkerProcess, wait_quiet
 

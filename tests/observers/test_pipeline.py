@@ -6,11 +6,11 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+from percolator.observers import corpus, pipeline, reference
+from percolator.observers.api import register_observers
+from percolator.observers.worker import Worker, WorkerOptions, run_until_quiet
 
 import percolator
-from observers import corpus, pipeline, reference
-from observers.api import register_observers
-from observers.worker import Worker, WorkerOptions, run_until_quiet
 from percolator.errors import InvalidArgumentError
 from tests.observers.conftest import connect
 from tests.observers.procs import wait_quiet

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from percolator.observers.pipeline import CanonicalIndex, DuplicateClusters, InboundLinks
+from percolator.observers.plugins import GROUP, PluginError, load, load_observers
 
-from observers.pipeline import CanonicalIndex, DuplicateClusters, InboundLinks
-from observers.plugins import GROUP, PluginError, load, load_observers
 from tests.observers import helpers
 from tests.observers.procs import PROJECT_ROOT, cli_env
 
@@ -86,7 +86,7 @@ def test_the_example_pipeline_is_installed_as_entry_points() -> None:
 def test_plugins_declared_by_another_distribution_are_found(plugin_dir: Path) -> None:
     """Real discovery through package metadata (a dist-info directory on the path)."""
     code = (
-        "from observers.plugins import load_observers\n"
+        "from percolator.observers.plugins import load_observers\n"
         "r = load_observers()\n"
         "print(sorted(o.name for o in r.observers))\n"
         "print(sorted(e.plugin for e in r.errors))\n"

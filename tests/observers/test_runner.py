@@ -9,17 +9,17 @@ from __future__ import annotations
 import threading
 
 import pytest
-
-import percolator
-from observers.api import read_ack, register_observers, trigger
-from observers.parking import pending
-from observers.runner import (
+from percolator.observers.api import read_ack, register_observers, trigger
+from percolator.observers.parking import pending
+from percolator.observers.runner import (
     ConflictExhaustedError,
     Notification,
     Outcome,
     cleanup,
     process_notification,
 )
+
+import percolator
 from percolator import failpoints
 from percolator.errors import InvalidArgumentError, PercolatorError
 from percolator.failpoints import FailpointError

@@ -10,13 +10,13 @@ import urllib.request
 from collections.abc import Callable, Iterator
 
 import pytest
+from percolator.observers.api import Observer
+from percolator.observers.metrics import parse_text
+from percolator.observers.parking import ParkingLot, pending
+from percolator.observers.runner import Notification
+from percolator.observers.worker import ScannerPositions, Worker, WorkerOptions
 
 import percolator
-from observers.api import Observer
-from observers.metrics import parse_text
-from observers.parking import ParkingLot, pending
-from observers.runner import Notification
-from observers.worker import ScannerPositions, Worker, WorkerOptions
 from percolator.errors import ConfigError
 from percolator.layout import META_FAMILY, META_TABLE
 from percolator.store.base import Put

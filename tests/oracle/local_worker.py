@@ -7,7 +7,8 @@ import sys
 import threading
 import time
 
-from oracle.local import LocalOracle
+from percolator.oracle.local import LocalOracle
+
 from percolator.store import open_store
 
 

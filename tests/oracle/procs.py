@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-
-from oracle.metrics import parse_text
-from oracle.proto_gen import oracle_pb2, oracle_pb2_grpc
+from percolator.oracle.metrics import parse_text
+from percolator.oracle.proto_gen import oracle_pb2, oracle_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,7 +35,7 @@ def free_port() -> int:
 
 
 class OracleProcess:
-    """``python -m oracle.cli serve`` in a subprocess; stderr goes to ``log_path``."""
+    """``python -m percolator.oracle.cli serve`` in a subprocess; stderr goes to ``log_path``."""
 
     def __init__(
         self,
@@ -64,7 +63,7 @@ class OracleProcess:
 
     def start(self, timeout_s: float = 30.0) -> OracleProcess:
         cmd = [
-            sys.executable, "-m", "oracle.cli", "serve",
+            sys.executable, "-m", "percolator.oracle.cli", "serve",
             "--store", self.store_url,
             "--listen", f"127.0.0.1:{self.port}",
             *self.args,

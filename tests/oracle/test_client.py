@@ -11,9 +11,9 @@ from typing import Any
 
 import grpc
 import pytest
+from percolator.oracle.client import GrpcOracleClient
+from percolator.oracle.proto_gen import oracle_pb2, oracle_pb2_grpc
 
-from oracle.client import GrpcOracleClient
-from oracle.proto_gen import oracle_pb2, oracle_pb2_grpc
 from percolator.errors import (
     ConfigError,
     InvalidArgumentError,

@@ -6,8 +6,8 @@ import threading
 import time
 
 import pytest
+from percolator.oracle.coalesce import Coalescer
 
-from oracle.coalesce import Coalescer
 from percolator.errors import InvalidArgumentError, OracleUnavailableError, TimestampRegressionError
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from percolator.oracle.client import GrpcOracleClient
+from percolator.oracle.factory import TOKEN_ENV, open_oracle, parse_oracle_url
+from percolator.oracle.local import LocalOracle
 
-from oracle.client import GrpcOracleClient
-from oracle.factory import TOKEN_ENV, open_oracle, parse_oracle_url
-from oracle.local import LocalOracle
 from percolator.errors import ConfigError
 from percolator.store.memory import MemoryStore
 

@@ -14,9 +14,9 @@ from collections.abc import Callable
 
 import grpc
 import pytest
+from percolator.oracle.client import GrpcOracleClient
+from percolator.oracle.proto_gen import oracle_pb2, oracle_pb2_grpc
 
-from oracle.client import GrpcOracleClient
-from oracle.proto_gen import oracle_pb2, oracle_pb2_grpc
 from percolator.errors import OracleError
 from tests.oracle.procs import (
     REPO,
@@ -163,8 +163,18 @@ def test_standby_takes_over_when_the_active_oracle_dies(
     addresses = [a.address, b.address]
 
     info = subprocess.run(
-        [sys.executable, "-m", "oracle.cli", "info", "--oracle", "grpc://" + ",".join(addresses)],
-        cwd=REPO, capture_output=True, text=True, timeout=30,
+        [
+            sys.executable,
+            "-m",
+            "percolator.oracle.cli",
+            "info",
+            "--oracle",
+            "grpc://" + ",".join(addresses),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert info.returncode == 0, info.stderr
     assert f"{a.address}: active, epoch" in info.stdout
@@ -221,8 +231,7 @@ def test_a_paused_oracle_hands_out_nothing_after_a_standby_took_over(
         taken_over_at = b.info().epoch
         load.wait_progress(100)
         queued = [
-            stub.Allocate.future(oracle_pb2.AllocateRequest(count=1), timeout=10)
-            for _ in range(20)
+            stub.Allocate.future(oracle_pb2.AllocateRequest(count=1), timeout=10) for _ in range(20)
         ]
         time.sleep(0.2)
         a.signal(signal.SIGCONT)

@@ -8,14 +8,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from percolator.oracle import gen
 
-from oracle import gen
 from tests.oracle.procs import REPO
 
 
 def test_committed_code_matches_the_proto() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "oracle.gen", "--check"], cwd=REPO, capture_output=True, text=True
+        [sys.executable, "-m", "percolator.oracle.gen", "--check"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 0, result.stderr
 

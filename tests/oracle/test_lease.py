@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from percolator.oracle.lease import LeaseConfig, OracleNode, Role
+from percolator.oracle.persist import ORACLE_QUALIFIER, ORACLE_ROW, OracleCell, OracleRecord
 
-from oracle.lease import LeaseConfig, OracleNode, Role
-from oracle.persist import ORACLE_QUALIFIER, ORACLE_ROW, OracleCell, OracleRecord
 from percolator.errors import FencedError, InvalidArgumentError, OracleUnavailableError
 from percolator.layout import META_FAMILY, META_TABLE
 from percolator.timestamps import LOGICAL_BITS, compose

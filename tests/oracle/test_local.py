@@ -9,10 +9,10 @@ import time
 from typing import Any
 
 import pytest
+from percolator.oracle.lease import LeaseConfig, OracleNode, Role
+from percolator.oracle.local import LocalOracle
+from percolator.oracle.persist import OracleCell, OracleRecord
 
-from oracle.lease import LeaseConfig, OracleNode, Role
-from oracle.local import LocalOracle
-from oracle.persist import OracleCell, OracleRecord
 from percolator.errors import OracleError, OracleUnavailableError
 from percolator.store import open_store
 from percolator.timestamps import compose

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from percolator.oracle.persist import ORACLE_QUALIFIER, ORACLE_ROW, OracleCell, OracleRecord
 
-from oracle.persist import ORACLE_QUALIFIER, ORACLE_ROW, OracleCell, OracleRecord
 from percolator.errors import OracleError
 from percolator.layout import META_FAMILY, META_TABLE
 from percolator.store.memory import MemoryStore

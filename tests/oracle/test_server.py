@@ -12,10 +12,10 @@ from pathlib import Path
 
 import grpc
 import pytest
+from percolator.oracle.client import GrpcOracleClient
+from percolator.oracle.local import LocalOracle
+from percolator.oracle.proto_gen import oracle_pb2, oracle_pb2_grpc
 
-from oracle.client import GrpcOracleClient
-from oracle.local import LocalOracle
-from oracle.proto_gen import oracle_pb2, oracle_pb2_grpc
 from percolator.errors import InvalidArgumentError, OracleError, OracleUnavailableError
 from percolator.store import open_store
 from tests.oracle.procs import REPO, OracleProcess
@@ -232,7 +232,7 @@ def test_the_local_oracle_refuses_while_a_server_holds_the_lease_and_then_contin
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "oracle.cli", *args],
+        [sys.executable, "-m", "percolator.oracle.cli", *args],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )
 

@@ -30,7 +30,7 @@ SPARK_MASTER = "local[2,4]"
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
-    from spark_jobs.session import build_session
+    from percolator.spark_jobs.session import build_session
 
     session = build_session(
         SPARK_MASTER,

@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from percolator.observers.api import Observer
+
 import percolator
-from observers.api import Observer
 from percolator.layout import WRITE
 from percolator.transaction import Transaction
 

@@ -8,18 +8,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from observers.worker import Worker, WorkerOptions, run_until_quiet
-from percolator.layout import NOTIFY
-from percolator.store.base import ScanOptions
-from spark_jobs.backfill import (
+from percolator.observers.worker import Worker, WorkerOptions, run_until_quiet
+from percolator.spark_jobs.backfill import (
     BackfillOptions,
     ColumnMapping,
     InjectedFailure,
     bucket_of,
     run_backfill,
 )
-from spark_jobs.session import SparkJobError
+from percolator.spark_jobs.session import SparkJobError
+
+from percolator.layout import NOTIFY
+from percolator.store.base import ScanOptions
 from tests.spark.helpers import (
     ITEMS,
     RunCounter,

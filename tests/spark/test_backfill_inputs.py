@@ -8,9 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from percolator.spark_jobs.backfill import (
+    BackfillOptions,
+    BadRowsError,
+    ColumnMapping,
+    run_backfill,
+)
 
 from percolator.errors import ConfigError
-from spark_jobs.backfill import BackfillOptions, BadRowsError, ColumnMapping, run_backfill
 from tests.spark.helpers import ITEMS, connect, table_rows
 
 pytestmark = pytest.mark.spark

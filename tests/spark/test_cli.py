@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from percolator.spark_jobs.cli import main, register
 
-from spark_jobs.cli import main, register
 from tests.spark.helpers import ITEMS, connect, table_rows, write_records
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,7 +52,7 @@ def test_missing_input_fails_before_spark_starts(tmp_path: Path) -> None:
     missing = tmp_path / "missing.parquet"
     started = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "spark_jobs.cli", "backfill", str(missing),
+        [sys.executable, "-m", "percolator.spark_jobs.cli", "backfill", str(missing),
          "--store", f"embedded:{tmp_path / 'store'}", "--table", ITEMS, "--key", "id"],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )
@@ -120,7 +120,7 @@ def test_killed_driver_then_rerun_writes_each_row_once(
     source = tmp_path / "in.json"
     write_items(source, count)
     command = [
-        sys.executable, "-m", "spark_jobs.cli", "backfill", str(source),
+        sys.executable, "-m", "percolator.spark_jobs.cli", "backfill", str(source),
         "--store", embedded_url, "--table", ITEMS, "--key", "id", "--job-id", "crash",
         "--batch-size", "20", "--buckets", "12", "--progress-interval", "0.5",
         "--master", "local[2]", "--conf", "spark.ui.enabled=false",
@@ -145,7 +145,7 @@ def test_killed_driver_then_rerun_writes_each_row_once(
         committed = len(table_rows(client, ITEMS))
     assert 0 < committed < count
 
-    from spark_jobs.backfill import BackfillOptions, run_backfill
+    from percolator.spark_jobs.backfill import BackfillOptions, run_backfill
 
     report = run_backfill(spark, BackfillOptions(
         store=embedded_url, table=ITEMS, inputs=(str(source),), key="id", job_id="crash",

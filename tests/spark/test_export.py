@@ -9,18 +9,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-import percolator
-from percolator.errors import ConfigError, TableNotFoundError
-from percolator.testing import ManualOracle
-from percolator.transaction import Transaction
-from spark_jobs.export import (
+from percolator.spark_jobs.export import (
     ExportOptions,
     export_table,
     ranges_of,
     sample_split_keys,
     write_export,
 )
+
+import percolator
+from percolator.errors import ConfigError, TableNotFoundError
+from percolator.testing import ManualOracle
+from percolator.transaction import Transaction
 from tests.spark.helpers import connect
 
 BANK = "bank"

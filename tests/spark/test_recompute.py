@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from percolator.observers import corpus, pipeline, reference
+from percolator.observers.api import register_observers
+from percolator.observers.worker import run_until_quiet
+from percolator.spark_jobs.backfill import BackfillOptions, run_backfill
+from percolator.spark_jobs.export import ExportOptions, export_table
+from percolator.spark_jobs.recompute import collect_tables, recompute
 
-from observers import corpus, pipeline, reference
-from observers.api import register_observers
-from observers.worker import run_until_quiet
-from spark_jobs.backfill import BackfillOptions, run_backfill
-from spark_jobs.export import ExportOptions, export_table
-from spark_jobs.recompute import collect_tables, recompute
 from tests.spark.helpers import connect
 
 pytestmark = pytest.mark.spark
