@@ -28,6 +28,7 @@ COMMAND_MODULES = [
     "percolator.spark_jobs.cli",
     "percolator.commands.gc",
     "percolator.commands.status",
+    "percolator.commands.inspect",
     "percolator.commands.demo",
 ]
 

@@ -31,6 +31,10 @@ class InvalidArgumentError(ConfigError, ValueError):
 # --------------------------------------------------------------------------- storage
 
 
+class StoreNotFoundError(ConfigError):
+    """A read-only command was pointed at a store that does not exist (it never creates one)."""
+
+
 class StoreError(PercolatorError):
     """The store failed an operation (the server reported an error)."""
 

@@ -108,6 +108,13 @@ class MemoryStore(Store):
         self._last_stamp_ms = 0
 
     @classmethod
+    def exists(cls, name: str) -> bool:
+        """Whether the process-wide store ``name`` was already created (an unnamed store
+        never exists beforehand)."""
+        with cls._registry_lock:
+            return bool(name) and name in cls._registry
+
+    @classmethod
     def named(cls, name: str) -> MemoryStore:
         """The process-wide store called ``name``, created on first use."""
         if not isinstance(name, str) or not name:

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, urlsplit
 
-from percolator.errors import ConfigError
+from percolator.errors import ConfigError, StoreNotFoundError
 from percolator.store.base import Store
 
 DEFAULT_STORE_URL = "embedded:./percolator-data"
@@ -91,20 +91,36 @@ def _parse_hbase(url: str) -> StoreURL:
     return StoreURL("hbase", host=host, port=port, options=options)
 
 
-def open_store(url: str | None = None) -> Store:
+def open_store(url: str | None = None, *, create: bool = True) -> Store:
     """Open the store a URL names (``None``: the embedded default ``./percolator-data``).
+
+    ``create=False`` is for read-only commands (status, inspect, listings, wait): they must
+    never create a store, so an embedded directory without a store in it, or a ``memory:``
+    store that does not already exist in this process, raises
+    :class:`~percolator.errors.StoreNotFoundError` naming it.
 
     Raises :class:`ConfigError` for a malformed URL and
     :class:`~percolator.errors.StoreUnavailableError` for an unreachable store.
     """
-    parsed = parse_store_url(url if url is not None else DEFAULT_STORE_URL)
+    text = url if url is not None else DEFAULT_STORE_URL
+    parsed = parse_store_url(text)
     if parsed.scheme == "memory":
         from percolator.store.memory import MemoryStore
 
+        if not create and not MemoryStore.exists(parsed.path):
+            raise StoreNotFoundError(
+                f"store {text!r} does not exist: a memory: store lives inside one process, "
+                "so a command started on its own has nothing to read there"
+            )
         return MemoryStore.named(parsed.path) if parsed.path else MemoryStore()
     if parsed.scheme == "embedded":
-        from percolator.store.embedded import EmbeddedStore
+        from percolator.store.embedded import DB_FILE, EmbeddedStore
 
+        if not create and not os.path.isfile(os.path.join(parsed.path, DB_FILE)):
+            raise StoreNotFoundError(
+                f"store {text!r} does not exist (no embedded store in "
+                f"{os.path.abspath(parsed.path)!r}); check the path"
+            )
         return EmbeddedStore(parsed.path)
     from percolator.store.hbase import HBaseStore
 
