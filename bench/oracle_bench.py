@@ -56,12 +56,13 @@ from bench._common import (
     run_timed,
     summarize,
 )
+from bench.targets import BY_ID
 from bench.workloads import OracleOps, oracle_ops
 from percolator.store import open_store
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGETS = {100: 10.0}  # waiters -> minimum coalescing gain, batched / per-rpc (P1)
-RANGED_TARGET = 50.0  # minimum ranged / per-rpc with the same waiters (P1)
+TARGETS = {100: BY_ID["P1b"].threshold}  # waiters -> minimum gain, batched / per-rpc
+RANGED_TARGET = BY_ID["P1a"].threshold  # minimum ranged / per-rpc with the same waiters
 _READY = re.compile(r"oracle: listening on (\S+) ")
 
 

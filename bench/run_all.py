@@ -4,12 +4,13 @@
     bench/run_all --quick              # smoke run: tiny sizes, one repeat (a few minutes)
     bench/run_all --store 'hbase://127.0.0.1:19090?prefix=runall_'   # an HBase already running
     bench/run_all --only txn,lock      # some steps only (the others show as not measured)
+    bench/run_all --quick --store embedded --out /tmp/r.md --plots /tmp/plots  # no HBase
 
 What it does, in order:
 
 1. starts a local HBase (percolator.localhbase, fresh work directory, free ports) unless
-   ``--store`` names one; records the machine (CPU, cores, memory, OS, Python, Java, HBase,
-   load average, date, source revision);
+   ``--store`` names one (or the embedded store); records the machine (CPU, cores, memory,
+   OS, Python, Java, HBase, load average, date, source revision);
 2. starts one timestamp oracle server on that HBase, used by every engine benchmark;
 3. runs each benchmark as its own process with ``--json`` (each in its own table prefix, so
    nothing collides and everything is dropped at the end): raw store baselines
@@ -18,9 +19,10 @@ What it does, in order:
    embedded), then the scaling runs (transactions vs client threads and value size; observer
    throughput and latency vs worker threads and processes, measured by this module's
    ``observer-scaling`` command);
-4. for every missed target, profiles the missing operation in a separate process (this
-   module's ``profile`` command: store round trips from the store's counters, timestamps,
-   time per operation, top functions under cProfile);
+4. for every missed target (bench/targets.py), profiles the workload behind it in a
+   separate process (this module's ``profile`` command, bench/profiling.py: store round
+   trips from the store's counters, timestamps, time per operation, top functions under
+   cProfile);
 5. stops the oracle, drops every table it created and stops HBase (also on Ctrl-C or
    SIGTERM), then writes ``bench/results.md`` and ``bench/plots/*.png`` (bench/report.py).
 
@@ -182,15 +184,22 @@ def with_prefix(url: str, extra: str) -> str:
 class Namespaces:
     """One table prefix per step, under a prefix unique to this run, so steps never see each
     other's tables and a shared HBase keeps nothing of ours: :meth:`drop_all` drops every
-    table under every prefix handed out (and nothing else)."""
+    table under every prefix handed out (and nothing else).  On the embedded store
+    (``embedded`` or ``embedded:DIR``) each step gets its own store directory instead, under
+    ``DIR`` (default: the work directory)."""
 
-    def __init__(self, base_url: str, run_id: str) -> None:
+    def __init__(self, base_url: str, run_id: str, workdir: Path) -> None:
         self.base_url = base_url
         self.run_id = run_id
+        self.embedded = base_url.split(":", 1)[0].lower() == "embedded"
+        self.root = (base_url.partition(":")[2] or str(workdir / "stores")).rstrip("/")
         self.urls: list[str] = []
 
     def url(self, tag: str) -> str:
-        url = with_prefix(self.base_url, f"ra{self.run_id}{tag}_")
+        name = f"ra{self.run_id}{tag}"
+        url = f"embedded:{self.root}/{name}" if self.embedded else with_prefix(
+            self.base_url, name + "_"
+        )
         self.urls.append(url)
         return url
 
@@ -417,14 +426,17 @@ def _parser() -> argparse.ArgumentParser:
         description="Run every benchmark and write bench/results.md with plots.",
     )
     parser.add_argument(
-        "--quick", action="store_true", help="smoke run: tiny sizes, one repeat (a few minutes)"
+        "--quick",
+        action="store_true",
+        help="smoke run: tiny sizes, one repeat, no Spark unless --only names it (a few minutes)",
     )
     parser.add_argument(
         "--repeats", type=int, help="repeats of every measurement (default: 3, or 1 with --quick)"
     )
     parser.add_argument(
         "--store",
-        help="use this running HBase (hbase://HOST:PORT[?prefix=P]) instead of starting one",
+        help="use this running HBase (hbase://HOST:PORT[?prefix=P]) instead of starting one, "
+        "or the embedded store (embedded[:DIR]: one store directory per step)",
     )
     parser.add_argument("--only", help=f"comma-separated step groups to run ({','.join(GROUPS)})")
     parser.add_argument("--skip", help="comma-separated step groups to leave out")
@@ -469,14 +481,17 @@ def run_all(argv: Sequence[str] | None) -> int:
     except ConfigError as exc:
         print(f"run_all: {exc}", file=sys.stderr)
         return 2
-    if args.store and not args.store.lower().startswith("hbase://"):
+    embedded = bool(args.store) and args.store.split(":", 1)[0].lower() == "embedded"
+    if args.store and not embedded and not args.store.lower().startswith("hbase://"):
         print(
-            f"run_all: --store must be an HBase URL (hbase://HOST:PORT[?prefix=P]), got "
-            f"{args.store!r}",
+            f"run_all: --store must be an HBase URL (hbase://HOST:PORT[?prefix=P]) or "
+            f"embedded[:DIR], got {args.store!r}",
             file=sys.stderr,
         )
         return 2
-    if args.store:
+    if args.quick and not args.only:
+        groups.discard("spark")  # minutes of JVM start-up: a smoke run asks for it by name
+    if args.store and not embedded:
         problem = _check_store(args.store)
         if problem:
             print(f"run_all: {problem}", file=sys.stderr)
@@ -509,7 +524,10 @@ def run_all(argv: Sequence[str] | None) -> int:
     print(f"run_all: work directory {workdir}", file=sys.stderr)
     try:
         with contextlib.ExitStack() as stack:
-            if args.store:
+            if embedded:
+                base_url = args.store
+                machine["hbase"] = "not used: every benchmark on the embedded store"
+            elif args.store:
                 base_url = args.store
                 machine["hbase"] = (
                     "external Thrift-1 gateway (its version is not reported through Thrift-1)"
@@ -532,13 +550,13 @@ def run_all(argv: Sequence[str] | None) -> int:
                     f"for this run ({time.monotonic() - t0:.0f} s to start)"
                 )
             machine["store"] = urlsplit(base_url)._replace(query="").geturl()
-            namespaces = Namespaces(base_url, run_id)
+            namespaces = Namespaces(base_url, run_id, workdir)
             stack.callback(namespaces.drop_all)  # runs after the oracle stops, before HBase
             from bench.oracle_bench import oracle_server
 
             oracle_url = "grpc://" + stack.enter_context(oracle_server(namespaces.url("oracle")))
             machine["oracle"] = (
-                "timestamp oracle server (percolator.oracle.cli serve) on the same HBase, "
+                "timestamp oracle server (percolator.oracle.cli serve) on the same store, "
                 "one for the whole run"
             )
             _run_steps(runner, raw, sizes, groups, namespaces, oracle_url, args.profile_all)
@@ -584,6 +602,19 @@ def _save_raw(raw: J, runner: Runner, workdir: Path, started: float) -> None:
     (workdir / "raw.json").write_text(json.dumps(raw, indent=1, sort_keys=True) + "\n")
 
 
+def bench_argv(script: str, *args: str, **options: object) -> list[str]:
+    """The command line of ``bench/<script>.py``: ``args``, then ``--option value`` for each
+    option (``value_size`` becomes ``--value-size``; None is left out, True is a bare flag)."""
+    argv = [str(BENCH / f"{script}.py"), *args]
+    for key, value in options.items():
+        if value is None or value is False:
+            continue
+        argv.append("--" + key.replace("_", "-"))
+        if value is not True:
+            argv.append(str(value))
+    return argv
+
+
 def _run_steps(
     runner: Runner,
     raw: J,
@@ -593,135 +624,63 @@ def _run_steps(
     oracle_url: str,
     profile_all: bool,
 ) -> None:
-    r = str(sizes.repeats)
+    r = sizes.repeats
+    # On HBase, the benchmarks that are cheap on the embedded store run there too, for
+    # context; on the embedded store that would measure the same thing twice.
+    also_embedded = not ns.embedded
 
-    def py(name: str) -> str:
-        return str(BENCH / f"{name}.py")
+    def txn(name: str, store: str | None, threads: int, value_size: int) -> None:
+        runner.run(name, bench_argv(
+            "txn_bench", store=store, oracle=oracle_url, ops=sizes.txn_ops, threads=threads,
+            repeats=r, value_size=value_size,
+        ))
 
-    def txn_args(store: str | None, threads: int, value_size: int) -> list[str]:
-        return [
-            py("txn_bench"),
-            *(["--store", store] if store else []),
-            "--oracle",
-            oracle_url,
-            "--ops",
-            str(sizes.txn_ops),
-            "--threads",
-            str(threads),
-            "--repeats",
-            r,
-            "--value-size",
-            str(value_size),
-        ]
+    def raw_store(name: str, ops: int, repeats: int, warmup: int | None = None) -> None:
+        runner.run(name, bench_argv(
+            "store_bench", store=ns.url(name), ops=ops, threads=sizes.txn_threads,
+            repeats=repeats, warmup=warmup,
+        ))
 
+    scan = {"scan_base": sizes.scan_base, "scan_growth": sizes.scan_growth,
+            "dirty": sizes.scan_dirty, "scan_repeats": sizes.scan_repeats}
     # Untimed: warms the HBase server (JIT) and the page cache before anything is measured.
-    runner.run(
-        "warmup",
-        [
-            py("store_bench"),
-            "--store",
-            ns.url("warm"),
-            "--ops",
-            str(sizes.warmup_ops),
-            "--threads",
-            str(sizes.txn_threads),
-            "--repeats",
-            "1",
-            "--warmup",
-            "0",
-        ],
-    )
+    raw_store("warmup", sizes.warmup_ops, 1, warmup=0)
     if "store" in groups:
-        runner.run(
-            "store",
-            [
-                py("store_bench"),
-                "--store",
-                ns.url("store"),
-                "--ops",
-                str(sizes.store_ops),
-                "--threads",
-                str(sizes.txn_threads),
-                "--repeats",
-                r,
-            ],
-        )
+        raw_store("store", sizes.store_ops, r)
     if "txn" in groups:
-        runner.run("txn_hbase", txn_args(ns.url("txn"), sizes.txn_threads, 64))
-        runner.run("txn_embedded", txn_args(None, sizes.txn_threads, 64))
+        txn("txn_hbase", ns.url("txn"), sizes.txn_threads, 64)
+        if also_embedded:
+            txn("txn_embedded", None, sizes.txn_threads, 64)
     if "oracle" in groups:
-        runner.run(
-            "oracle",
-            [
-                py("oracle_bench"),
-                "--store",
-                ns.url("orc"),
-                "--waiters",
-                sizes.oracle_waiters,
-                "--repeats",
-                r,
-                "--seconds",
-                str(sizes.oracle_seconds),
-            ],
-        )
+        runner.run("oracle", bench_argv(
+            "oracle_bench", store=ns.url("orc"), waiters=sizes.oracle_waiters, repeats=r,
+            seconds=sizes.oracle_seconds,
+        ))
     if "observers" in groups:
-        scan = [
-            "--scan-base",
-            str(sizes.scan_base),
-            "--scan-growth",
-            str(sizes.scan_growth),
-            "--dirty",
-            str(sizes.scan_dirty),
-            "--scan-repeats",
-            str(sizes.scan_repeats),
-        ]
-        runner.run(
-            "observers",
-            [
-                py("observer_bench"),
-                "--store",
-                ns.url("obs"),
-                "--oracle",
-                oracle_url,
-                "--threads",
-                str(sizes.obs_threads),
-                "--flood",
-                str(sizes.obs_flood),
-                "--flood-repeats",
-                r,
-                "--step-seconds",
-                str(sizes.obs_step_seconds),
-                "--half-repeats",
-                r,
-                *scan,
-            ],
-        )
-        runner.run(
-            "scan_embedded", [py("observer_bench"), "--only", "scan", "--oracle", oracle_url, *scan]
-        )
+        runner.run("observers", bench_argv(
+            "observer_bench", store=ns.url("obs"), oracle=oracle_url, threads=sizes.obs_threads,
+            flood=sizes.obs_flood, flood_repeats=r, step_seconds=sizes.obs_step_seconds,
+            half_repeats=r, **scan,
+        ))
+        if also_embedded:
+            runner.run("scan_embedded", bench_argv(
+                "observer_bench", only="scan", oracle=oracle_url, **scan
+            ))
     if "spark" in groups:
-        runner.run(
-            "spark",
-            [
-                py("spark_bench"),
-                "--store",
-                ns.url("spark"),
-                "--rows",
-                str(sizes.spark_rows),
-                "--docs",
-                str(sizes.spark_docs),
-                "--rounds",
-                str(sizes.spark_rounds),
-                "--repeats",
-                r,
-            ],
-        )
+        runner.run("spark", bench_argv(
+            "spark_bench", store=ns.url("spark"), rows=sizes.spark_rows, docs=sizes.spark_docs,
+            rounds=sizes.spark_rounds, repeats=r,
+        ))
     if "lock" in groups:
-        lock = [py("lock_bench"), "--repeats", r, "--cells", str(sizes.lock_cells)]
-        runner.run("lock_hbase", [*lock, "--store", ns.url("lock")])
-        runner.run("lock_embedded", lock)
+        runner.run("lock_hbase", bench_argv(
+            "lock_bench", repeats=r, cells=sizes.lock_cells, store=ns.url("lock")
+        ))
+        if also_embedded:
+            runner.run("lock_embedded", bench_argv(
+                "lock_bench", repeats=r, cells=sizes.lock_cells
+            ))
     if "scaling" in groups:
-        _run_scaling(runner, raw, sizes, ns, oracle_url, txn_args)
+        _run_scaling(runner, raw, sizes, ns, oracle_url, txn)
     if "profiles" in groups:
         _run_profiles(runner, raw, sizes, ns, oracle_url, profile_all)
 
@@ -732,7 +691,7 @@ def _run_scaling(
     sizes: Sizes,
     ns: Namespaces,
     oracle_url: str,
-    txn_args: Callable[[str | None, int, int], list[str]],
+    txn: Callable[[str, str | None, int, int], None],
 ) -> None:
     series = raw["series"]
     # Transactions vs client threads and vs value size; the P2-P4 run is one of the points.
@@ -743,7 +702,7 @@ def _run_scaling(
         if threads == sizes.txn_threads and main:
             name = main
         else:
-            runner.run(name, txn_args(ns.url(f"tt{threads}"), threads, 64))
+            txn(name, ns.url(f"tt{threads}"), threads, 64)
         series["txn_threads"][str(threads)] = name
     series["value_size"] = {}
     for value in sizes.scaling_values:
@@ -751,7 +710,7 @@ def _run_scaling(
         if value == 64 and main:
             name = main
         else:
-            runner.run(name, txn_args(ns.url(f"tv{value}"), sizes.txn_threads, value))
+            txn(name, ns.url(f"tv{value}"), sizes.txn_threads, value)
         series["value_size"][str(value)] = name
     # Observer throughput and latency vs worker threads and processes.  Latency is measured
     # at one fixed write rate for every setting: half the backlog throughput of the first
@@ -760,29 +719,11 @@ def _run_scaling(
     rate = "0.5x"
     for threads, workers in sizes.scaling_observers:
         name = f"obs_t{threads}_w{workers}"
-        result = runner.run(
-            name,
-            [
-                str(BENCH / "run_all.py"),
-                "observer-scaling",
-                "--store",
-                ns.url(f"os{threads}w{workers}"),
-                "--oracle",
-                oracle_url,
-                "--threads",
-                str(threads),
-                "--workers",
-                str(workers),
-                "--flood",
-                str(sizes.scaling_flood),
-                "--repeats",
-                str(sizes.repeats),
-                "--at-rate",
-                rate,
-                "--step-seconds",
-                str(sizes.scaling_step_seconds),
-            ],
-        )
+        result = runner.run(name, bench_argv(
+            "run_all", "observer-scaling", store=ns.url(f"os{threads}w{workers}"),
+            oracle=oracle_url, threads=threads, workers=workers, flood=sizes.scaling_flood,
+            repeats=sizes.repeats, at_rate=rate, step_seconds=sizes.scaling_step_seconds,
+        ))
         series["observers"].append(name)
         if result is not None and rate.endswith("x"):
             rate = f"{float(result['fixed_rate']):.3f}"
@@ -791,49 +732,34 @@ def _run_scaling(
 def _run_profiles(
     runner: Runner, raw: J, sizes: Sizes, ns: Namespaces, oracle_url: str, profile_all: bool
 ) -> None:
-    from bench.report import MISS, PROFILE_OF, evaluate
+    """Profile the workload behind every missed target (every target with
+    ``profile_all``), each kind once."""
+    from bench.report import MISS, evaluate
+    from bench.targets import BY_ID
 
     raw["runs"] = runner.runs
-    targets = evaluate(raw)
-    kinds = sorted({PROFILE_OF[t.tid] for t in targets if profile_all or t.verdict == MISS})
-    spark = runner.runs.get("spark", {})
-    load = spark.get("load") or {}
+    kinds = sorted({
+        BY_ID[t.tid].profile for t in evaluate(raw)
+        if BY_ID[t.tid].profile and (profile_all or t.verdict == MISS)
+    })
+    load = runner.runs.get("spark", {}).get("load") or {}
+    docs = sizes.spark_docs
+    # What each kind measures like its benchmark does: the coalescing client as P1b
+    # measures it (100 threads in one process), the benchmark's scan sizes, corpus size
+    # (what one change costs depends on the corpus) and backfill batch.
+    options: dict[str, dict[str, object]] = {
+        "oracle": {"waiters": 100},
+        "scan": {"scan_base": sizes.scan_base, "scan_growth": sizes.scan_growth,
+                 "dirty": sizes.scan_dirty},
+        "incremental": {"docs": docs, "fraction": f"{max(0.01, 5 / docs):.4f}"},
+        "backfill": {"batch": load.get("batch", 200)},
+        "lock": {"cells": sizes.lock_cells},
+    }
     for kind in kinds:
-        argv = [
-            str(BENCH / "run_all.py"),
-            "profile",
-            "--kind",
-            kind,
-            "--store",
-            ns.url(f"prof{kind[:4]}"),
-            "--oracle",
-            oracle_url,
-            "--ops",
-            str(sizes.profile_ops),
-            "--repeats",
-            str(sizes.repeats),
-        ]
-        if kind == "oracle":
-            # The coalescing client as P1b measures it (100 threads in one process).
-            argv += ["--waiters", "100"]
-        elif kind == "scan":
-            argv += [
-                "--scan-base",
-                str(sizes.scan_base),
-                "--scan-growth",
-                str(sizes.scan_growth),
-                "--dirty",
-                str(sizes.scan_dirty),
-            ]
-        elif kind == "incremental":
-            # The benchmark's corpus size: what one change costs depends on the corpus.
-            docs = sizes.spark_docs
-            argv += ["--docs", str(docs), "--fraction", f"{max(0.01, 5 / docs):.4f}"]
-        elif kind == "backfill":
-            argv += ["--batch", str(load.get("batch", 200))]
-        elif kind == "lock":
-            argv += ["--cells", str(sizes.lock_cells)]
-        result = runner.run(f"profile_{kind}", argv)
+        result = runner.run(f"profile_{kind}", bench_argv(
+            "run_all", "profile", kind=kind, store=ns.url(f"prof{kind[:4]}"), oracle=oracle_url,
+            ops=sizes.profile_ops, repeats=sizes.repeats, **options.get(kind, {}),
+        ))
         raw["profiles"][kind] = (
             result
             if result is not None

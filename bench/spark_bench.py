@@ -59,6 +59,7 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` and the package
 
 import percolator
 from bench._common import print_table
+from bench.targets import BY_ID
 from bench.workloads import ChangingCorpus, row_puts
 from percolator.store import FamilySpec, Put, open_store
 
@@ -192,7 +193,7 @@ def measure_load(
         "raw_runs": raw_rates,
         "backfill_runs": backfill_rates,
         "ratio": fill / raw,
-        "target": 0.5,
+        "target": BY_ID["P8"].threshold,
     }
 
 
@@ -321,7 +322,7 @@ def measure_incremental(
         "recompute_runs": recompute_runs,
         "ratio": {r: recompute_s / t for r, t in incremental_s.items()},
         "identical": True,
-        "target": 50.0,
+        "target": BY_ID["P7"].threshold,
     }
 
 
