@@ -1,6 +1,6 @@
 """Helpers shared by the benchmarks: timed runs over threads, percentiles, medians over
-repeats, an oracle wrapper that counts timestamps and the wait for them, a client built on
-it, and tables (plain text and markdown).
+repeats, tables (plain text and markdown), an oracle wrapper that counts timestamps and the
+wait for them, a client built on it, and a probe of what a piece of work costs.
 
 A benchmark measures one operation with :func:`run_timed` (per-call latencies plus the
 wall-clock rate), repeats that a few times, and reports the **median** of the repeats with
@@ -17,8 +17,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import TextIO
+from dataclasses import dataclass, field
+from typing import Any, TextIO
 
 import percolator
 from percolator.store import Store, open_store
@@ -339,3 +339,44 @@ def counted_client(
         client = percolator.connect(store, oracle=oracle, **options)
         stack.callback(client.close)
         yield client, store, oracle
+
+
+@dataclass
+class Probe:
+    """Counts what a piece of work costs: store round trips (the store's own counters),
+    timestamps and oracle wait, and wall time."""
+
+    store: Store
+    oracle: CountingOracle | None = None
+    calls: dict[str, int] = field(default_factory=dict)
+    timestamps: int = 0
+    waited_s: float = 0.0
+    started: float = 0.0
+
+    def start(self) -> None:
+        self.calls = dict(self.store.stats.calls)
+        self.timestamps = self.oracle.timestamps if self.oracle else 0
+        self.waited_s = self.oracle.waited_s if self.oracle else 0.0
+        self.started = time.perf_counter()
+
+    def stop(self, per: float, unit: str) -> dict[str, Any]:
+        """The cost per operation, ``per`` operations having run since :meth:`start`."""
+        seconds = time.perf_counter() - self.started
+        after = self.store.stats.calls
+        trips = {
+            op: (n - self.calls.get(op, 0)) / per
+            for op, n in after.items()
+            if n != self.calls.get(op, 0)
+        }
+        return {
+            "unit": unit,
+            "count": per,
+            "ms_per_op": seconds * 1000 / per,
+            "round_trips_per_op": trips,
+            "timestamps_per_op": (
+                (self.oracle.timestamps - self.timestamps) / per if self.oracle else 0.0
+            ),
+            "oracle_ms_per_op": (
+                (self.oracle.waited_s - self.waited_s) * 1000 / per if self.oracle else 0.0
+            ),
+        }

@@ -7,8 +7,9 @@ module, in a separate process against the same store:
 
 Every profile wraps a workload of :mod:`bench.workloads` (the same operations the
 benchmarks time): :func:`measure_op` runs it single-threaded, first counted by a
-:class:`Probe` (the store's own call counters, a :class:`~bench._common.CountingOracle`,
-wall time), then under cProfile for the top functions by own time.
+:class:`~bench._common.Probe` (the store's own call counters, a
+:class:`~bench._common.CountingOracle`, wall time), then under cProfile for the top
+functions by own time.
 """
 
 from __future__ import annotations
@@ -23,57 +24,14 @@ import re
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bench import workloads as w
-from bench._common import CountingOracle, counted_client, run_timed
-from percolator.store import Store
+from bench._common import Probe, counted_client, run_timed
 
 J = dict[str, Any]
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@dataclass
-class Probe:
-    """Counts what a piece of work costs: store round trips (the store's own counters),
-    timestamps and oracle wait, and wall time."""
-
-    store: Store
-    oracle: CountingOracle | None = None
-    calls: dict[str, int] = field(default_factory=dict)
-    timestamps: int = 0
-    waited_s: float = 0.0
-    started: float = 0.0
-
-    def start(self) -> None:
-        self.calls = dict(self.store.stats.calls)
-        self.timestamps = self.oracle.timestamps if self.oracle else 0
-        self.waited_s = self.oracle.waited_s if self.oracle else 0.0
-        self.started = time.perf_counter()
-
-    def stop(self, per: float, unit: str) -> J:
-        """The cost per operation, ``per`` operations having run since :meth:`start`."""
-        seconds = time.perf_counter() - self.started
-        after = self.store.stats.calls
-        trips = {
-            op: (n - self.calls.get(op, 0)) / per
-            for op, n in after.items()
-            if n != self.calls.get(op, 0)
-        }
-        return {
-            "unit": unit,
-            "count": per,
-            "ms_per_op": seconds * 1000 / per,
-            "round_trips_per_op": trips,
-            "timestamps_per_op": (
-                (self.oracle.timestamps - self.timestamps) / per if self.oracle else 0.0
-            ),
-            "oracle_ms_per_op": (
-                (self.oracle.waited_s - self.waited_s) * 1000 / per if self.oracle else 0.0
-            ),
-        }
 
 
 def _short_path(filename: str) -> str:
