@@ -3,9 +3,12 @@
 
 Everything the report says is computed here from the measured numbers in the raw results
 (``raw.json``, which ``bench/run_all`` writes into its work directory): the verdict per
-target, the ratios, the knees of the scaling curves and the explanation of every miss (from
-the profiles run_all took of the missing benchmarks).  No figure is typed in by hand except
-the published anchors and the goals, which are quoted from the project's targets.
+target, the ratios, the knees of the scaling curves and the explanation of every miss.
+Every target of bench/targets.py is judged by :func:`judge` (its reader on its step's JSON,
+against its threshold) and every miss explained by :func:`explain` (from the profile
+run_all took of its workload: round trips, timestamps, time, top functions).  No figure is
+typed in by hand except the published anchors and the goals, which are quoted from the
+project's targets (bench/targets.py).
 
 Regenerate the report from saved raw results (no benchmark is run):
 
