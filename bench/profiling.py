@@ -65,16 +65,15 @@ def top_functions(source: cProfile.Profile | pstats.Stats, per: float, n: int = 
     return out
 
 
-def profiled(work: Callable[[], float]) -> tuple[cProfile.Profile, float]:
-    """``work()`` under cProfile (wall clock); returns the profile and what ``work``
-    returned (the number of operations it did)."""
+def profiled(work: Callable[[], object]) -> cProfile.Profile:
+    """``work()`` under cProfile (wall clock)."""
     profiler = cProfile.Profile()
     profiler.enable()
     try:
-        count = work()
+        work()
     finally:
         profiler.disable()
-    return profiler, count
+    return profiler
 
 
 def measure_op(op: w.Op, *, count: int, probe: Probe, unit: str, warmup: int = 3) -> J:
@@ -89,12 +88,11 @@ def measure_op(op: w.Op, *, count: int, probe: Probe, unit: str, warmup: int = 3
         op(next(indexes))
     result = probe.stop(count, unit)
 
-    def again() -> float:
+    def again() -> None:
         for _ in range(count):
             op(next(indexes))
-        return count
 
-    profiler, _ = profiled(again)
+    profiler = profiled(again)
     return result | {
         "top": top_functions(profiler, count),
         "profiled_ops": count,
@@ -103,7 +101,7 @@ def measure_op(op: w.Op, *, count: int, probe: Probe, unit: str, warmup: int = 3
 
 
 def measure_drain(
-    probe: Probe, unit: str, prepare: Callable[[], int], drain: Callable[[], float]
+    probe: Probe, unit: str, prepare: Callable[[], int], drain: Callable[[], object]
 ) -> J:
     """Cost of processing work to quiescence: ``prepare()`` makes ``n`` units of work
     (untimed) and ``drain()`` processes them, once counted, once under cProfile."""
@@ -112,7 +110,7 @@ def measure_drain(
     drain()
     result = probe.stop(max(changed, 1), unit)
     changed = prepare()
-    profiler, _ = profiled(drain)
+    profiler = profiled(drain)
     return result | {
         "top": top_functions(profiler, max(changed, 1)),
         "profiled_ops": changed,
@@ -229,7 +227,7 @@ def profile_observer(args: argparse.Namespace) -> J:
             Probe(store, oracle),
             "observer run, scan included",
             lambda: len(w.write_events(client, f"round{next(rounds)}", args.ops)),
-            lambda: run_until_quiet(client, [observer]).runs,
+            lambda: run_until_quiet(client, [observer]),
         )
     return {"ops": {"observer_run": result}}
 
@@ -274,9 +272,8 @@ def profile_incremental(args: argparse.Namespace) -> J:
             changes.append(documents.change(client, args.fraction, next(seeds)))
             return changes[-1]
 
-        def drain() -> float:
+        def drain() -> None:
             runs.append(documents.process(client).runs)
-            return runs[-1]
 
         result = measure_drain(
             Probe(store, oracle), "changed document, processed to quiescence", prepare, drain
