@@ -1,21 +1,28 @@
 """Helpers shared by the benchmarks: timed runs over threads, percentiles, medians over
-repeats, and plain-text tables.
+repeats, tables (plain text and markdown), an oracle wrapper that counts timestamps and the
+wait for them, a client built on it, and a probe of what a piece of work costs.
 
 A benchmark measures one operation with :func:`run_timed` (per-call latencies plus the
 wall-clock rate), repeats that a few times, and reports the **median** of the repeats with
 their spread (:func:`summarize`), because single runs on a shared two-core machine are noisy.
+The operations themselves are written once, in :mod:`bench.workloads`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TextIO
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import percolator
+from percolator.store import Store, open_store
+from percolator.timestamps import TimestampOracle
 
 
 def percentile(values: Sequence[float], p: float) -> float:
@@ -237,8 +244,13 @@ def fmt_spread(s: Spread) -> str:
     return f"{fmt_rate(s.low)}-{fmt_rate(s.high)} ({s.relative * 100:.0f}%)"
 
 
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A plain-text table: the first column left-aligned, the others right-aligned."""
+def format_table(
+    headers: Sequence[str], rows: Iterable[Sequence[object]], *, markdown: bool = False
+) -> str:
+    """A table: plain text (the first column left-aligned, the others right-aligned) or,
+    with ``markdown``, a GitHub markdown table."""
+    if markdown:
+        return _markdown_table(headers, rows)
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
 
@@ -252,7 +264,119 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
     return "\n".join([line(cells[0]), rule, *(line(r) for r in cells[1:])])
 
 
+def _markdown_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    def cell(value: object) -> str:
+        return str(value).replace("|", "\\|").replace("\n", " ")
+
+    lines = [
+        "| " + " | ".join(cell(h) for h in headers) + " |",
+        "| " + " | ".join("---" for _ in headers) + " |",
+    ]
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
 def print_table(
     headers: Sequence[str], rows: Sequence[Sequence[object]], *, file: TextIO | None = None
 ) -> None:
     print(format_table(headers, rows), file=file if file is not None else sys.stdout)
+
+
+# --------------------------------------------------------------------------- the oracle
+
+
+class CountingOracle(TimestampOracle):
+    """Wraps an oracle, counting the timestamps drawn and adding up the wall-clock time
+    spent waiting for them (over all threads)."""
+
+    def __init__(self, inner: TimestampOracle) -> None:
+        self.inner = inner
+        self.timestamps = 0
+        self.waited_s = 0.0
+        self._lock = threading.Lock()
+
+    def get_timestamp(self) -> int:
+        started = time.perf_counter()
+        try:
+            return self.inner.get_timestamp()
+        finally:
+            self._count(1, started)
+
+    def get_timestamps(self, count: int) -> list[int]:
+        started = time.perf_counter()
+        try:
+            return self.inner.get_timestamps(count)
+        finally:
+            self._count(count, started)
+
+    def _count(self, timestamps: int, started: float) -> None:
+        waited = time.perf_counter() - started
+        with self._lock:
+            self.timestamps += timestamps
+            self.waited_s += waited
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+@contextlib.contextmanager
+def counted_client(
+    store: str | Store, oracle_url: str | None, **options: int
+) -> Iterator[tuple[percolator.Client, Store, CountingOracle]]:
+    """A client on ``store`` (a URL, or an open store left open) whose oracle
+    (``oracle_url``, or the store's own for None) is a :class:`CountingOracle`; yields
+    ``(client, store, oracle)`` and closes what it opened."""
+    from percolator.oracle.factory import open_oracle
+
+    from percolator.client import ensure_meta_table
+
+    with contextlib.ExitStack() as stack:
+        if isinstance(store, str):
+            store = open_store(store)
+            stack.callback(store.close)
+        ensure_meta_table(store)
+        oracle = CountingOracle(open_oracle(oracle_url, store))
+        client = percolator.connect(store, oracle=oracle, **options)
+        stack.callback(client.close)
+        yield client, store, oracle
+
+
+@dataclass
+class Probe:
+    """Counts what a piece of work costs: store round trips (the store's own counters),
+    timestamps and oracle wait, and wall time."""
+
+    store: Store
+    oracle: CountingOracle | None = None
+    calls: dict[str, int] = field(default_factory=dict)
+    timestamps: int = 0
+    waited_s: float = 0.0
+    started: float = 0.0
+
+    def start(self) -> None:
+        self.calls = dict(self.store.stats.calls)
+        self.timestamps = self.oracle.timestamps if self.oracle else 0
+        self.waited_s = self.oracle.waited_s if self.oracle else 0.0
+        self.started = time.perf_counter()
+
+    def stop(self, per: float, unit: str) -> dict[str, Any]:
+        """The cost per operation, ``per`` operations having run since :meth:`start`."""
+        seconds = time.perf_counter() - self.started
+        after = self.store.stats.calls
+        trips = {
+            op: (n - self.calls.get(op, 0)) / per
+            for op, n in after.items()
+            if n != self.calls.get(op, 0)
+        }
+        return {
+            "unit": unit,
+            "count": per,
+            "ms_per_op": seconds * 1000 / per,
+            "round_trips_per_op": trips,
+            "timestamps_per_op": (
+                (self.oracle.timestamps - self.timestamps) / per if self.oracle else 0.0
+            ),
+            "oracle_ms_per_op": (
+                (self.oracle.waited_s - self.waited_s) * 1000 / per if self.oracle else 0.0
+            ),
+        }

@@ -55,7 +55,7 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` and ``percolato
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import percolator
-from bench._common import print_table, spread
+from bench._common import Probe, print_table, spread
 from percolator.context import ClientOptions
 from percolator.layout import LOCK
 from percolator.records import LockCell, LockInfo
@@ -236,7 +236,8 @@ def _trial_on(
     if holder.returncode != -signal.SIGKILL:
         raise LockBenchError(f"the holder ended with {holder.returncode}, not by SIGKILL")
 
-    before = dict(client.store.stats.calls)
+    probe = Probe(client.store)
+    probe.start()
     age_s = (now_ms() - physical_ms(start_ts)) / 1000
     started = time.monotonic()
     if profiler is not None:
@@ -248,8 +249,7 @@ def _trial_on(
         if profiler is not None:
             profiler.disable()
     done = time.monotonic()
-    after = client.store.stats.calls
-    round_trips = {op: n - before.get(op, 0) for op, n in after.items() if n != before.get(op, 0)}
+    round_trips = {op: int(n) for op, n in probe.stop(1, "read")["round_trips_per_op"].items()}
 
     left = _locks_of(client, table, start_ts)
     if left:

@@ -42,6 +42,12 @@ notifications spread over the key space.  Per size: the time of one notification
 scanner's scan of the notify family, median of ``--scan-repeats``), and for contrast one
 scan of the lock family (what finding dirty cells would cost without a separate family).
 Target: the notification pass stays within 2x while the table grows 100x.
+
+Scaling point
+-------------
+:func:`scaling_main` (``python bench/run_all.py observer-scaling ...``) measures one point of
+bench/run_all's observer scaling series: the backlog throughput of ``--workers`` worker
+processes with ``--threads`` threads each, then the latency at one fixed write rate.
 """
 
 from __future__ import annotations
@@ -50,14 +56,14 @@ import argparse
 import contextlib
 import json
 import os
-import random
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -65,38 +71,25 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make ``bench`` and the packages importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from percolator.observers.api import Observer, register_observers, trigger
 from percolator.observers.parking import pending
 
 import percolator
 from bench._common import fmt_ms, fmt_rate, percentile, print_table
-from percolator.layout import DATA, LOCK, META_TABLE, NOTIFY, WRITE
-from percolator.records import CommitInfo, Kind, LockCell, WriteRecord
+from bench.workloads import (
+    EVENTS,
+    OUT,
+    SCAN_TABLE,
+    latency_observer,
+    load_scan_rows,
+    scan_pass_op,
+    scan_setup,
+    write_events,
+)
+from percolator.layout import LOCK, META_TABLE, NOTIFY
 from percolator.store import open_store
-from percolator.store.base import Put, ScanOptions
 from percolator.timestamps import physical_ms
-from percolator.transaction import Transaction
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-EVENTS = "bench_events"
-OUT = "bench_out"
-SCAN_TABLE = "bench_scan"
-
-
-class LatencyObserver(Observer):
-    """Records, for each changed row, the commit timestamp it covered."""
-
-    name = "bench-latency"
-    table = EVENTS
-    columns = ("value",)
-
-    def setup(self, client: percolator.Client) -> None:
-        client.create_table(EVENTS)
-        client.create_table(OUT)
-
-    def process(self, txn: Transaction, row: bytes, column: str) -> None:
-        _, covers = txn.get_with_commit_ts(EVENTS, row, column)
-        txn.set(OUT, row, "covers", str(covers).encode())
 
 
 # --------------------------------------------------------------------------- worker
@@ -113,7 +106,7 @@ def worker_process(
         info.mkdir()
         (info / "METADATA").write_text("Metadata-Version: 2.1\nName: obsbench\nVersion: 0.0\n")
         (info / "entry_points.txt").write_text(
-            "[percolator.observers]\nbench-latency = bench.observer_bench:LatencyObserver\n"
+            "[percolator.observers]\nbench-latency = bench.workloads:LatencyObserver\n"
         )
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
@@ -187,11 +180,7 @@ def run_commits(client: percolator.Client, rows: list[bytes]) -> dict[bytes, tup
 
 def saturation(client: percolator.Client, rows_n: int, prefix: str) -> float:
     """Runs/s of the worker(s) working off a backlog of ``rows_n`` notifications."""
-    rows = [f"{prefix}-{i:07d}".encode() for i in range(rows_n)]
-    for start in range(0, rows_n, 50):
-        with client.transaction() as txn:
-            for row in rows[start : start + 50]:
-                txn.set(EVENTS, row, "value", b"x")
+    rows = write_events(client, prefix, rows_n)
     wait_drained(client)
     commits = sorted(physical_ms(run) for _, run in run_commits(client, rows).values())
     if len(commits) < rows_n:
@@ -312,9 +301,7 @@ def bench_latency(
     args: argparse.Namespace, client: percolator.Client, oracle_url: str | None
 ) -> dict[str, object]:
     """Sweep write rates up to saturation, then measure at half of it."""
-    observer = LatencyObserver()
-    observer.setup(client)
-    register_observers(client, [observer])
+    latency_observer(client)
     result: dict[str, object] = {}
     with worker_process(args.store, args.threads, args.workers, oracle_url):
         saturation(client, 100, "warm")  # connections, caches
@@ -376,61 +363,29 @@ def bench_latency(
 # --------------------------------------------------------------------------- scan
 
 
-def load_rows(client: percolator.Client, start: int, stop: int, key_space: int) -> None:
-    """Committed-looking rows ``start..stop`` (data, write record, lock cell) loaded
-    straight into the store: table size without paying for two-phase commit."""
-    start_ts = client.oracle.get_timestamp()
-    commit_ts = client.oracle.get_timestamp()
-    record = WriteRecord(Kind.PUT, start_ts).encode()
-    lock = LockCell(last_commit=CommitInfo(commit_ts, start_ts, Kind.PUT)).encode()
-    value = b"v" * 100
-    batch: list[Put] = []
-    for i in range(start, stop):
-        row = _scan_row(i, key_space)
-        batch.append(Put(row, DATA, b"value", start_ts, value))
-        batch.append(Put(row, WRITE, b"value", commit_ts, record))
-        batch.append(Put(row, LOCK, b"value", 1, lock))
-        if len(batch) >= 3000:
-            client.store.put(SCAN_TABLE, batch)
-            batch = []
-    if batch:
-        client.store.put(SCAN_TABLE, batch)
-
-
-def _scan_row(i: int, key_space: int) -> bytes:
-    # Spread rows over the key space in a fixed pseudo-random order, so the dirty rows and
-    # the loaded rows interleave at every size.
-    return b"row-%010d" % ((i * 2654435761) % key_space)
-
-
 def timed_scan(client: percolator.Client, family: str, repeats: int) -> list[float]:
     """The times of ``repeats`` scans of ``family`` (seconds), after an untimed one (caches,
     and the embedded store's write-ahead log after a bulk load)."""
+    one_pass = scan_pass_op(client.store, family)
+    one_pass(0)
     times = []
-    for _ in client.store.scan(SCAN_TABLE, family, ScanOptions(batch_size=500)):
-        pass
-    for _ in range(repeats):
+    for i in range(repeats):
         started = time.perf_counter()
-        for _row, _cells in client.store.scan(SCAN_TABLE, family, ScanOptions(batch_size=500)):
-            pass
+        one_pass(i)
         times.append(time.perf_counter() - started)
     return times
 
 
 def bench_scan(args: argparse.Namespace, client: percolator.Client) -> dict[str, object]:
-    client.create_table(SCAN_TABLE)
+    scan_setup(client, args.dirty)
     sizes = [args.scan_base]
     while sizes[-1] * 10 <= args.scan_base * args.scan_growth:
         sizes.append(sizes[-1] * 10)
-    key_space = 1 << 40
-    rng = random.Random(3)
-    dirty = [b"row-%010d" % rng.randrange(key_space) for _ in range(args.dirty)]
-    trigger(client, SCAN_TABLE, dirty, "value")
     loaded = 0
     results = []
     rows_table = []
     for size in sizes:
-        load_rows(client, loaded, size, key_space)
+        load_scan_rows(client, loaded, size)
         loaded = size
         notify_runs = timed_scan(client, NOTIFY, args.scan_repeats)
         notify = statistics.median(notify_runs)
@@ -456,6 +411,57 @@ def bench_scan(args: argparse.Namespace, client: percolator.Client) -> dict[str,
         f"{'PASS' if ok else 'FAIL'} (target <= 2x)"
     )
     return {"sizes": results, "growth_ratio": ratio, "pass": ok}
+
+
+# ------------------------------------------------------------------ scaling point (run_all)
+
+
+def scaling_main(argv: Sequence[str]) -> int:
+    """Backlog throughput (median of ``--repeats``) of ``--workers`` worker processes with
+    ``--threads`` threads each, then the commit-to-observer-commit latency of paced writes
+    at ``--at-rate`` (writes/s, or ``Fx`` for F times the measured backlog throughput)."""
+    parser = argparse.ArgumentParser(prog="run_all.py observer-scaling")
+    parser.add_argument("--store", required=True)
+    parser.add_argument("--oracle", required=True)
+    parser.add_argument("--threads", type=int, required=True)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--flood", type=int, default=400, help="notifications per backlog")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--at-rate", default="0.5x")
+    parser.add_argument("--step-seconds", type=float, default=5.0)
+    parser.add_argument("--json", required=True)
+    args = parser.parse_args(argv)
+    match = re.fullmatch(r"([0-9.]+)(x?)", args.at_rate)
+    if match is None:
+        parser.error(f"--at-rate must be a rate or a multiple like 0.5x, got {args.at_rate!r}")
+
+    client = percolator.connect(args.store, oracle=args.oracle)
+    try:
+        latency_observer(client)
+        with worker_process(args.store, args.threads, args.workers, args.oracle):
+            saturation(client, min(100, args.flood), "warm")  # connections, caches
+            backlog = [saturation(client, args.flood, f"flood{i}") for i in range(args.repeats)]
+            value = float(match.group(1))
+            rate = value * statistics.median(backlog) if match.group(2) else value
+            step = measure_step(client, rate, args.step_seconds, "fixed")
+    finally:
+        client.close()
+    result = {
+        "threads": args.threads,
+        "workers": args.workers,
+        "flood": args.flood,
+        "backlog_runs": backlog,
+        "backlog_runs_per_s": statistics.median(backlog),
+        "fixed_rate": rate,
+        "step": asdict(step) | {"kept_up": step.kept_up},
+    }
+    print(
+        f"{args.workers} worker(s) x {args.threads} threads: backlog "
+        f"{statistics.median(backlog):.1f} runs/s; at {rate:.1f} writes/s p50 "
+        f"{step.p50_s * 1000:.0f} ms, p99 {step.p99_s * 1000:.0f} ms"
+    )
+    Path(args.json).write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    return 0
 
 
 # --------------------------------------------------------------------------- main

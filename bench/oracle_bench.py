@@ -45,11 +45,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make ``bench`` and the packages importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import grpc
-from percolator.oracle.client import GrpcOracleClient
-from percolator.oracle.factory import parse_oracle_url
 from percolator.oracle.local import LocalOracle
-from percolator.oracle.proto_gen import oracle_pb2, oracle_pb2_grpc
 
 from bench._common import (
     Summary,
@@ -60,11 +56,13 @@ from bench._common import (
     run_timed,
     summarize,
 )
+from bench.targets import BY_ID
+from bench.workloads import OracleOps, oracle_ops
 from percolator.store import open_store
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGETS = {100: 10.0}  # waiters -> minimum coalescing gain, batched / per-rpc (P1)
-RANGED_TARGET = 50.0  # minimum ranged / per-rpc with the same waiters (P1)
+TARGETS = {100: BY_ID["P1b"].threshold}  # waiters -> minimum gain, batched / per-rpc
+RANGED_TARGET = BY_ID["P1a"].threshold  # minimum ranged / per-rpc with the same waiters
 _READY = re.compile(r"oracle: listening on (\S+) ")
 
 
@@ -133,29 +131,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(oracle_url: str, waiter_counts: list[int], args: argparse.Namespace) -> dict[str, object]:
-    addresses, tls, token, _ = parse_oracle_url(oracle_url)
-    client = GrpcOracleClient(addresses, token=token, tls=tls, timeout_s=30)
-    client.get_timestamp()  # retries until the server holds its lease
-    if tls is False:
-        channel = grpc.insecure_channel(addresses[0])
-    else:
-        roots = None if tls is True else Path(str(tls)).read_bytes()
-        channel = grpc.secure_channel(addresses[0], grpc.ssl_channel_credentials(roots))
-    stub = oracle_pb2_grpc.TimestampOracleStub(channel)
-    metadata = (("authorization", f"Bearer {token}"),) if token else None
-    one = oracle_pb2.AllocateRequest(count=1)
+    with oracle_ops(oracle_url, args.range) as ops:
+        return _run(ops, oracle_url, waiter_counts, args)
 
-    def per_rpc(_: int) -> object:
-        return stub.Allocate(one, timeout=30, metadata=metadata).first
 
-    def batched(_: int) -> object:
-        return client.get_timestamp()
-
-    ranged_request = oracle_pb2.AllocateRequest(count=args.range)
-
-    def ranged(_: int) -> object:
-        return stub.Allocate(ranged_request, timeout=30, metadata=metadata).first
-
+def _run(
+    ops: OracleOps, oracle_url: str, waiter_counts: list[int], args: argparse.Namespace
+) -> dict[str, object]:
+    client = ops.client
     print(f"oracle {oracle_url}; {os.cpu_count()} cores; median of {args.repeats} runs of "
           f"~{args.seconds:g} s each", flush=True)
     rows = []
@@ -165,7 +148,7 @@ def run(oracle_url: str, waiter_counts: list[int], args: argparse.Namespace) -> 
     for waiters in waiter_counts:
         cell: dict[str, object] = {}
         rates = {}
-        for mode, op in (("per-rpc", per_rpc), ("batched", batched)):
+        for mode, op in (("per-rpc", ops.per_rpc), ("batched", ops.batched)):
             fetches_before, stamps_before = client.stats.fetches, client.stats.timestamps
             summary = measure(op, waiters, args.seconds, args.repeats)
             rates[mode] = summary.rate.median
@@ -185,7 +168,7 @@ def run(oracle_url: str, waiter_counts: list[int], args: argparse.Namespace) -> 
             ])
             cell[mode] = {**summary.as_dict(), "rpcs_per_timestamp": rpcs_per_ts}
         # One RPC carries args.range timestamps: the rate of timestamps is range x calls/s.
-        summary = measure(ranged, waiters, args.seconds, args.repeats)
+        summary = measure(ops.ranged, waiters, args.seconds, args.repeats)
         ranged_rate = summary.rate.median * args.range
         rows.append([
             f"{waiters} waiters, ranged x{args.range}",
@@ -212,8 +195,6 @@ def run(oracle_url: str, waiter_counts: list[int], args: argparse.Namespace) -> 
                         f"{ranged_ratio:.1f}x (target >= {RANGED_TARGET:g}x: "
                         f"{'met' if ranged_ratio >= RANGED_TARGET else 'NOT met'})")
         print(f"  measured {waiters} waiters", flush=True)
-    channel.close()
-    client.close()
     print()
     print_table(
         ["oracle", "timestamps/s", "spread", "p50 ms", "p95 ms", "p99 ms", "RPCs/ts"], rows

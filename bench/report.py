@@ -3,9 +3,12 @@
 
 Everything the report says is computed here from the measured numbers in the raw results
 (``raw.json``, which ``bench/run_all`` writes into its work directory): the verdict per
-target, the ratios, the knees of the scaling curves and the explanation of every miss (from
-the profiles run_all took of the missing benchmarks).  No figure is typed in by hand except
-the published anchors and the goals, which are quoted from the project's targets.
+target, the ratios, the knees of the scaling curves and the explanation of every miss.
+Every target of bench/targets.py is judged by :func:`judge` (its reader on its step's JSON,
+against its threshold) and every miss explained by :func:`explain` (from the profile
+run_all took of its workload: round trips, timestamps, time, top functions).  No figure is
+typed in by hand except the published anchors and the goals, which are quoted from the
+project's targets (bench/targets.py).
 
 Regenerate the report from saved raw results (no benchmark is run):
 
@@ -15,79 +18,35 @@ Regenerate the report from saved raw results (no benchmark is run):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import math
 import os
 import statistics
 import sys
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import fmt_ms, fmt_rate
+from bench._common import fmt_ms, fmt_rate, format_table
+from bench.targets import (
+    AT_LEAST,
+    BY_ID,
+    TARGETS,
+    Fig,
+    Target,
+    oracle_name,
+    oracle_ratio,
+    spark_rounds,
+)
 
 J = dict[str, Any]
 BENCH_DIR = Path(__file__).resolve().parent
-
-# --------------------------------------------------------------------------- targets
-
-#: Published figures (the project's targets document, "Anchors").
-ANCHOR_ORACLE = (
-    "Percolator oracle ~2,000,000 timestamps/s from one machine, by batching (paper §2.3); "
-    "TiDB PD ~800k/s per client, 1-2 ms per call"
-)
-ANCHORS = {
-    "P1a": ANCHOR_ORACLE,
-    "P1b": ANCHOR_ORACLE,
-    "P1c": "-",
-    "P2": "Percolator reads 0.94x raw Bigtable (14,590 vs 15,513 ops/s, OSDI 2010 Fig. 8); "
-    "Themis on HBase 0.89-0.94x",
-    "P3": "Percolator writes 0.23x raw Bigtable (7,232 vs 31,003 ops/s); "
-    "Themis on HBase 0.18-0.27x",
-    "P4": "-",
-    "P5": "MillWheel delivery median 3.6 ms, p95 30 ms; exactly-once 33.7 / 93.8 ms",
-    "P6": "-",
-    "P7": "Percolator document age ~2 s vs ~30 min with MapReduce at a 1%/h change rate "
-    "(~1000x, paper Fig. 7)",
-    "P8": "-",
-    "P9": "-",
-}
-
-#: id -> (what, goal as text).  The goals are the project's targets ("x" = engine / raw).
-GOALS = {
-    "P1a": ("oracle batching: batched / one timestamp per RPC, most waiters", ">= 50x"),
-    "P1b": ("oracle coalescing: 100 threads in one process", ">= 10x"),
-    "P1c": ("oracle wait / 1-cell transaction latency, at full load", "<= 10%"),
-    "P2": ("snapshot read / raw get", ">= 0.90x"),
-    "P3": ("single-cell transactions/s / raw puts/s", ">= 0.30x"),
-    "P4": ("10-cell transaction cells/s / 1-cell cells/s", ">= 3x"),
-    "P5": ("observer commit-to-commit latency at half of saturation", "p50 <= 1 s, p99 <= 5 s"),
-    "P6": ("notification pass while the table grows 100x", "<= 2x"),
-    "P7": ("full Spark recompute time / incremental time after 1% change", ">= 50x, identical"),
-    "P8": ("Spark backfill rows/s / raw batched load rows/s", ">= 0.5x"),
-    "P9": ("read after a client killed holding locks", "<= lock TTL + 1 s"),
-}
-
-#: which profile explains a miss of which target (run_all takes the profile of each kind
-#: whose targets missed)
-PROFILE_OF = {
-    "P1a": "oracle",
-    "P1b": "oracle",
-    "P1c": "txn",
-    "P2": "txn",
-    "P3": "txn",
-    "P4": "txn",
-    "P5": "observer",
-    "P6": "scan",
-    "P7": "incremental",
-    "P8": "backfill",
-    "P9": "lock",
-}
 
 PASS, MISS, NOT_MEASURED = "PASS", "MISS", "NOT MEASURED"
 
@@ -109,66 +68,21 @@ class TargetResult:
     score: float | None = None
     score_low: float | None = None
     score_high: float | None = None
-    notes: list[str] = field(default_factory=list)
     error: str = ""
     #: a short form of the figure for the plot (default: the figure without its range)
     label: str = ""
 
 
-@dataclass(frozen=True)
-class Fig:
-    """A median with the range of the repeats."""
-
-    median: float
-    low: float
-    high: float
-    count: int = 1
-
-    @staticmethod
-    def of(values: Sequence[float]) -> Fig:
-        return Fig(statistics.median(values), min(values), max(values), len(values))
-
-    @staticmethod
-    def from_spread(d: J) -> Fig:
-        return Fig(float(d["median"]), float(d["low"]), float(d["high"]), int(d.get("count", 1)))
-
-
 def fx(f: Fig, digits: int = 2) -> str:
-    """``0.22x (0.20-0.25)``; the range is left out for a single repeat."""
-    text = f"{f.median:.{digits}f}x"
-    if f.count > 1 or f.low != f.high:
-        text += f" ({f.low:.{digits}f}-{f.high:.{digits}f})"
-    return text
-
-
-def fpct(f: Fig) -> str:
-    text = f"{f.median:.1%}"
-    if f.count > 1 or f.low != f.high:
-        text += f" ({f.low:.1%}-{f.high:.1%})"
-    return text
+    return f.text(digits=digits)
 
 
 def fsec(f: Fig) -> str:
-    text = f"{f.median:.3f} s"
-    if f.count > 1 or f.low != f.high:
-        text += f" ({f.low:.3f}-{f.high:.3f})"
-    return text
+    return f.text("s", 3)
 
 
-def _at_least(result: TargetResult, f: Fig, goal: float) -> None:
-    result.verdict = PASS if f.median >= goal else MISS
-    result.score, result.score_low, result.score_high = (
-        f.median / goal,
-        f.low / goal,
-        f.high / goal,
-    )
-
-
-def _at_most(result: TargetResult, f: Fig, goal: float) -> None:
-    result.verdict = PASS if f.median <= goal else MISS
-    result.score = goal / f.median if f.median > 0 else math.inf
-    result.score_low = goal / f.high if f.high > 0 else math.inf
-    result.score_high = goal / f.low if f.low > 0 else math.inf
+def md_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    return format_table(headers, rows, markdown=True)
 
 
 def run_of(raw: J, name: str) -> J | None:
@@ -186,289 +100,56 @@ def step_error(raw: J, name: str) -> str:
     return ""
 
 
-# --------------------------------------------------------------------------- evaluation
+def judged_store(raw: J) -> str:
+    """What the judged steps ran on: "HBase", or "embedded" for a run on the embedded store."""
+    store = str(raw.get("machine", {}).get("store", ""))
+    return "embedded" if store.startswith("embedded") else "HBase"
 
 
 def _rate_median(timings: list[J], op: str, key: str = "item_rate") -> float:
     return statistics.median(float(t[op][key]) for t in timings)
 
 
-def _txn_ratio(txn: J, name: str) -> Fig:
-    return Fig.from_spread(txn["ratios"][name])
-
-
-def _oracle_ratio_range(cell: J, mode: str = "batched") -> Fig:
-    """``mode`` / per-rpc in timestamps/s: the ratio of the medians, with the range the
-    repeats allow (lowest over highest per-rpc .. highest over lowest per-rpc).  The
-    ``ranged`` mode's rates are calls/s of ``range`` timestamps each."""
-    b, p = cell[mode]["rate"], cell["per-rpc"]["rate"]
-    scale = float(cell[mode].get("range", 1)) if mode == "ranged" else 1.0
-    return Fig(
-        scale * float(b["median"]) / float(p["median"]),
-        scale * float(b["low"]) / float(p["high"]),
-        scale * float(b["high"]) / float(p["low"]),
-        int(b.get("count", 1)),
-    )
-
-
-def p1a_mode(cell: J) -> str:
-    """Which oracle_bench mode P1a ("timestamps served with batching") is judged on: the
-    ranged allocation (one Allocate RPC for many timestamps) where the benchmark measures
-    it, else the coalescing client."""
-    return "ranged" if "ranged" in cell else "batched"
+# --------------------------------------------------------------------------- evaluation
 
 
 def evaluate(raw: J) -> list[TargetResult]:
-    """Every target's verdict from the raw results."""
-    results = {
-        tid: TargetResult(tid, what, goal, ANCHORS[tid]) for tid, (what, goal) in GOALS.items()
-    }
-    evaluators: list[tuple[Sequence[str], Callable[[J, dict[str, TargetResult]], None]]] = [
-        (("P1a", "P1b"), _eval_oracle),
-        (("P1c", "P2", "P3", "P4"), _eval_txn),
-        (("P5", "P6"), _eval_observers),
-        (("P7", "P8"), _eval_spark),
-        (("P9",), _eval_lock),
-    ]
-    for tids, evaluator in evaluators:
-        try:
-            evaluator(raw, results)
-        except (KeyError, TypeError, ValueError, ZeroDivisionError, IndexError) as exc:
-            # A benchmark whose JSON lacks a field is reported, never guessed around.
-            for tid in tids:
-                if results[tid].verdict == NOT_MEASURED:
-                    results[tid].error = f"cannot read the results: {type(exc).__name__}: {exc}"
-    return list(results.values())
+    """Every target's verdict from the raw results: each target's reader on the JSON of
+    the step that measures it, judged against its threshold."""
+    return [judge(t, raw) for t in TARGETS]
 
 
-def _eval_oracle(raw: J, results: dict[str, TargetResult]) -> None:
-    oracle = run_of(raw, "oracle")
-    if oracle is None:
-        for tid in ("P1a", "P1b"):
-            results[tid].error = step_error(raw, "oracle")
-        return
-    waiters = oracle["waiters"]
-    most = max(int(w) for w in waiters)
-    for tid, count, goal in (("P1a", most, 50.0), ("P1b", 100, 10.0)):
-        cell = waiters.get(str(count))
-        r = results[tid]
-        if cell is None:
-            r.error = f"the oracle benchmark did not measure {count} waiters"
-            continue
-        mode = p1a_mode(cell) if tid == "P1a" else "batched"
-        f = _oracle_ratio_range(cell, mode)
-        served = f.median * float(cell["per-rpc"]["rate"]["median"])
-        how = (f"Allocate(count={cell['ranged']['range']}) per call" if mode == "ranged"
-               else "coalescing client")
-        r.measured = (
-            f"{count:,} waiters: {how} {fmt_rate(served)} ts/s vs one per RPC "
-            f"{fmt_rate(cell['per-rpc']['rate']['median'])} ts/s"
-        )
-        r.figure = fx(f, 1)
-        _at_least(r, f, goal)
-        if tid == "P1a":
-            r.what = f"oracle batching: {how} / one timestamp per RPC, {count:,} waiters"
-
-
-def _eval_txn(raw: J, results: dict[str, TargetResult]) -> None:
-    txn = run_of(raw, "txn_hbase")
-    emb = run_of(raw, "txn_embedded")
-    if txn is None:
-        for tid in ("P1c", "P2", "P3", "P4"):
-            results[tid].error = step_error(raw, "txn_hbase")
-        return
-    timings = txn["timings"]
-    threads = txn.get("threads")
-    specs = (
-        ("P2", "P2 read / raw get", 0.90, "txn_read", "raw_get", "reads/s", "gets/s"),
-        ("P3", "P3 1-cell txn / raw put", 0.30, "txn_1cell", "raw_put", "txns/s", "puts/s"),
-        ("P4", "P4 10-cell cells/s / 1-cell", 3.0, "txn_10cell", "txn_1cell", "cells/s",
-         "cells/s"),
+def judge(target: Target, raw: J) -> TargetResult:
+    r = TargetResult(target.id, target.title, target.goal, target.anchor)
+    if target.read is None:
+        r.error = "no benchmark measures it yet"
+        return r
+    run = run_of(raw, target.measured_by)
+    if run is None:
+        r.error = step_error(raw, target.measured_by)
+        return r
+    try:
+        reading = target.read(run)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, IndexError) as exc:
+        # A benchmark whose JSON lacks a field is reported, never guessed around.
+        r.error = f"cannot read the results: {type(exc).__name__}: {exc}"
+        return r
+    f = reading.value
+    r.measured = reading.measured
+    r.figure = reading.figure or fx(f)
+    r.label = reading.label
+    r.verdict = PASS if target.meets(f.median) and reading.holds else MISS
+    # The worst repeat gives the lowest score: the high end for "at most" goals.
+    low, high = (f.low, f.high) if target.direction == AT_LEAST else (f.high, f.low)
+    r.score, r.score_low, r.score_high = (
+        target.score(f.median), target.score(low), target.score(high)
     )
-    for tid, key, goal, op, base, unit, base_unit in specs:
-        r = results[tid]
-        f = _txn_ratio(txn, key)
-        r.measured = (
-            f"{op} {fmt_rate(_rate_median(timings, op))} {unit} vs {base} "
-            f"{fmt_rate(_rate_median(timings, base))} {base_unit} ({threads} threads)"
-        )
-        r.figure = fx(f)
-        _at_least(r, f, goal)
-        if emb is not None:
-            results[tid].embedded = fx(_txn_ratio(emb, key))
-    shares = txn.get("oracle_share") or []
-    r = results["P1c"]
-    if not shares:
-        r.error = "txn_bench reported no oracle share"
-        return
-    f = Fig.of([float(s) for s in shares])
-    t1 = _rate_median(timings, "txn_1cell")
-    r.measured = (
-        f"{threads} threads writing 1-cell transactions at {fmt_rate(t1)}/s, timestamps from "
-        f"the {oracle_name(txn.get('oracle', '?'))}"
-    )
-    r.figure = fpct(f)
-    _at_most(r, f, 0.10)
-    if emb is not None and emb.get("oracle_share"):
-        r.embedded = fpct(Fig.of([float(s) for s in emb["oracle_share"]]))
-
-
-def _eval_observers(raw: J, results: dict[str, TargetResult]) -> None:
-    obs = run_of(raw, "observers")
-    if obs is None:
-        for tid in ("P5", "P6"):
-            results[tid].error = step_error(raw, "observers")
-        return
-    lat = obs.get("latency")
-    r = results["P5"]
-    if lat is None:
-        r.error = "the observer benchmark did not measure latency"
-    else:
-        half = lat["half"]
-        p50 = Fig.of([float(s["p50_s"]) for s in half])
-        p99 = Fig.of([float(s["p99_s"]) for s in half])
-        sat = float(lat["saturation_writes_per_s"])
-        r.measured = (
-            f"saturation {fmt_rate(sat)} writes/s ({lat.get('workers', 1)} worker x "
-            f"{lat.get('threads', '?')} threads); at {fmt_rate(sat / 2)} writes/s: "
-            f"p50 {p50.median * 1000:.0f} ms, p99 {p99.median * 1000:.0f} ms"
-        )
-        r.figure = f"p50 {fsec(p50)}, p99 {fsec(p99)}"
-        ok = p50.median <= 1.0 and p99.median <= 5.0
-        r.verdict = PASS if ok else MISS
-        r.score = min(1.0 / p50.median, 5.0 / p99.median)
-        r.score_low = min(1.0 / p50.high, 5.0 / p99.high)
-        r.score_high = min(1.0 / p50.low, 5.0 / p99.low)
-    r = results["P6"]
-    scan = obs.get("scan")
-    if scan is None:
-        r.error = "the observer benchmark did not measure the scan"
-        return
-    f, first, last = _scan_growth(scan)
-    r.measured = (
-        f"notify pass {first['notify_scan_s'] * 1000:.1f} ms at {first['rows']:,} rows -> "
-        f"{last['notify_scan_s'] * 1000:.1f} ms at {last['rows']:,} rows "
-        f"({last['dirty']} dirty)"
-    )
-    r.figure = fx(f)
-    _at_most(r, f, 2.0)
-    emb = run_of(raw, "scan_embedded")
-    if emb is not None and emb.get("scan"):
-        r.embedded = fx(_scan_growth(emb["scan"])[0])
-
-
-def _scan_growth(scan: J) -> tuple[Fig, J, J]:
-    """Largest / smallest table's notify pass: median ratio, and the range of the ratios of
-    the repeats paired in order."""
-    sizes = scan["sizes"]
-    first, last = sizes[0], sizes[-1]
-    median = float(last["notify_scan_s"]) / float(first["notify_scan_s"])
-    runs_a, runs_b = first.get("notify_scan_runs_s"), last.get("notify_scan_runs_s")
-    if runs_a and runs_b:
-        ratios = [float(b) / float(a) for a, b in zip(runs_a, runs_b, strict=False)]
-        return Fig(median, min(ratios), max(ratios), len(ratios)), first, last
-    return Fig(median, median, median), first, last
-
-
-def _eval_spark(raw: J, results: dict[str, TargetResult]) -> None:
-    spark = run_of(raw, "spark")
-    if spark is None:
-        for tid in ("P7", "P8"):
-            results[tid].error = step_error(raw, "spark")
-        return
-    incr = spark.get("incremental")
-    r = results["P7"]
-    if incr is None:
-        r.error = "the Spark benchmark did not measure incremental processing"
-    else:
-        rounds = spark_rounds(incr)
-        worker = [x for x in rounds if x["runner"] == "worker"] or rounds
-        f = Fig.of([x["ratio"] for x in worker])
-        r.measured = (
-            f"{incr['changes_per_round']:.0f} changed of {incr['documents']:,} documents: "
-            f"incremental (worker) {statistics.median(x['incremental_s'] for x in worker):.2f} s "
-            f"vs recompute {statistics.median(x['recompute_s'] for x in worker):.2f} s; "
-            f"identical: {'yes' if incr.get('identical') else 'NO'}"
-        )
-        r.figure = fx(f, 1)
-        _at_least(r, f, 50.0)
-        if not incr.get("identical"):
-            r.verdict = MISS
-    load = spark.get("load")
-    r = results["P8"]
-    if load is None:
-        r.error = "the Spark benchmark did not measure the backfill"
-        return
-    ratios = [float(b) / float(a) for a, b in zip(load["raw_runs"], load["backfill_runs"],
-                                                  strict=True)]
-    f = Fig(float(load["ratio"]), min(ratios), max(ratios), len(ratios))
-    r.measured = (
-        f"{load['rows']:,} rows: backfill {fmt_rate(load['backfill_rows_per_s'])} rows/s vs raw "
-        f"batched put {fmt_rate(load['raw_rows_per_s'])} rows/s ({load['batch']} rows per batch)"
-    )
-    r.figure = fx(f, 3)
-    _at_least(r, f, 0.5)
-
-
-def spark_rounds(incr: J) -> list[J]:
-    """Per round: runner, incremental and recompute seconds, ratio.  Rounds alternate the
-    runners in the order spark_bench uses (worker, drain, worker, ...)."""
-    runners = ["worker", "drain"]
-    taken = {k: list(v) for k, v in incr["incremental_runs"].items()}
-    rounds = []
-    for i, recompute in enumerate(incr["recompute_runs"]):
-        runner = runners[i % len(runners)]
-        if not taken.get(runner):
-            continue
-        seconds = float(taken[runner].pop(0))
-        rounds.append(
-            {
-                "round": i + 1,
-                "runner": runner,
-                "incremental_s": seconds,
-                "recompute_s": float(recompute),
-                "ratio": float(recompute) / seconds,
-            }
-        )
-    return rounds
-
-
-def _eval_lock(raw: J, results: dict[str, TargetResult]) -> None:
-    lock = run_of(raw, "lock_hbase")
-    r = results["P9"]
-    if lock is None:
-        r.error = step_error(raw, "lock_hbase")
-        return
-    r.measured, r.figure, ok, score = _lock_summary(lock)
-    r.label = _lock_label(lock)
-    r.verdict = PASS if ok else MISS
-    r.score = r.score_low = r.score_high = score
-    emb = run_of(raw, "lock_embedded")
+    emb = run_of(raw, target.embedded_by) if target.embedded_by else None
     if emb is not None:
-        r.embedded = _lock_summary(emb)[1]
-
-
-def _lock_summary(lock: J) -> tuple[str, str, bool, float]:
-    cases = lock["cases"]
-    parts, figures = [], []
-    worst_ratio, bound = 0.0, 0.0
-    for case, c in sorted(cases.items(), key=lambda kv: -float(kv[1]["worst_read_s"])):
-        read = Fig.from_spread(c["read_s"])
-        parts.append(f"{case}: read {fsec(read)}")
-        figures.append(f"{c['worst_read_s']:.2f} s {case}")
-        worst_ratio = max(worst_ratio, float(c["worst_read_s"]) / float(c["bound_s"]))
-        bound = float(c["bound_s"])
-    measured = (f"lock TTL {lock['ttl_ms']} ms, {lock['cells']} cells, client killed with "
-                "SIGKILL; " + "; ".join(parts))
-    figure = f"slowest read: {', '.join(figures)} (bound {bound:.1f} s)"
-    score = 1 / worst_ratio if worst_ratio > 0 else math.inf
-    return measured, figure, bool(lock["pass"]), score
-
-
-def _lock_label(lock: J) -> str:
-    worst = max(lock["cases"].values(),
-                key=lambda c: float(c["worst_read_s"]) / float(c["bound_s"]))
-    return f"{worst['worst_read_s']:.2f} s of {worst['bound_s']:.1f} s"
+        with contextlib.suppress(KeyError, TypeError, ValueError, ZeroDivisionError, IndexError):
+            e = target.read(emb)
+            r.embedded = e.figure or fx(e.value)
+    return r
 
 
 # --------------------------------------------------------------------------- scaling maths
@@ -501,22 +182,7 @@ def _num(x: float) -> str:
     return f"{x:g}"
 
 
-def oracle_name(url: str) -> str:
-    """How the report names a benchmark's oracle (its address changes every run)."""
-    return "oracle server (gRPC)" if url.startswith(("grpc://", "grpcs://")) else url
-
-
 # --------------------------------------------------------------------------- markdown
-
-
-def md_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
-    def cell(value: object) -> str:
-        return str(value).replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(cell(h) for h in headers) + " |",
-             "| " + " | ".join("---" for _ in headers) + " |"]
-    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def render(raw: J, targets: Sequence[TargetResult], plots: dict[str, str]) -> str:
@@ -530,7 +196,7 @@ def render(raw: J, targets: Sequence[TargetResult], plots: dict[str, str]) -> st
         f"{meta.get('duration_s', 0) / 60:.1f} min).  Every ratio compares the engine with the "
         "raw store measured in the same run, on the same store, with the same client stack "
         "and concurrency; medians over the repeats, with the range (min-max) in parentheses.  "
-        "This file is generated: edit `bench/report.py`, not this file.\n"
+        "This file is generated: edit `bench/report.py` and `bench/targets.py`, not this file.\n"
     )
     if meta.get("mode") == "quick":
         out.append(
@@ -582,15 +248,18 @@ def _summary_section(targets: Sequence[TargetResult], plots: dict[str, str], raw
         measured = t.measured if t.verdict != NOT_MEASURED else (t.error or "not measured")
         rows.append([t.tid, t.what, t.anchor, measured, t.figure, t.goal, t.embedded, verdict])
     counts = {v: sum(1 for t in targets if t.verdict == v) for v in (PASS, MISS, NOT_MEASURED)}
+    store = judged_store(raw)
     text = "## Targets\n\n"
     text += (
         f"{counts[PASS]} met, {counts[MISS]} missed, {counts[NOT_MEASURED]} not measured, "
-        f"of {len(targets)}.  \"HBase\" is the figure judged; \"embedded\" is the same "
-        "benchmark on the embedded store (the engine without HBase), where it is cheap to run.\n\n"
+        f"of {len(targets)} (bench/targets.py).  \"{store}\" is the figure judged"
+        + ("; \"embedded\" is the same benchmark on the embedded store (the engine without "
+           "HBase), where it is cheap to run" if store == "HBase" else "")
+        + ".\n\n"
     )
     text += md_table(
-        ["id", "target", "anchor (published)", "measured (HBase)", "figure (HBase)", "goal",
-         "embedded", "result"],
+        ["id", "target", "anchor (published)", f"measured ({store})", f"figure ({store})",
+         "goal", "embedded", "result"],
         rows,
     )
     if "targets" in plots:
@@ -623,8 +292,8 @@ def _notes_section(raw: J, targets: Sequence[TargetResult]) -> str:
             if ranged:
                 rg = cell.get("ranged")
                 row += ["-", "-", "-"] if rg is None else [
-                    fmt_rate(_oracle_ratio_range(cell, "ranged").median * p["rate"]["median"]),
-                    fmt_ms(rg["p50_ms"]), fx(_oracle_ratio_range(cell, "ranged"), 1)]
+                    fmt_rate(oracle_ratio(cell, "ranged").median * p["rate"]["median"]),
+                    fmt_ms(rg["p50_ms"]), fx(oracle_ratio(cell, "ranged"), 1)]
             rows.append(row)
         headers = ["waiters", "per-RPC ts/s", "batched ts/s", "RPCs per ts (batched)",
                    "RPCs/s (batched)", "batched p50 ms", "batched p99 ms", "batched / per-RPC"]
@@ -638,7 +307,7 @@ def _notes_section(raw: J, targets: Sequence[TargetResult]) -> str:
                              "(`ranged`)" if ranged else "") + ".\n\n"
             + md_table(headers, rows) + "\n"
         )
-    for label, name in (("HBase", "txn_hbase"), ("embedded", "txn_embedded")):
+    for label, name in ((judged_store(raw), "txn_hbase"), ("embedded", "txn_embedded")):
         txn = run_of(raw, name)
         if txn is None:
             continue
@@ -718,7 +387,7 @@ def _notes_section(raw: J, targets: Sequence[TargetResult]) -> str:
             + md_table(["repeat", "raw rows/s", "backfill rows/s", "backfill / raw"], rows)
             + "\n"
         )
-    for label, name in (("HBase", "lock_hbase"), ("embedded", "lock_embedded")):
+    for label, name in ((judged_store(raw), "lock_hbase"), ("embedded", "lock_embedded")):
         lock = run_of(raw, name)
         if lock is None:
             continue
@@ -996,7 +665,7 @@ def _scaling_oracle(raw: J, plots: dict[str, str]) -> str:
     oracle = run_of(raw, "oracle")
     if oracle is None:
         return ""
-    pts_r = [(float(w), _oracle_ratio_range(c, "ranged").median
+    pts_r = [(float(w), oracle_ratio(c, "ranged").median
               * float(c["per-rpc"]["rate"]["median"]))
              for w, c in oracle["waiters"].items() if "ranged" in c]
     pts_b = [(float(w), float(c["batched"]["rate"]["median"])) for w, c in
@@ -1035,21 +704,96 @@ def _why_section(raw: J, targets: Sequence[TargetResult]) -> str:
         "times).\n"
     ]
     for t in misses:
-        kind = PROFILE_OF[t.tid]
-        profile = profiles.get(kind)
+        target = BY_ID[t.tid]
+        profile = profiles.get(target.profile)
         parts.append(f"### {t.tid} {t.what}: {t.figure} against {t.goal}\n")
         if not isinstance(profile, dict) or profile.get("error"):
             why = profile.get("error") if isinstance(profile, dict) else "not profiled"
             parts.append(f"No profile: {why}.\n")
             continue
-        explain = _EXPLAIN.get(t.tid)
-        if explain is not None:
-            try:
-                parts.append(explain(raw, profile) + "\n")
-            except (KeyError, TypeError, ValueError, ZeroDivisionError, IndexError) as exc:
-                parts.append(f"(cannot derive the explanation: {type(exc).__name__}: {exc})\n")
-        parts.append(_profile_tables(profile, _FOCUS.get(t.tid)))
+        ops = profile.get("ops", {})
+        focus = [ops[name] | {"name": name} for name in target.focus if name in ops]
+        try:
+            parts.append(explain(focus, raw.get("machine", {}).get("cores")) + "\n")
+        except (KeyError, TypeError, ValueError, ZeroDivisionError, IndexError) as exc:
+            parts.append(f"(cannot derive the explanation: {type(exc).__name__}: {exc})\n")
+        parts.append(_profile_tables(profile, target.focus))
     return "\n".join(parts)
+
+
+#: keys of a profiled operation that every explanation states in its own words
+_COST_KEYS = {
+    "unit", "count", "ms_per_op", "round_trips_per_op", "timestamps_per_op", "oracle_ms_per_op",
+    "top", "profiled_ops", "profile_clock", "name",
+}
+
+
+def explain(ops: Sequence[J], cores: object = None) -> str:
+    """Why an operation costs what it costs, from its profile: for each operation its round
+    trips, timestamps, oracle wait and time; with two (the engine's and the baseline it is
+    compared with) how many times the round trips and the time; the functions that take
+    the largest share of the time; and any other figure the profile measured."""
+    sentences = [_cost(op) for op in ops]
+    if len(ops) == 2:
+        sentences.append(_compare(ops[0], ops[1]))
+    if ops:
+        sentences.append(_hot_functions(ops[0]))
+        extra = _extra_figures(ops[0])
+        if extra:
+            sentences.append(extra)
+        cpu = ops[0].get("process_cpu_us_per_op")
+        if cpu:
+            busy = float(cpu) * 1000 / float(ops[0]["ms_per_op"]) / 1e6
+            sentences.append(
+                f"Those {float(cpu):.0f} us of CPU per operation keep {busy:.2f} CPU(s) busy, "
+                f"on a {cores or '?'}-core machine that also runs the servers."
+            )
+    return "  ".join(s for s in sentences if s)
+
+
+def _cost(op: J) -> str:
+    text = (
+        f"`{op['name']}` ({op.get('unit', 'one operation')}) made {_rt(op)} store round "
+        f"trip(s) and drew {float(op.get('timestamps_per_op', 0)):.2f} timestamps in "
+        f"{float(op['ms_per_op']):.3f} ms single-threaded"
+    )
+    oracle_ms = float(op.get("oracle_ms_per_op", 0))
+    if oracle_ms:
+        text += (
+            f", {oracle_ms:.3f} ms of it ({oracle_ms / float(op['ms_per_op']):.0%}) waiting "
+            "for the oracle"
+        )
+    return text + "."
+
+
+def _compare(op: J, base: J) -> str:
+    trips, base_trips = _total_rt(op), _total_rt(base)
+    ratio = f"{trips / base_trips:.1f}x the round trips and " if base_trips else ""
+    return (
+        f"`{op['name']}` costs {ratio}{float(op['ms_per_op']) / float(base['ms_per_op']):.2f}x "
+        f"the time of `{base['name']}`."
+    )
+
+
+def _hot_functions(op: J, n: int = 3) -> str:
+    top = op.get("top") or []
+    own = sum(float(f["own_ms_per_op"]) for f in top)
+    if not own:
+        return ""
+    named = ", ".join(
+        f"`{f['function']}` {float(f['own_ms_per_op']) / own:.0%}" for f in top[:n]
+    )
+    return f"Of the own time of its {len(top)} costliest functions, the first take {named}."
+
+
+def _extra_figures(op: J) -> str:
+    figures = [
+        f"{key.replace('_', ' ')} {value:,.3g}"
+        for key, value in sorted(op.items())
+        if key not in _COST_KEYS and isinstance(value, int | float) and not isinstance(value, bool)
+        and key != "process_cpu_us_per_op"
+    ]
+    return "Also measured: " + "; ".join(figures) + "." if figures else ""
 
 
 def _breakdown(op: J) -> str:
@@ -1067,16 +811,17 @@ def _total_rt(op: J) -> float:
     return float(sum(op["round_trips_per_op"].values()))
 
 
-def _profile_tables(profile: J, focus: Sequence[str] | None) -> str:
+def _profile_tables(profile: J, focus: Sequence[str]) -> str:
     ops = profile.get("ops", {})
     names = [n for n in (focus or list(ops)) if n in ops]
-    rows = []
-    for name in names:
-        op = ops[name]
-        rows.append([
-            name, op.get("unit", "operation"), f"{op['ms_per_op']:.3f}", _rt(op),
-            f"{op.get('timestamps_per_op', 0):.2f}", f"{op.get('oracle_ms_per_op', 0):.3f}",
-        ])
+    rows = [
+        [
+            name, ops[name].get("unit", "operation"), f"{ops[name]['ms_per_op']:.3f}",
+            _rt(ops[name]), f"{ops[name].get('timestamps_per_op', 0):.2f}",
+            f"{ops[name].get('oracle_ms_per_op', 0):.3f}",
+        ]
+        for name in names
+    ]
     text = md_table(["operation", "one operation is", "ms per op", "store round trips per op",
                      "timestamps per op", "oracle wait ms per op"], rows) + "\n"
     for name in names:
@@ -1092,218 +837,6 @@ def _profile_tables(profile: J, focus: Sequence[str] | None) -> str:
             + md_table(["function", "calls", "own ms", "cumulative ms"], trows) + "\n"
         )
     return text
-
-
-def _why_p1(raw: J, profile: J, count: int) -> str:
-    oracle = run_of(raw, "oracle")
-    assert oracle is not None
-    cell = oracle["waiters"][str(count)]
-    b, p = cell["batched"], cell["per-rpc"]
-    b_rate, p_rate = float(b["rate"]["median"]), float(p["rate"]["median"])
-    rpc_rate = b_rate * float(b["rpcs_per_timestamp"])
-    text = (
-        f"With {count:,} waiters the coalescing client drew {fmt_rate(b_rate)} timestamps/s "
-        f"in {fmt_rate(rpc_rate)} RPCs/s ({1 / float(b['rpcs_per_timestamp']):.0f} timestamps "
-        f"per RPC), while the same server answered {fmt_rate(p_rate)} RPCs/s when each carried "
-        f"one timestamp: the batched run used {rpc_rate / p_rate:.0%} of that RPC rate, "
-        f"with batches of {1 / float(b['rpcs_per_timestamp']):.0f} of the {count:,} waiters "
-        "on average.  "
-    )
-    op = profile.get("ops", {}).get("batched")
-    if op is not None and op.get("process_cpu_us_per_op"):
-        cpu_us = float(op["process_cpu_us_per_op"])
-        rate = 1000 / float(op["ms_per_op"])
-        text += (
-            f"In the profile process ({op.get('waiters', '?')} waiters, no profiler running) "
-            f"the client drew {fmt_rate(rate)} timestamps/s and used {cpu_us:.0f} us of CPU "
-            f"per timestamp over all its threads, keeping {cpu_us * rate / 1e6:.2f} CPU(s) "
-            f"busy on a {raw.get('machine', {}).get('cores', '?')}-core machine that also runs "
-            "the oracle server and HBase."
-        )
-    return text
-
-
-def _why_p1a(raw: J, profile: J) -> str:
-    oracle = run_of(raw, "oracle")
-    assert oracle is not None
-    most = max(int(w) for w in oracle["waiters"])
-    cell = oracle["waiters"][str(most)]
-    if p1a_mode(cell) == "batched":
-        return _why_p1(raw, profile, most)
-    rg, p = cell["ranged"], cell["per-rpc"]
-    calls, single = float(rg["rate"]["median"]), float(p["rate"]["median"])
-    return (
-        f"With {most:,} waiters the server answered {fmt_rate(calls)} Allocate(count="
-        f"{rg['range']}) RPCs/s (p50 {fmt_ms(rg['p50_ms'])} ms) against {fmt_rate(single)} "
-        f"Allocate(count=1) RPCs/s (p50 {fmt_ms(p['p50_ms'])} ms): the ratio is "
-        f"{rg['range']} x {calls:.0f} / {single:.0f} = {rg['range'] * calls / single:.1f}x; "
-        f"50x at this range size needs ranged RPCs at {50 / rg['range']:.0%} of the rate of "
-        f"single ones, and they ran at {calls / single:.0%}.  The coalescing client's "
-        "profile follows (the ranged RPCs are not profiled)."
-    )
-
-
-def _why_p1b(raw: J, profile: J) -> str:
-    return _why_p1(raw, profile, 100)
-
-
-def _why_p1c(raw: J, profile: J) -> str:
-    op = profile["ops"]["txn_1cell"]
-    txn = run_of(raw, "txn_hbase")
-    share = statistics.median(txn["oracle_share"]) if txn and txn.get("oracle_share") else None
-    text = (
-        f"A single-cell transaction drew {op['timestamps_per_op']:.2f} timestamps and waited "
-        f"{op['oracle_ms_per_op']:.3f} ms for them, of {op['ms_per_op']:.3f} ms per transaction "
-        f"({op['oracle_ms_per_op'] / op['ms_per_op']:.1%}) single-threaded"
-    )
-    if share is not None and txn is not None:
-        text += (
-            f"; in the benchmark, with {txn['threads']} threads at full load, the share was "
-            f"{share:.1%}"
-        )
-    return text + "."
-
-
-def _why_ratio(raw: J, profile: J, engine: str, base: str, what: str, base_what: str,
-               target_key: str) -> str:
-    ops = profile["ops"]
-    e, b = ops[engine], ops[base]
-    txn = run_of(raw, "txn_hbase")
-    text = (
-        f"{what} made {_total_rt(e):.2f} store round trips ({_breakdown(e)}) and drew "
-        f"{e.get('timestamps_per_op', 0):.2f} timestamps, against {_total_rt(b):.2f} round "
-        f"trip(s) for {base_what}.  Single-threaded it took {e['ms_per_op']:.3f} ms against "
-        f"{b['ms_per_op']:.3f} ms ({e['ms_per_op'] / b['ms_per_op']:.2f}x the time"
-    )
-    if e.get("oracle_ms_per_op"):
-        text += f"; {e['oracle_ms_per_op']:.3f} ms of it waiting for the oracle"
-    text += ")"
-    if txn is not None:
-        text += (
-            f"; the benchmark's ratio with {txn['threads']} threads was "
-            f"{Fig.from_spread(txn['ratios'][target_key]).median:.2f}x"
-        )
-    return text + "."
-
-
-def _why_p2(raw: J, profile: J) -> str:
-    return _why_ratio(raw, profile, "txn_read", "raw_get", "A transactional read",
-                      "a raw get", "P2 read / raw get")
-
-
-def _why_p3(raw: J, profile: J) -> str:
-    return _why_ratio(raw, profile, "txn_1cell", "raw_put", "A single-cell transaction",
-                      "a raw put", "P3 1-cell txn / raw put")
-
-
-def _why_p4(raw: J, profile: J) -> str:
-    ops = profile["ops"]
-    ten, one = ops["txn_10cell"], ops["txn_1cell"]
-    time_ratio = ten["ms_per_op"] / one["ms_per_op"]
-    return (
-        f"A 10-cell transaction made {_total_rt(ten):.2f} store round trips "
-        f"({_total_rt(ten) / 10:.2f} per cell) against {_total_rt(one):.2f} for a 1-cell "
-        f"transaction, and took {ten['ms_per_op']:.3f} ms against {one['ms_per_op']:.3f} ms "
-        f"single-threaded ({time_ratio:.2f}x).  Ten cells at >= 3x the cells/s of single-cell "
-        f"transactions needs a 10-cell transaction to take at most {10 / 3:.2f}x the time of "
-        f"a 1-cell one; single-threaded that gives {10 / time_ratio:.2f}x."
-    )
-
-
-def _why_p5(raw: J, profile: J) -> str:
-    op = profile["ops"]["observer_run"]
-    obs = run_of(raw, "observers")
-    text = (
-        f"One observer run (scan included) made {_total_rt(op):.2f} store round trips and drew "
-        f"{op.get('timestamps_per_op', 0):.2f} timestamps; single-threaded in one process a run "
-        f"took {op['ms_per_op']:.2f} ms, {1000 / op['ms_per_op']:.0f} runs/s per thread"
-    )
-    if obs is not None and obs.get("latency"):
-        lat = obs["latency"]
-        text += (
-            f"; the benchmark's worker ({lat.get('threads', '?')} threads) saturated at "
-            f"{fmt_rate(lat['saturation_writes_per_s'])} writes/s"
-        )
-    return text + "."
-
-
-def _why_p6(raw: J, profile: J) -> str:
-    ops = profile["ops"]
-    small, large = ops.get("notify_pass_small"), ops.get("notify_pass_large")
-    if small is None or large is None:
-        return ""
-    return (
-        f"One notification pass over {small.get('rows', '?'):,} rows made {_total_rt(small):.2f} "
-        f"store round trips in {small['ms_per_op']:.2f} ms; over {large.get('rows', '?'):,} rows "
-        f"{_total_rt(large):.2f} round trips in {large['ms_per_op']:.2f} ms "
-        f"({large['ms_per_op'] / small['ms_per_op']:.2f}x), with "
-        f"{large.get('dirty', '?')} dirty cells both times."
-    )
-
-
-def _why_p7(raw: J, profile: J) -> str:
-    op = profile["ops"]["incremental"]
-    spark = run_of(raw, "spark")
-    changes = float(op.get("changes", 1))
-    per_change_ms = op["ms_per_op"]
-    text = (
-        f"After {changes:.0f} document changes, processing them to quiescence "
-        f"single-threaded took {per_change_ms:.1f} ms per changed document: "
-        f"{op.get('runs_per_op', 0):.2f} observer runs and {_total_rt(op):.1f} store round "
-        f"trips per change ({op.get('documents', '?')}-document corpus)."
-    )
-    if spark is not None and spark.get("incremental"):
-        incr = spark["incremental"]
-        docs = float(incr["documents"])
-        recompute_ms = float(incr["recompute_s"]) * 1000
-        per_doc = recompute_ms / docs
-        text += (
-            f"  The Spark recompute took {recompute_ms / 1000:.2f} s for {docs:,.0f} documents, "
-            f"{per_doc:.2f} ms per document: one change costs as much as recomputing "
-            f"{per_change_ms / per_doc:.1f} documents.  At that cost per change, changing 1% of "
-            f"the corpus gives recompute / incremental = 100 / {per_change_ms / per_doc:.1f} = "
-            f"{100 / (per_change_ms / per_doc):.1f}x (50x needs a change to cost at most as "
-            "much as recomputing 2 documents); the benchmark measured "
-            f"{statistics.median(r['ratio'] for r in spark_rounds(incr)):.1f}x over all rounds."
-        )
-    return text
-
-
-def _why_p8(raw: J, profile: J) -> str:
-    ops = profile["ops"]
-    fill, rawb = ops["backfill_batch"], ops["raw_batch"]
-    rows = fill.get("rows", "?")
-    return (
-        f"A backfill batch of {rows} rows (one transaction: read the progress marker, write "
-        f"every cell and the marker) made {_total_rt(fill):.1f} store round trips "
-        f"({_breakdown(fill)}) and took {fill['ms_per_op']:.1f} ms single-threaded; "
-        f"the raw load of the same rows made {_total_rt(rawb):.1f} round trip(s) in "
-        f"{rawb['ms_per_op']:.1f} ms ({fill['ms_per_op'] / rawb['ms_per_op']:.1f}x the time)."
-    )
-
-
-def _why_p9(raw: J, profile: J) -> str:
-    op = profile["ops"]["resolving_read"]
-    return (
-        f"The read took {op['ms_per_op'] / 1000:.3f} s; {op.get('must_wait_s', 0):.3f} s of it was "
-        f"the lock's remaining TTL (TTL {op.get('ttl_ms', '?')} ms); it made "
-        f"{_total_rt(op):.0f} store round trips."
-    )
-
-
-_EXPLAIN: dict[str, Callable[[J, J], str]] = {
-    "P1a": _why_p1a, "P1b": _why_p1b, "P1c": _why_p1c, "P2": _why_p2, "P3": _why_p3,
-    "P4": _why_p4, "P5": _why_p5, "P6": _why_p6, "P7": _why_p7, "P8": _why_p8, "P9": _why_p9,
-}
-
-#: the profiled operations shown for each target (in this order)
-_FOCUS: dict[str, Sequence[str]] = {
-    "P1a": ("batched",), "P1b": ("batched",), "P1c": ("txn_1cell",),
-    "P2": ("txn_read", "raw_get"), "P3": ("txn_1cell", "raw_put"),
-    "P4": ("txn_10cell", "txn_1cell"), "P5": ("observer_run",),
-    "P6": ("notify_pass_small", "notify_pass_large"), "P7": ("incremental",),
-    "P8": ("backfill_batch", "raw_batch"), "P9": ("resolving_read",),
-}
 
 
 # ------------------------------------------------------------------ baselines and log
@@ -1541,7 +1074,7 @@ def make_plots(raw: J, targets: Sequence[TargetResult], plot_dir: Path, rel_to: 
         with_range = [(int(w), c) for w, c in items if "ranged" in c]
         if with_range:
             ax.plot([w for w, _ in with_range],
-                    [_oracle_ratio_range(c, "ranged").median * c["per-rpc"]["rate"]["median"]
+                    [oracle_ratio(c, "ranged").median * c["per-rpc"]["rate"]["median"]
                      for _, c in with_range], marker="s",
                     label=f"ranged, {with_range[0][1]['ranged']['range']} per RPC")
         ax.set_xscale("log")

@@ -15,19 +15,19 @@ Two measurements, in one Spark session (local mode by default):
     already warm) and backfill / raw.  Target: >= 0.5.
 
 ``incremental``
-    A seeded corpus (observers/corpus.py) is backfilled into ``documents`` and the example
-    pipeline's observers bring the derived tables up to date (untimed), and one untimed
-    recompute warms the JVM.  Then, for each of ``--rounds`` rounds, about 1 % of the
-    documents change (observers/corpus.py ``mutate``; written untimed, no worker running),
-    and two ways of getting the derived tables right are timed:
+    A seeded corpus of the example pipeline (bench/example.py) is backfilled into
+    ``documents`` and the pipeline's observers bring the derived tables up to date
+    (untimed), and one untimed recompute warms the JVM.  Then, for each of ``--rounds``
+    rounds, about 1 % of the documents change (the corpus's ``mutate``; written untimed,
+    no worker running), and two ways of getting the derived tables right are timed:
 
     * ``incremental``: the notifications are processed until none is left, alternately by
       a worker with ``--threads`` runner threads (started for the round) and by the
       synchronous single-threaded drain ``percolator.observers.worker.run_until_quiet``;
     * ``recompute``: export ``documents`` at a snapshot, recompute every derived table with
-      Spark (spark_jobs/recompute.py) and write them as Parquet.
+      Spark (the example's recompute) and write them as Parquet.
 
-    The two results are compared cell for cell, and with observers/reference.py (they must
+    The two results are compared cell for cell, and with the example's reference (they must
     be identical, or the benchmark fails).  Reported: the medians over the rounds and
     recompute / incremental.  Target: >= 50.
 
@@ -59,6 +59,8 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` and the package
 
 import percolator
 from bench._common import print_table
+from bench.targets import BY_ID
+from bench.workloads import ChangingCorpus, row_puts
 from percolator.store import FamilySpec, Put, open_store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,9 +95,7 @@ def _raw_partition(store_url: str, table: str, batch: int, rows: Iterable[Any]) 
         puts: list[Put] = []
         count = 0
         for key, a, b in rows:
-            row = key.encode()
-            puts.append(Put(row, "d", b"a", 1, a.encode()))
-            puts.append(Put(row, "d", b"b", 1, b.encode()))
+            puts += row_puts(key.encode(), a.encode(), b.encode())
             count += 1
             if count == batch:
                 store.put(table, puts)
@@ -193,7 +193,7 @@ def measure_load(
         "raw_runs": raw_rates,
         "backfill_runs": backfill_rates,
         "ratio": fill / raw,
-        "target": 0.5,
+        "target": BY_ID["P8"].threshold,
     }
 
 
@@ -230,32 +230,22 @@ def measure_incremental(
     seed: int,
     rounds: int,
 ) -> dict[str, Any]:
-    from percolator.observers import corpus, pipeline, reference
-    from percolator.observers.api import register_observers
-    from percolator.observers.worker import Worker, WorkerOptions, run_until_quiet
+    from percolator.observers.worker import Worker, WorkerOptions
     from percolator.spark_jobs.backfill import BackfillOptions, run_backfill
-    from percolator.spark_jobs.recompute import collect_tables
 
-    documents = corpus.generate(docs, seed=seed)
+    from bench.example import collect_tables, reference
+
+    documents = ChangingCorpus(docs, seed)
     source = os.path.join(workdir, "docs.jsonl")
-    with open(source, "w", encoding="utf-8") as out:
-        for doc in documents:
-            links = doc.links_value()
-            out.write(
-                json.dumps(
-                    {"url": doc.url, "body": doc.body, "links": links.decode() if links else None}
-                )
-                + "\n"
-            )
-    observers = pipeline.observers()
+    documents.write_jsonl(source)
+    observers = documents.observers()
     # Upstream first: documents/body feeds doc_clusters/canonical.
     observed = [("documents", "body"), ("documents", "links"), ("doc_clusters", "canonical")]
     if sorted(observed) != sorted((o.table, c) for o in observers for c in o.columns):
         raise AssertionError("the pipeline's observed columns changed; update the benchmark")
     options = WorkerOptions(threads=threads, idle_sleep_s=0.01, backoff_base_s=0.05)
     with percolator.connect(store_url) as client:
-        pipeline.create_tables(client)
-        register_observers(client, observers)
+        documents.setup(client)
         started = time.perf_counter()
         run_backfill(
             spark,
@@ -284,22 +274,19 @@ def measure_incremental(
         incremental_runs: dict[str, list[float]] = {r: [] for r in RUNNERS}
         recompute_runs: list[float] = []
         changed = 0
-        current = list(documents)
         for round_no in range(rounds):
-            changes = corpus.mutate(current, fraction=fraction, seed=seed + 1 + round_no)
-            current = corpus.apply_changes(current, changes)
-            changed += len(changes)
-            corpus.write_documents(client, changes)
+            changes = documents.change(client, fraction, seed + 1 + round_no)
+            changed += changes
             runner = RUNNERS[round_no % len(RUNNERS)]
             started = time.perf_counter()
             if runner == "worker":
-                worker = Worker(client, pipeline.observers(), options)
+                worker = Worker(client, documents.observers(), options)
                 worker.start()
                 _wait_quiet(client, observed)
                 elapsed = time.perf_counter() - started
                 worker.stop()
             else:
-                run_until_quiet(client, pipeline.observers())
+                documents.process(client)
                 elapsed = time.perf_counter() - started
             incremental_runs[runner].append(elapsed)
             incremental = reference.read_derived(client.snapshot())
@@ -313,11 +300,10 @@ def measure_incremental(
                 raise AssertionError(
                     "incremental and recomputed tables differ:\n" + "\n".join(problems)
                 )
-            expected = reference.compute(corpus.as_input(current))
-            if reference.diff(expected, recomputed):
-                raise AssertionError("the recompute differs from observers/reference.py")
+            if reference.diff(documents.expected(), recomputed):
+                raise AssertionError("the recompute differs from the reference")
             print(
-                f"round {round_no + 1}: {len(changes)} changes, incremental ({runner}) "
+                f"round {round_no + 1}: {changes} changes, incremental ({runner}) "
                 f"{elapsed:.2f} s, recompute {recompute_runs[-1]:.2f} s",
                 file=sys.stderr,
                 flush=True,
@@ -336,15 +322,15 @@ def measure_incremental(
         "recompute_runs": recompute_runs,
         "ratio": {r: recompute_s / t for r, t in incremental_s.items()},
         "identical": True,
-        "target": 50.0,
+        "target": BY_ID["P7"].threshold,
     }
 
 
 def _recompute_to_parquet(spark: Any, store_url: str, workdir: str) -> str:
     """Export ``documents`` at a fresh snapshot, recompute, write Parquet; the output path."""
-    from percolator.observers import reference
     from percolator.spark_jobs.export import ExportOptions, export_table
-    from percolator.spark_jobs.recompute import recompute
+
+    from bench.example import recompute, reference
 
     output = os.path.join(workdir, f"derived-{uuid.uuid4().hex[:8]}.parquet")
     export = export_table(

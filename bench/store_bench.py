@@ -9,8 +9,9 @@ as the median of several repeats with their spread.
     python bench/store_bench.py --hbase                  # also start a local HBase
     python bench/store_bench.py --ops 2000 --threads 4 --repeats 5 --json out.json
 
-Other benchmarks reuse :func:`measure_raw` (one run) and :func:`measure_raw_repeated`
-(medians over repeats) to get the same baselines in-process.
+The operations are the raw-store workloads of :mod:`bench.workloads`.  Other benchmarks
+reuse :func:`measure_raw` (one run) and :func:`measure_raw_repeated` (medians over repeats)
+to get the same baselines in-process.
 
 What one operation is
 ---------------------
@@ -32,14 +33,14 @@ import json
 import os
 import sys
 import tempfile
-import uuid
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make ``bench`` and ``percolator`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import workloads as w
 from bench._common import (
     Summary,
     Timing,
@@ -50,22 +51,10 @@ from bench._common import (
     run_timed,
     summarize,
 )
-from percolator.store import FamilySpec, Put, Store, open_store
+from percolator.store import Store, open_store
 
 OPERATIONS = ("get", "put", "batch_put", "cas")
-BENCH_FAMILIES = [FamilySpec("d"), FamilySpec("l", max_versions=1, in_memory=True)]
 DEFAULT_WARMUP = 100
-
-
-@contextmanager
-def _bench_table(store: Store) -> Iterator[str]:
-    """A fresh table for one run, dropped afterwards (also after a failure)."""
-    name = f"bench_raw_{uuid.uuid4().hex[:12]}"
-    store.create_table(name, BENCH_FAMILIES)
-    try:
-        yield name
-    finally:
-        store.drop_table(name)
 
 
 def measure_raw(
@@ -94,73 +83,25 @@ def measure_raw(
         raise ValueError("ops, threads and batch_cells must be >= 1; value_size, warmup >= 0")
     value = os.urandom(value_size)
     results: dict[str, Timing] = {}
-    with _bench_table(store) as table:
-
-        def put_one(i: int) -> None:
-            store.put(table, [Put(b"p%09d" % i, "d", b"q", 1, value)])
-
-        # Warm up connections, caches and code paths outside the timed runs.
-        for i in range(warmup):
-            store.put(table, [Put(b"w%09d" % i, "d", b"q", 1, value)])
-            store.read_row(table, b"w%09d" % i, [("d", b"q")])
-            store.compare_and_set(table, b"w%09d" % i, "l", b"x", None, value)
-
+    with w.raw_table(store) as table:
+        w.raw_warmup(store, table, warmup, value)
         # The rows ``get`` reads: written by the ``put`` run, or here if it is not measured.
         if "put" in operations:
-            results["put"] = run_timed(put_one, ops, threads=threads)
+            results["put"] = run_timed(w.raw_put_op(store, table, value), ops, threads=threads)
         elif "get" in operations:
-            for start in range(0, ops, 1000):
-                store.put(
-                    table,
-                    [
-                        Put(b"p%09d" % i, "d", b"q", 1, value)
-                        for i in range(start, min(ops, start + 1000))
-                    ],
-                )
-
+            w.raw_load(store, table, ops, value)
         if "get" in operations:
-            # A fixed stride visits every row once in an order unrelated to write order.
-            stride = _coprime_stride(ops)
-
-            def get_one(i: int) -> None:
-                row = b"p%09d" % (i * stride % ops)
-                if not store.read_row(table, row, [("d", b"q")]):
-                    raise AssertionError(f"benchmark row {row!r} is missing")
-
-            results["get"] = run_timed(get_one, ops, threads=threads)
-
+            results["get"] = run_timed(w.raw_get_op(store, table, ops), ops, threads=threads)
         if "batch_put" in operations:
-
-            def put_batch(i: int) -> None:
-                base = i * batch_cells
-                store.put(
-                    table,
-                    [Put(b"b%09d" % (base + j), "d", b"q", 1, value) for j in range(batch_cells)],
-                )
-
             results["batch_put"] = run_timed(
-                put_batch, max(1, ops // 10), threads=threads, items_per_op=batch_cells
+                w.raw_batch_put_op(store, table, batch_cells, value),
+                max(1, ops // 10),
+                threads=threads,
+                items_per_op=batch_cells,
             )
-
         if "cas" in operations:
-
-            def cas_one(i: int) -> None:
-                if not store.compare_and_set(table, b"c%09d" % i, "l", b"x", None, value):
-                    raise AssertionError(f"uncontended compare-and-set #{i} failed")
-
-            results["cas"] = run_timed(cas_one, ops, threads=threads)
+            results["cas"] = run_timed(w.raw_cas_op(store, table, value), ops, threads=threads)
     return {op: results[op] for op in OPERATIONS if op in results}
-
-
-def _coprime_stride(n: int) -> int:
-    """A stride near ``0.618 * n`` sharing no factor with ``n`` (so ``i * stride % n``
-    visits every index once)."""
-    from math import gcd
-
-    stride = max(1, int(n * 0.618))
-    while gcd(stride, n) != 1:
-        stride += 1
-    return stride
 
 
 def measure_raw_repeated(
