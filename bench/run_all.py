@@ -545,7 +545,7 @@ def run_all(argv: Sequence[str] | None) -> int:
 
             oracle_url = "grpc://" + stack.enter_context(oracle_server(namespaces.url("oracle")))
             machine["oracle"] = (
-                "timestamp oracle server (percolator.oracle.cli serve) on the same HBase, "
+                "timestamp oracle server (percolator oracle serve) on the same HBase, "
                 "one for the whole run"
             )
             _run_steps(runner, raw, sizes, groups, namespaces, oracle_url, args.profile_all)
@@ -1266,7 +1266,7 @@ def profile_scan(args: argparse.Namespace) -> J:
 
 
 def profile_incremental(args: argparse.Namespace) -> J:
-    from percolator.observers import corpus, pipeline
+    from docpipeline import corpus, pipeline
     from percolator.observers.api import register_observers
     from percolator.observers.worker import run_until_quiet
 

@@ -15,19 +15,19 @@ Two measurements, in one Spark session (local mode by default):
     already warm) and backfill / raw.  Target: >= 0.5.
 
 ``incremental``
-    A seeded corpus (observers/corpus.py) is backfilled into ``documents`` and the example
+    A seeded corpus (docpipeline/corpus.py) is backfilled into ``documents`` and the example
     pipeline's observers bring the derived tables up to date (untimed), and one untimed
     recompute warms the JVM.  Then, for each of ``--rounds`` rounds, about 1 % of the
-    documents change (observers/corpus.py ``mutate``; written untimed, no worker running),
+    documents change (docpipeline/corpus.py ``mutate``; written untimed, no worker running),
     and two ways of getting the derived tables right are timed:
 
     * ``incremental``: the notifications are processed until none is left, alternately by
       a worker with ``--threads`` runner threads (started for the round) and by the
       synchronous single-threaded drain ``percolator.observers.worker.run_until_quiet``;
     * ``recompute``: export ``documents`` at a snapshot, recompute every derived table with
-      Spark (spark_jobs/recompute.py) and write them as Parquet.
+      Spark (docpipeline/recompute.py) and write them as Parquet.
 
-    The two results are compared cell for cell, and with observers/reference.py (they must
+    The two results are compared cell for cell, and with docpipeline/reference.py (they must
     be identical, or the benchmark fails).  Reported: the medians over the rounds and
     recompute / incremental.  Target: >= 50.
 
@@ -230,11 +230,11 @@ def measure_incremental(
     seed: int,
     rounds: int,
 ) -> dict[str, Any]:
-    from percolator.observers import corpus, pipeline, reference
+    from docpipeline import corpus, pipeline, reference
+    from docpipeline.recompute import collect_tables
     from percolator.observers.api import register_observers
     from percolator.observers.worker import Worker, WorkerOptions, run_until_quiet
     from percolator.spark_jobs.backfill import BackfillOptions, run_backfill
-    from percolator.spark_jobs.recompute import collect_tables
 
     documents = corpus.generate(docs, seed=seed)
     source = os.path.join(workdir, "docs.jsonl")
@@ -315,7 +315,7 @@ def measure_incremental(
                 )
             expected = reference.compute(corpus.as_input(current))
             if reference.diff(expected, recomputed):
-                raise AssertionError("the recompute differs from observers/reference.py")
+                raise AssertionError("the recompute differs from docpipeline/reference.py")
             print(
                 f"round {round_no + 1}: {len(changes)} changes, incremental ({runner}) "
                 f"{elapsed:.2f} s, recompute {recompute_runs[-1]:.2f} s",
@@ -342,9 +342,9 @@ def measure_incremental(
 
 def _recompute_to_parquet(spark: Any, store_url: str, workdir: str) -> str:
     """Export ``documents`` at a fresh snapshot, recompute, write Parquet; the output path."""
-    from percolator.observers import reference
+    from docpipeline import reference
+    from docpipeline.recompute import recompute
     from percolator.spark_jobs.export import ExportOptions, export_table
-    from percolator.spark_jobs.recompute import recompute
 
     output = os.path.join(workdir, f"derived-{uuid.uuid4().hex[:8]}.parquet")
     export = export_table(
