@@ -1,5 +1,5 @@
 # The project image: the `percolator` command with Spark (for backfill/export) and the
-# example observers.  Used by the oracle, worker, backfill and gc services of
+# example observers (the package examples/docpipeline, installed on purpose).  Used by the oracle, worker, backfill and gc services of
 # docker-compose.yml.  Build: docker build -t percolator .
 FROM python:3.11-slim-bookworm
 
@@ -15,7 +15,8 @@ COPY oracle ./oracle
 COPY observers ./observers
 COPY spark_jobs ./spark_jobs
 COPY proto ./proto
-RUN pip install --no-cache-dir '.[spark]'
+COPY examples/docpipeline ./examples/docpipeline
+RUN pip install --no-cache-dir '.[spark]' ./examples/docpipeline
 
 # Your own observers: build FROM this image and `pip install` your package.
 ENTRYPOINT ["percolator"]

@@ -13,10 +13,13 @@ STAMP := $(VENV)/.installed
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The example pipeline is a package of its own, installed on purpose: the demo, the tests
+# and the benchmarks use its observers and its `percolator demo` command.
+$(STAMP): pyproject.toml examples/docpipeline/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,spark,demo]'
+	$(BIN)/python -m pip install --quiet -e examples/docpipeline
 	@touch $(STAMP)
 
 demo: $(STAMP)
@@ -35,11 +38,12 @@ test-slow: $(STAMP)
 	$(MAKE) test PYTEST_ARGS='-m slow'
 
 # mypy cannot read pyproject's package-dir mapping: it checks the installed layout, staged
-# by tools/layout.py (oracle/ becomes percolator/oracle/, and so on).
+# by tools/layout.py (oracle/ becomes percolator/oracle/, and so on).  The example package
+# is checked from its folder (pyproject's mypy_path finds it for bench's imports).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python tools/layout.py build/layout
-	$(BIN)/mypy build/layout/percolator bench tools
+	$(BIN)/mypy build/layout/percolator bench tools examples/docpipeline/docpipeline
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all $(BENCH_ARGS)

@@ -7,7 +7,7 @@ observers, the pure-Python reference and the Spark recompute.  Everything else i
 
 from __future__ import annotations
 
-from percolator.observers import corpus, pipeline, reference
-from percolator.spark_jobs.recompute import collect_tables, recompute
+from docpipeline import corpus, pipeline, reference
+from docpipeline.recompute import collect_tables, recompute
 
 __all__ = ["collect_tables", "corpus", "pipeline", "recompute", "reference"]

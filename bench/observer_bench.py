@@ -123,7 +123,7 @@ def worker_process(
                         [
                             sys.executable,
                             "-m",
-                            "percolator.observers.cli",
+                            "percolator",
                             "worker",
                             "--store",
                             store_url,

@@ -70,7 +70,7 @@ _READY = re.compile(r"oracle: listening on (\S+) ")
 def oracle_server(store_url: str) -> Iterator[str]:
     """An oracle server process on ``store_url``; yields its address; stops it after."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "percolator.oracle.cli", "serve", "--store", store_url,
+        [sys.executable, "-m", "percolator", "oracle", "serve", "--store", store_url,
          "--listen", "127.0.0.1:0"],
         cwd=ROOT,
         stdout=subprocess.PIPE,

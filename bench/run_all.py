@@ -556,7 +556,7 @@ def run_all(argv: Sequence[str] | None) -> int:
 
             oracle_url = "grpc://" + stack.enter_context(oracle_server(namespaces.url("oracle")))
             machine["oracle"] = (
-                "timestamp oracle server (percolator.oracle.cli serve) on the same store, "
+                "timestamp oracle server (percolator oracle serve) on the same store, "
                 "one for the whole run"
             )
             _run_steps(runner, raw, sizes, groups, namespaces, oracle_url, args.profile_all)

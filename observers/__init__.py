@@ -7,12 +7,9 @@
 * :mod:`percolator.observers.runner` - one run: ack check, user code, ack, cleanup;
 * :mod:`percolator.observers.worker` - scanners, run pool, back-off, parking, metrics, shutdown;
 * :mod:`percolator.observers.parking` - parked notifications (list, retry);
-* :mod:`percolator.observers.pipeline` - the example document pipeline (clusters, index, links),
-  with :mod:`percolator.observers.corpus` (test corpus) and
-  :mod:`percolator.observers.reference` (from-scratch
-  recomputation).
 
-See docs/observers.md.
+An example of observers (the document pipeline) is the separate package
+``examples/docpipeline``, installed on purpose.  See docs/observers.md.
 """
 
 from percolator.observers.api import Observer, register_observers, trigger, unregister_observer

@@ -1,7 +1,6 @@
 """``percolator worker``, ``percolator notifications list|retry`` and
-``percolator observers list|register|unregister``.
-
-Also runnable on its own: ``python -m percolator.observers.cli worker ...``.
+``percolator observers list|register|unregister``: one ``register_*`` function per command,
+each an entry point of the ``percolator.commands`` group (see pyproject.toml).
 """
 
 from __future__ import annotations
@@ -12,15 +11,14 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
-from percolator.commands.common import add_oracle_option, add_store_option
-from percolator.errors import ConfigError, PercolatorError
+from percolator.command_options import add_oracle_option, add_store_option
+from percolator.errors import ConfigError
 
 
-def register(subparsers: Any) -> None:
+def register_worker(subparsers: Any) -> None:
     worker: argparse.ArgumentParser = subparsers.add_parser(
         "worker",
         help="run observers on notifications",
@@ -34,7 +32,8 @@ def register(subparsers: Any) -> None:
         "--observer",
         action="append",
         metavar="NAME",
-        help="run this observer plugin (repeatable; default: every installed one)",
+        help="run this observer plugin (repeatable; default: every installed one, and none "
+        "installed is an error)",
     )
     worker.add_argument("--threads", type=int, default=4, help="observer runs in parallel")
     worker.add_argument("--scanners", type=int, default=1, help="scanner threads")
@@ -61,6 +60,8 @@ def register(subparsers: Any) -> None:
     worker.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     worker.set_defaults(func=run_worker)
 
+
+def register_notifications(subparsers: Any) -> None:
     notifications: argparse.ArgumentParser = subparsers.add_parser(
         "notifications",
         help="list or retry parked notifications",
@@ -92,6 +93,8 @@ def register(subparsers: Any) -> None:
     listing.set_defaults(func=run_list)
     retry.set_defaults(func=run_retry)
 
+
+def register_observers(subparsers: Any) -> None:
     observers: argparse.ArgumentParser = subparsers.add_parser(
         "observers",
         help="list, register or unregister observed columns",
@@ -126,6 +129,7 @@ def _print_ready(message: str) -> None:
 
 
 def run_worker(args: argparse.Namespace) -> int:
+    from percolator.observers.plugins import GROUP as PLUGIN_GROUP
     from percolator.observers.plugins import load_observers
     from percolator.observers.worker import Worker, WorkerOptions
 
@@ -144,6 +148,13 @@ def run_worker(args: argparse.Namespace) -> int:
         metrics_host=args.metrics_host,
     )
     loaded = load_observers(args.observer)
+    if args.observer is None and not loaded.observers and not loaded.errors:
+        # Nothing is installed: the engine ships no observers (the example pipeline is a
+        # package of its own), and a worker with nothing to run is a deployment mistake.
+        raise ConfigError(
+            f"no observer plugin is installed (entry-point group {PLUGIN_GROUP!r}); install a "
+            "package that declares some, e.g. pip install -e examples/docpipeline"
+        )
     for plugin_error in loaded.errors:
         print(f"percolator worker: {plugin_error}", file=sys.stderr, flush=True)
     if not loaded.observers:
@@ -316,23 +327,3 @@ def run_observers_unregister(args: argparse.Namespace) -> int:
         print(f"observer {args.name!r} watches no column", file=sys.stderr)
         return 1
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m percolator.observers.cli ...``: the same sub-commands outside ``percolator``."""
-    parser = argparse.ArgumentParser(prog="percolator")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    subparsers.required = True
-    register(subparsers)
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except PercolatorError as exc:
-        print(f"percolator: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,5 @@
-"""``percolator oracle serve`` and ``percolator oracle info``.
-
-Also runnable on its own as ``python -m percolator.oracle.cli serve|info ...`` (same arguments).
+"""``percolator oracle serve`` and ``percolator oracle info`` (the ``oracle`` entry point of the
+``percolator.commands`` group, see pyproject.toml).
 """
 
 from __future__ import annotations
@@ -9,14 +8,13 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from percolator.oracle.factory import TOKEN_ENV, parse_oracle_url
 from percolator.oracle.lease import DEFAULT_MAX_COUNT, LeaseConfig
 
-from percolator.errors import ConfigError, OracleError, PercolatorError
+from percolator.errors import ConfigError, OracleError
 from percolator.timestamps import describe
 
 
@@ -185,22 +183,3 @@ def run_info(args: argparse.Namespace) -> int:
     finally:
         client.close()
     return 0 if active else 1
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m percolator.oracle.cli``: the ``oracle`` sub-commands without the rest of
-    the CLI."""
-    parser = argparse.ArgumentParser(prog="python -m percolator.oracle.cli")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["oracle", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return int(args.func(args) or 0)
-    except PercolatorError as exc:
-        print(f"percolator: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

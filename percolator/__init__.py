@@ -8,6 +8,8 @@ observers that run when a column changes, on HBase or an embedded store.
         txn.set("accounts", b"alice", "balance", b"10")
 """
 
+from importlib.metadata import PackageNotFoundError, version
+
 from percolator import errors
 from percolator.client import Client, connect
 from percolator.context import ClientOptions
@@ -22,4 +24,9 @@ __all__ = [
     "connect",
     "errors",
 ]
-__version__ = "0.1.0"
+# The distribution's version is the only one: pyproject.toml's, read from the package metadata.
+DISTRIBUTION = "percolator-engine"
+try:
+    __version__ = version(DISTRIBUTION)
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"

@@ -1,51 +1,123 @@
-"""The ``percolator`` command line.
+"""The ``percolator`` command line (also ``python -m percolator``: the same :func:`main`).
 
-Each sub-command lives in its own module exposing ``register(subparsers)``, which adds a
-parser whose ``func`` default takes the parsed arguments and returns an exit code.  Errors of
-the project's own tree are printed as one clear line (``percolator: error: ...``) with exit
-code 2; anything else is a bug and shows its traceback.
+The commands are plugins of the entry-point group ``percolator.commands``; this module names
+none of them.  Each entry point is named like the command it adds and points to a function
+``register(subparsers)`` that adds that command's parser, whose ``func`` default takes the
+parsed arguments and returns an exit code.  Every package lists its own commands in its
+``pyproject.toml`` (the engine ``gc``, ``hbase`` and ``status``; the oracle ``oracle``; the
+observers ``worker``, ``notifications`` and ``observers``; the Spark jobs ``backfill`` and
+``export``), and an installed example or third-party package can add more.
+
+Commands are listed in ``--help`` in alphabetical order of their names, whatever order the
+distributions were installed in.  When two distributions declare one name, the first found
+wins, as :mod:`importlib.metadata` orders them (the same rule as observer plugins).
+
+Loading follows find, load, validate: a command plugin that cannot be imported, whose
+function raises, or that adds no command of its name is left out with one line naming it
+(``percolator: warning: command plugin 'x' (module:func): ...``) and the other commands keep
+working; running the broken command itself is an error with that line and exit code 2.
+
+Errors of the project's own tree are printed as one clear line (``percolator: error: ...``)
+with exit code 2; anything else is a bug and shows its traceback.
 
 Options come from flags, the environment and a config file, in that order of precedence
-(see :mod:`percolator.config`).
+(see :mod:`percolator.config`).  ``--config PATH`` is accepted before the command and after
+it (``percolator worker --config prod.toml``); given twice, the last one wins.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import importlib.metadata
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
+import percolator
 from percolator import config
-from percolator.errors import PercolatorError
+from percolator.errors import ConfigError, PercolatorError
 
-# Modules that register sub-commands, in --help order.
-COMMAND_MODULES = [
-    "percolator.localhbase.cli",
-    "percolator.oracle.cli",
-    "percolator.observers.cli",
-    "percolator.spark_jobs.cli",
-    "percolator.commands.gc",
-    "percolator.commands.status",
-    "percolator.commands.inspect",
-    "percolator.commands.demo",
-]
+GROUP = "percolator.commands"
 
 EPILOG = """\
+commands are plugins of the entry-point group "percolator.commands", listed alphabetically;
+installed packages can add their own (e.g. the example pipeline adds demo and recompute).
+
 configuration, highest precedence first:
   1. flags on the command line
   2. environment: PERCOLATOR_STORE and PERCOLATOR_ORACLE for every command that has
      --store/--oracle; PERCOLATOR_<COMMAND>_<OPTION> for one command's option,
      e.g. PERCOLATOR_WORKER_THREADS=8 or PERCOLATOR_ORACLE_SERVE_LISTEN=0.0.0.0:7070
-  3. the config file (TOML): --config PATH, else $PERCOLATOR_CONFIG, else
-     ./percolator.toml if present; [defaults] store/oracle for every command, one
-     table per command: [worker] threads = 8, [oracle.serve] listen = "0.0.0.0:7070"
+  3. the config file (TOML): --config PATH (before or after the command), else
+     $PERCOLATOR_CONFIG, else ./percolator.toml if present; [defaults] store/oracle for
+     every command, one table per command: [worker] threads = 8,
+     [oracle.serve] listen = "0.0.0.0:7070"
   4. built-in defaults (see each command's --help)
 """
 
+CONFIG_HELP = "config file (TOML); default $PERCOLATOR_CONFIG, else ./percolator.toml if present"
 
-def build_parser() -> argparse.ArgumentParser:
+
+class CommandPluginError(ConfigError):
+    """A command plugin could not be loaded or did not add its command."""
+
+    def __init__(self, name: str, value: str, message: str) -> None:
+        super().__init__(f"command plugin {name!r} ({value}): {message}")
+        self.plugin = name
+
+
+@dataclass
+class Commands:
+    """The parser of every command that loaded, and the plugins that did not."""
+
+    parser: argparse.ArgumentParser
+    errors: list[CommandPluginError] = field(default_factory=list)
+
+
+def find_commands(
+    entry_points: Iterable[importlib.metadata.EntryPoint] | None = None,
+) -> list[importlib.metadata.EntryPoint]:
+    """The command plugins, one per name (the first found wins), sorted by name.
+    ``entry_points``: use these instead of the installed ones (tests, embedding)."""
+    if entry_points is None:
+        entry_points = importlib.metadata.entry_points(group=GROUP)
+    found: dict[str, importlib.metadata.EntryPoint] = {}
+    for entry_point in entry_points:
+        found.setdefault(entry_point.name, entry_point)
+    return [found[name] for name in sorted(found)]
+
+
+def _register(entry_point: importlib.metadata.EntryPoint, subparsers: Any) -> None:
+    """Load one plugin and let it add its command; raises :class:`CommandPluginError`."""
+    name, value = entry_point.name, entry_point.value
+    try:
+        register = entry_point.load()
+    except Exception as exc:  # any import-time failure of a plugin's code
+        raise CommandPluginError(
+            name, value, f"cannot load: {type(exc).__name__}: {exc}"
+        ) from exc
+    if not callable(register):
+        raise CommandPluginError(name, value, f"{register!r} is not a register(subparsers)")
+    try:
+        register(subparsers)
+    except Exception as exc:
+        raise CommandPluginError(
+            name, value, f"failed to add its command: {type(exc).__name__}: {exc}"
+        ) from exc
+    if name not in subparsers.choices:
+        added = ", ".join(sorted(subparsers.choices)) or "nothing"
+        raise CommandPluginError(
+            name, value, f"added no command named {name!r} (commands so far: {added})"
+        )
+
+
+def load_commands(
+    entry_points: Iterable[importlib.metadata.EntryPoint] | None = None,
+) -> Commands:
+    """The ``percolator`` parser with every command plugin that loads; never raises for one
+    plugin (failures are collected in :attr:`Commands.errors`)."""
     parser = argparse.ArgumentParser(
         prog="percolator",
         description="Incremental processing with snapshot-isolation transactions on HBase.",
@@ -53,33 +125,94 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--config",
-        metavar="PATH",
-        help="config file (TOML); default $PERCOLATOR_CONFIG, else ./percolator.toml if present",
+        "--version", action="version", version=f"percolator {percolator.__version__}"
     )
+    parser.add_argument("--config", metavar="PATH", help=CONFIG_HELP)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
-    for name in COMMAND_MODULES:
-        module = importlib.import_module(name)
-        module.register(subparsers)
-    return parser
+    commands = Commands(parser)
+    for entry_point in find_commands(entry_points):
+        before = set(subparsers.choices)
+        try:
+            _register(entry_point, subparsers)
+        except CommandPluginError as exc:
+            commands.errors.append(exc)
+            _forget_new_commands(subparsers, before)
+    for path, child in _all_parsers(parser):
+        if path and "--config" not in child._option_string_actions:
+            # SUPPRESS: a command's parser must not overwrite a --config given before the
+            # command with its own default of None.
+            child.add_argument("--config", metavar="PATH", default=argparse.SUPPRESS,
+                               help=CONFIG_HELP)
+    return commands
+
+
+def _forget_new_commands(subparsers: Any, before: set[str]) -> None:
+    """Remove what a failed plugin added, so that a broken command is never half there."""
+    for name in set(subparsers.choices) - before:
+        del subparsers.choices[name]
+    subparsers._choices_actions[:] = [
+        action for action in subparsers._choices_actions if action.dest in before
+    ]
+
+
+def _all_parsers(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    """``parser`` and every parser below it (command groups and commands), by path."""
+    found = [(path, parser)]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                found += _all_parsers(child, (*path, name))
+    return found
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``percolator`` parser with every installed command that loads."""
+    return load_commands().parser
 
 
 def _explicit_config(argv: Sequence[str]) -> str | None:
-    """The value of a ``--config`` given before the command, if any."""
+    """The value of the last ``--config`` given, before or after the command."""
+    found = None
     for index, token in enumerate(argv):
+        if token == "--":
+            break
         if token == "--config" and index + 1 < len(argv):
-            return argv[index + 1]
-        if token.startswith("--config="):
-            return token.split("=", 1)[1]
-        if not token.startswith("-"):
-            return None
+            found = argv[index + 1]
+        elif token.startswith("--config="):
+            found = token.split("=", 1)[1]
+    return found
+
+
+def _command_name(argv: Sequence[str]) -> str | None:
+    """The first token naming a command (skipping ``--config PATH``), if any."""
+    skip = False
+    for token in argv:
+        if skip:
+            skip = False
+        elif token == "--config":
+            skip = True
+        elif not token.startswith("-"):
+            return token
     return None
+
+
+def _error(exc: PercolatorError) -> int:
+    print(f"percolator: error: {exc}", file=sys.stderr)
+    return 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    commands = load_commands()
+    parser = commands.parser
+    chosen = _command_name(argv)
+    for plugin_error in commands.errors:
+        if plugin_error.plugin == chosen:
+            return _error(plugin_error)
+        print(f"percolator: warning: {plugin_error}; left out", file=sys.stderr)
     try:
         # Settings from the environment and the config file become the chosen command's
         # defaults before parsing, so flags still win and errors name their source.
@@ -88,20 +221,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = config.resolve(parser, command, config_path=config_path, environ=os.environ)
         fill = config.apply(parser, command, settings)
     except PercolatorError as exc:
-        print(f"percolator: error: {exc}", file=sys.stderr)
-        return 2
+        return _error(exc)
     args = parser.parse_args(argv)
     fill(args)
     try:
         code = args.func(args)
     except PercolatorError as exc:
-        print(f"percolator: error: {exc}", file=sys.stderr)
-        return 2
+        return _error(exc)
     except KeyboardInterrupt:
         print("percolator: interrupted", file=sys.stderr)
         return 130
     return int(code or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

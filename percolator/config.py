@@ -26,7 +26,7 @@ Every option of every sub-command can be set three ways.  Precedence, highest fi
        [oracle.serve]
        listen = "0.0.0.0:7070"
 
-   The file is ``--config PATH`` (before the command), else ``$PERCOLATOR_CONFIG``, else
+   The file is ``--config PATH`` (before or after the command), else ``$PERCOLATOR_CONFIG``, else
    ``./percolator.toml`` when it exists;
 
 4. the option's built-in default, shown by ``--help``.
@@ -62,6 +62,9 @@ DEFAULTS_TABLE = "defaults"
 # Options that the [defaults] table of the file, or an environment variable without a command
 # part, sets for every command that has them.
 SHARED_OPTIONS = ("store", "oracle")
+# Options of the command line itself, accepted on every command's parser (``--config``
+# after the command) but never set from the file or the environment.
+GLOBAL_OPTIONS = ("config",)
 
 
 @dataclass(frozen=True)
@@ -131,7 +134,7 @@ def _options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
     for action in parser._actions:
         if not action.option_strings or isinstance(action, argparse._HelpAction):
             continue
-        if action.dest == argparse.SUPPRESS:
+        if action.dest == argparse.SUPPRESS or action.dest in GLOBAL_OPTIONS:
             continue
         options[action.dest.replace("_", "-")] = action
     return options

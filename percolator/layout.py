@@ -44,12 +44,17 @@ META_TABLE = "percolator_meta"
 META_FAMILY = "m"
 META_FAMILIES = [FamilySpec(META_FAMILY, max_versions=1, in_memory=True)]
 
-_TABLE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
+# \Z, not $: a name must not end in a newline.
+_TABLE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}\Z")
 MAX_COLUMN_BYTES = 1024
 MAX_VALUE_BYTES = 64 * 1024 * 1024
 
 
 def check_table_name(name: object, *, allow_system: bool = False) -> str:
+    """The one table-name rule, for users' tables and every store backend: portable HBase
+    table qualifiers, 1 to 200 of ``A-Z a-z 0-9 _ . -`` starting with a letter or digit.
+    Names starting with ``percolator_`` belong to the engine (``allow_system`` lets the
+    engine and the stores create them).  Returns ``name``."""
     if not isinstance(name, str):
         raise InvalidArgumentError(f"table name must be a str, got {type(name).__name__}")
     if not _TABLE_NAME.match(name):

@@ -1,4 +1,5 @@
-"""``percolator backfill`` and ``percolator export``: the Spark jobs on the command line.
+"""``percolator backfill`` and ``percolator export``: the Spark jobs on the command line
+(entry points of the ``percolator.commands`` group, see pyproject.toml).
 
 Both run in local mode (``local[*]``) unless ``--master`` names a cluster (or the command was
 started by ``spark-submit``); ``--conf KEY=VALUE`` passes any Spark setting through.
@@ -18,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from percolator.commands.common import add_oracle_option, add_store_option
+from percolator.command_options import add_oracle_option, add_store_option
 from percolator.errors import ConfigError, PercolatorError
 
 
@@ -40,7 +41,7 @@ def _pairs(values: Sequence[str], what: str) -> dict[str, str]:
     return out
 
 
-def register(subparsers: Any) -> None:
+def register_backfill(subparsers: Any) -> None:
     backfill: argparse.ArgumentParser = subparsers.add_parser(
         "backfill",
         help="load Parquet/CSV/JSON into a table through transactions (Spark, exactly once)",
@@ -83,6 +84,8 @@ def register(subparsers: Any) -> None:
     _add_spark_options(backfill)
     backfill.set_defaults(func=run_backfill_command)
 
+
+def register_export(subparsers: Any) -> None:
     export: argparse.ArgumentParser = subparsers.add_parser(
         "export",
         help="write a consistent snapshot of a table to Parquet (Spark)",
@@ -200,25 +203,3 @@ def run_export_command(args: argparse.Namespace) -> int:
     else:
         print(report.summary())
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m percolator.spark_jobs.cli backfill|export ...`` (the same commands as
-    ``percolator backfill|export``)."""
-    parser = argparse.ArgumentParser(prog="percolator")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    subparsers.required = True
-    register(subparsers)
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except PercolatorError as exc:
-        print(f"percolator: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("percolator: interrupted", file=sys.stderr)
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

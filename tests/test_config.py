@@ -138,7 +138,7 @@ def run_cli(args: list[str], cwd: Path, env: Mapping[str, str]) -> subprocess.Co
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("PERCOLATOR_")}
     full_env.update(env)
     return subprocess.run(
-        [sys.executable, "-m", "percolator.cli", *args], cwd=cwd, env=full_env,
+        [sys.executable, "-m", "percolator", *args], cwd=cwd, env=full_env,
         capture_output=True, text=True, timeout=120,
     )
 
@@ -175,3 +175,30 @@ def test_the_example_in_the_operations_guide_is_valid(tmp_path: Path) -> None:
     assert worker.threads == 8 and worker.oracle.startswith("grpc://")
     serve = parse(["oracle", "serve"], file_text=match.group(1), tmp_path=tmp_path)
     assert serve.listen == "0.0.0.0:7070"
+
+
+def test_config_after_the_command(tmp_path: Path) -> None:
+    """``--config`` is accepted after the command too (and the last one given wins)."""
+    store = tmp_path / "data"
+    (tmp_path / "after.toml").write_text(
+        f'[defaults]\nstore = "embedded:{store}"\n[gc]\njson = true\n'
+    )
+    (tmp_path / "bad.toml").write_text("[worker]\nthread = 2\n")
+    result = run_cli(["gc", "--config", "after.toml"], tmp_path, {})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.lstrip().startswith("{")  # --json came from the file
+    assert store.exists()
+    result = run_cli(["--config", "bad.toml", "gc", "--config=after.toml"], tmp_path, {})
+    assert result.returncode == 0, result.stderr
+    result = run_cli(["oracle", "--config", "bad.toml", "info", "--oracle", "grpc://h:1"],
+                     tmp_path, {})
+    assert result.returncode == 2 and "has no option 'thread'" in result.stderr
+
+
+def test_config_is_an_option_of_the_command_line_not_of_the_file(tmp_path: Path) -> None:
+    args = parse(["worker", "--config", "x.toml"])
+    assert args.config == "x.toml"
+    # The command's own --config has no default that would hide one given before it.
+    assert parse(["--config", "y.toml", "worker"]).config == "y.toml"
+    with pytest.raises(ConfigError, match=r"\[gc\] has no option 'config'"):
+        parse(["gc"], file_text='[gc]\nconfig = "other.toml"\n', tmp_path=tmp_path)

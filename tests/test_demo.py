@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from percolator.observers import reference
+from docpipeline import reference
 
 import percolator
 from percolator.store import open_store
@@ -23,7 +23,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def demo(*args: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PERCOLATOR_")}
     return subprocess.run(
-        [sys.executable, "-m", "percolator.cli", "demo", *args],
+        [sys.executable, "-m", "percolator", "demo", *args],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
     )
 

@@ -43,7 +43,7 @@ def _cli(
 ) -> subprocess.CompletedProcess[str]:
     """Run ``percolator hbase ARGS`` in a separate process."""
     return subprocess.run(
-        [sys.executable, "-m", "percolator.cli", "hbase", *args],
+        [sys.executable, "-m", "percolator", "hbase", *args],
         cwd=REPO,
         env=dict(env) if env is not None else None,
         capture_output=True,
@@ -433,7 +433,7 @@ def test_foreground_instance_cleans_up_on_sigterm(tmp_path: Path, hbase_url: str
             [
                 sys.executable,
                 "-m",
-                "percolator.cli",
+                "percolator",
                 "hbase",
                 "start",
                 "--foreground",

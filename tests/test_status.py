@@ -39,7 +39,7 @@ class Watcher(Observer):
 def status(store_url: str, *extra: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PERCOLATOR_")}
     return subprocess.run(
-        [sys.executable, "-m", "percolator.cli", "status", "--store", store_url, *extra],
+        [sys.executable, "-m", "percolator", "status", "--store", store_url, *extra],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )
 

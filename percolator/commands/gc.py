@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from percolator.commands.common import add_oracle_option, add_store_option
+from percolator.command_options import add_oracle_option, add_store_option
 
 
 def register(subparsers: Any) -> None:

@@ -23,7 +23,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from percolator.commands.common import add_store_option
+from percolator.command_options import add_store_option
 from percolator.errors import ConfigError
 from percolator.layout import DATA, LOCK, NOTIFY, WRITE, encode_row
 from percolator.records import LockCell, WriteRecord

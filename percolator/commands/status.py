@@ -32,7 +32,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from percolator.commands.common import add_oracle_option, add_store_option
+from percolator.command_options import add_oracle_option, add_store_option
 from percolator.errors import ConfigError, OracleError
 from percolator.layout import LOCK, NOTIFY, SYSTEM_TABLE_PREFIX
 from percolator.records import LockCell

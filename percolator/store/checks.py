@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
+from percolator import layout
 from percolator.errors import InvalidArgumentError
 from percolator.store.base import (
     MAX_ROW_LENGTH,
@@ -28,18 +29,12 @@ UNLIMITED_VERSIONS = 2**31 - 1
 # --------------------------------------------------------------------------- shared checks
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
-MAX_TABLE_NAME_LENGTH = 200
 
 
 def check_table_name(name: object) -> None:
-    """Table names are portable HBase table qualifiers: ``[A-Za-z0-9_][A-Za-z0-9_.-]*``."""
-    if not isinstance(name, str) or not name:
-        raise InvalidArgumentError(f"table name must be a non-empty str, got {name!r}")
-    if len(name) > MAX_TABLE_NAME_LENGTH or not _NAME_RE.match(name):
-        raise InvalidArgumentError(
-            f"table name {name!r} is not valid: use at most {MAX_TABLE_NAME_LENGTH} of "
-            "A-Z a-z 0-9 _ . - and do not start with . or -"
-        )
+    """The engine's one table-name rule (:func:`percolator.layout.check_table_name`); a store
+    also accepts the names the engine reserves for its own tables (``percolator_meta``)."""
+    layout.check_table_name(name, allow_system=True)
 
 
 def check_family_specs(families: object) -> None:

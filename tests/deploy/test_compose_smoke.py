@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from percolator.observers import corpus, reference
+from docpipeline import corpus, reference
 from percolator.observers.parking import pending
 
 import percolator
@@ -72,7 +72,7 @@ class Service:
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("PERCOLATOR_")}
         full_env.update(env)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "percolator.cli", *argv], cwd=ROOT, env=full_env,
+            [sys.executable, "-m", "percolator", *argv], cwd=ROOT, env=full_env,
             stdout=self._log, stderr=subprocess.STDOUT, text=True,
         )
 

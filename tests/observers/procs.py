@@ -1,5 +1,5 @@
 """Worker subprocesses for the observer tests: the real CLI
-(``python -m percolator.observers.cli worker``)
+(``python -m percolator worker``)
 with the test plugins on ``PYTHONPATH``.
 
 Output goes to a file (not a pipe: a killed or chatty worker can never block on it); the
@@ -39,9 +39,9 @@ def cli_env(plugin_dir: Path | None, extra: dict[str, str] | None = None) -> dic
 def run_cli(
     args: Sequence[str], plugin_dir: Path | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m percolator.observers.cli ARGS`` to completion."""
+    """Run ``python -m percolator ARGS`` to completion."""
     return subprocess.run(
-        [sys.executable, "-m", "percolator.observers.cli", *args],
+        [sys.executable, "-m", "percolator", *args],
         cwd=PROJECT_ROOT,
         env=cli_env(plugin_dir),
         capture_output=True,
@@ -65,7 +65,7 @@ class WorkerProcess:
         env: dict[str, str] | None = None,
     ) -> None:
         self.log_path = log_path
-        args = [sys.executable, "-m", "percolator.observers.cli", "worker", "--store", store_url]
+        args = [sys.executable, "-m", "percolator", "worker", "--store", store_url]
         for name in observers:
             args += ["--observer", name]
         args += ["--threads", str(threads), "--metrics-port", "0", "--log-level", "WARNING"]

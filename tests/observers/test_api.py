@@ -171,6 +171,8 @@ def test_malformed_declarations_are_rejected_naming_the_problem(
 
 
 def test_something_else_is_not_an_observer() -> None:
-    with pytest.raises(InvalidArgumentError, match=r"subclass percolator\.observers\.api\.Observer"):
+    with pytest.raises(
+        InvalidArgumentError, match=r"subclass percolator\.observers\.api\.Observer"
+    ):
         check_observer(object())
     assert check_observer(_Good()).name == "good"

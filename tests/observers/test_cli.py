@@ -1,21 +1,29 @@
 """The command line: ``percolator worker`` and ``percolator notifications list|retry``, run as
 real processes
-(``python -m percolator.observers.cli``, the same sub-commands ``percolator`` has)."""
+(``python -m percolator``, as users run ``percolator``)."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import subprocess
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from percolator.observers import plugins
 from percolator.observers.parking import ParkingLot, pending
 from percolator.observers.runner import Notification
 
+import percolator
+from percolator import cli
 from tests.observers import helpers
 from tests.observers.conftest import connect
 from tests.observers.helpers import EVENTS, runs
-from tests.observers.procs import WorkerProcess, run_cli, wait_quiet
+from tests.observers.procs import PROJECT_ROOT, WorkerProcess, cli_env, run_cli, wait_quiet
 
 
 @pytest.fixture
@@ -161,3 +169,56 @@ def test_observers_register_list_and_unregister(url: str) -> None:
     assert removed.stdout.strip() == "unregistered doc-clusters: documents body"
     assert run_cli(["observers", "list", "--store", url]).stdout == ""
     assert run_cli(["observers", "unregister", "--store", url, "doc-clusters"]).returncode == 1
+
+
+NO_OBSERVERS_INSTALLED = (
+    "no observer plugin is installed (entry-point group 'percolator.observers')"
+)
+
+
+def test_the_engine_registers_no_observer() -> None:
+    engine = importlib.metadata.distribution(percolator.DISTRIBUTION)
+    assert [ep for ep in engine.entry_points if ep.group == plugins.GROUP] == []
+
+
+def _without_observer_plugins(
+    original: Callable[..., Any],
+) -> Callable[..., Any]:
+    def entry_points(**params: Any) -> Any:
+        if params.get("group") == plugins.GROUP:
+            return []
+        return original(**params)
+
+    return entry_points
+
+
+def test_a_worker_with_no_observer_installed_says_so_and_exits(
+    url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(
+        importlib.metadata, "entry_points",
+        _without_observer_plugins(importlib.metadata.entry_points),
+    )
+    assert cli.main(["worker", "--store", url]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"percolator: error: {NO_OBSERVERS_INSTALLED}; install a package")
+    assert len(err.splitlines()) == 1
+
+
+def test_a_worker_process_with_no_observer_installed_exits(url: str) -> None:
+    # The whole command in a fresh interpreter whose plugin discovery finds no observer.
+    code = (
+        "import importlib.metadata as m, sys\n"
+        "original = m.entry_points\n"
+        "m.entry_points = lambda **p: [] if p.get('group') == 'percolator.observers' "
+        "else original(**p)\n"
+        "from percolator.cli import main\n"
+        f"sys.exit(main(['worker', '--store', {url!r}]))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=PROJECT_ROOT, env=cli_env(None),
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2
+    assert NO_OBSERVERS_INSTALLED in result.stderr
+    assert "worker ready" not in result.stdout

@@ -5,7 +5,7 @@ Each trial loads a seeded corpus and then changes it while two worker processes 
 pipeline; meanwhile workers are killed at random moments - some by SIGKILL from the test,
 some by a ``crash`` failpoint at an observer step (before the commit, between commit and
 cleanup, right after the engine's commit point) - and restarted.  After quiescence the
-stored tables are compared with observers/reference.py over the documents as stored, and
+stored tables are compared with docpipeline/reference.py over the documents as stored, and
 those documents with the ones the test wrote.
 
 Default runs a few trials; ``-m slow`` runs many.
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from percolator.observers import corpus, pipeline, reference
+from docpipeline import corpus, pipeline, reference
 
 from tests.observers.conftest import connect
 from tests.observers.procs import WorkerProcess, wait_quiet

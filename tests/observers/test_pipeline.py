@@ -1,12 +1,12 @@
-"""The example pipeline (observers/pipeline.py) against its from-scratch reference
-(observers/reference.py), and the encoding the reference specifies."""
+"""The example pipeline (docpipeline/pipeline.py) against its from-scratch reference
+(docpipeline/reference.py), and the encoding the reference specifies."""
 
 from __future__ import annotations
 
 import hashlib
 
 import pytest
-from percolator.observers import corpus, pipeline, reference
+from docpipeline import corpus, pipeline, reference
 from percolator.observers.api import register_observers
 from percolator.observers.worker import Worker, WorkerOptions, run_until_quiet
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from percolator.observers.pipeline import CanonicalIndex, DuplicateClusters, InboundLinks
+from docpipeline.pipeline import CanonicalIndex, DuplicateClusters, InboundLinks
 from percolator.observers.plugins import GROUP, PluginError, load, load_observers
 
 from tests.observers import helpers

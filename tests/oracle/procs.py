@@ -35,7 +35,7 @@ def free_port() -> int:
 
 
 class OracleProcess:
-    """``python -m percolator.oracle.cli serve`` in a subprocess; stderr goes to ``log_path``."""
+    """``python -m percolator oracle serve`` in a subprocess; stderr goes to ``log_path``."""
 
     def __init__(
         self,
@@ -63,7 +63,7 @@ class OracleProcess:
 
     def start(self, timeout_s: float = 30.0) -> OracleProcess:
         cmd = [
-            sys.executable, "-m", "percolator.oracle.cli", "serve",
+            sys.executable, "-m", "percolator", "oracle", "serve",
             "--store", self.store_url,
             "--listen", f"127.0.0.1:{self.port}",
             *self.args,

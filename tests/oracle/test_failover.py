@@ -166,7 +166,8 @@ def test_standby_takes_over_when_the_active_oracle_dies(
         [
             sys.executable,
             "-m",
-            "percolator.oracle.cli",
+            "percolator",
+            "oracle",
             "info",
             "--oracle",
             "grpc://" + ",".join(addresses),

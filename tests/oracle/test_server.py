@@ -232,7 +232,7 @@ def test_the_local_oracle_refuses_while_a_server_holds_the_lease_and_then_contin
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "percolator.oracle.cli", *args],
+        [sys.executable, "-m", "percolator", "oracle", *args],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )
 

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from percolator.spark_jobs.cli import main, register
+from percolator.spark_jobs.cli import register_backfill, register_export
 
+from percolator.cli import main
 from tests.spark.helpers import ITEMS, connect, table_rows, write_records
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,7 +53,7 @@ def test_missing_input_fails_before_spark_starts(tmp_path: Path) -> None:
     missing = tmp_path / "missing.parquet"
     started = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "percolator.spark_jobs.cli", "backfill", str(missing),
+        [sys.executable, "-m", "percolator", "backfill", str(missing),
          "--store", f"embedded:{tmp_path / 'store'}", "--table", ITEMS, "--key", "id"],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )
@@ -65,7 +66,9 @@ def test_missing_input_fails_before_spark_starts(tmp_path: Path) -> None:
 
 def test_register_adds_both_commands() -> None:
     parser = argparse.ArgumentParser()
-    register(parser.add_subparsers())
+    subparsers = parser.add_subparsers()
+    register_backfill(subparsers)
+    register_export(subparsers)
     args = parser.parse_args(["backfill", "in.json", "--table", "t", "--key", "k",
                               "--column", "a=b", "--conf", "spark.x=1"])
     assert args.func.__name__ == "run_backfill_command"
@@ -120,7 +123,7 @@ def test_killed_driver_then_rerun_writes_each_row_once(
     source = tmp_path / "in.json"
     write_items(source, count)
     command = [
-        sys.executable, "-m", "percolator.spark_jobs.cli", "backfill", str(source),
+        sys.executable, "-m", "percolator", "backfill", str(source),
         "--store", embedded_url, "--table", ITEMS, "--key", "id", "--job-id", "crash",
         "--batch-size", "20", "--buckets", "12", "--progress-interval", "0.5",
         "--master", "local[2]", "--conf", "spark.ui.enabled=false",

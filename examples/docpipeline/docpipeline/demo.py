@@ -1,19 +1,22 @@
 """``percolator demo``: the whole engine on a generated corpus, in one command.
 
+A command of this example package (entry-point group ``percolator.commands``), present only
+when the package is installed.
+
 Steps (each printed with a header; long ones with a progress bar):
 
 1. **oracle** - start a timestamp oracle server (``percolator oracle serve``) on the store;
-2. **corpus** - generate a seeded corpus of web documents (observers/corpus.py) as JSON;
-3. **backfill** - load it with Spark through transactions (spark_jobs/backfill.py); the
+2. **corpus** - generate a seeded corpus of web documents (corpus.py) as JSON;
+3. **backfill** - load it with Spark through transactions (``percolator.spark_jobs.backfill``); the
    example pipeline's observers are registered first, so the load leaves notifications;
 4. **observers** - run a worker until the observers reach quiescence (duplicate clusters,
    inverted index, inbound links are then up to date);
 5. **live changes** - change ``--change-fraction`` of the documents, one transaction each,
    while the worker runs, printing the derived updates as they land with their latency;
 6. **recompute** - export the documents at one snapshot and recompute every derived table
-   from scratch with Spark (spark_jobs/recompute.py);
+   from scratch with Spark (recompute.py);
 7. **compare** - the incremental tables must equal the recompute exactly (and the pure-Python
-   reference, observers/reference.py); the times of both are compared.
+   reference, reference.py); the times of both are compared.
 
 A summary table ends the run and a PNG chart of the observer latencies is written to a path
 it prints.  Exit code 0 only if the results are identical.  ``--json`` prints the summary as
@@ -39,12 +42,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from percolator.commands.common import add_oracle_option
+from percolator.command_options import add_oracle_option
 from percolator.errors import ConfigError, PercolatorError
 
 if TYPE_CHECKING:
-    import percolator
     from percolator.observers.runner import Notification, RunResult
+
+    import percolator
 
 DEFAULT_WORK_DIR = "demo-out"
 # The pipeline's observed columns, upstream first: documents/body feeds doc_clusters/canonical.
@@ -124,7 +128,7 @@ class OracleServer:
         self.log_path = log_path
         self._log = log_path.open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "percolator.cli", "oracle", "serve", "--store", store_url,
+            [sys.executable, "-m", "percolator", "oracle", "serve", "--store", store_url,
              "--listen", "127.0.0.1:0"],
             stdout=subprocess.PIPE,
             stderr=self._log,
@@ -226,7 +230,7 @@ def _write_corpus(path: Path, documents: list[Any]) -> None:
 
 
 def _refuse_existing_tables(client: percolator.Client) -> None:
-    from percolator.observers import pipeline
+    from docpipeline import pipeline
 
     existing = sorted(set(pipeline.TABLES) & set(client.list_tables()))
     if existing:
@@ -288,15 +292,16 @@ def _run_pipeline(
     report: DemoReport,
     out: TextIO,
 ) -> None:
-    import percolator
-    from percolator.observers import corpus, pipeline, reference
     from percolator.observers.api import register_observers
     from percolator.observers.worker import Worker, WorkerOptions
-    from percolator.progress import Progress
     from percolator.spark_jobs.backfill import BackfillOptions, run_backfill
     from percolator.spark_jobs.export import ExportOptions, export_table
-    from percolator.spark_jobs.recompute import collect_tables, recompute
     from percolator.spark_jobs.session import build_session
+
+    import percolator
+    from docpipeline import corpus, pipeline, reference
+    from docpipeline.recompute import collect_tables, recompute
+    from percolator.progress import Progress
 
     _header(out, 2, f"generate a corpus of {args.documents} documents")
     started = time.monotonic()

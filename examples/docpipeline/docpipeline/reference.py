@@ -1,6 +1,6 @@
 """The example pipeline's derived tables, computed from scratch, and their exact encoding.
 
-The incremental observers (observers/pipeline.py) must leave the derived tables exactly equal,
+The incremental observers (pipeline.py) must leave the derived tables exactly equal,
 byte for byte, to :func:`compute` over the same documents.  Any other implementation (a Spark
 recompute, say) reproduces them by following this specification.
 

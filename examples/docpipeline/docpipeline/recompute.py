@@ -1,9 +1,9 @@
 """The example pipeline's derived tables, recomputed from scratch with Spark.
 
-This is the batch alternative to the incremental observers (observers/pipeline.py), and the
+This is the batch alternative to the incremental observers (pipeline.py), and the
 reference they must equal: for the same documents, :func:`recompute` yields exactly the
-cells of :func:`percolator.observers.reference.compute`, byte for byte (the specification lives in
-observers/reference.py).  The per-document functions (tokens, fingerprint, terms, link
+cells of :func:`docpipeline.reference.compute`, byte for byte (the specification lives in
+reference.py).  The per-document functions (tokens, fingerprint, terms, link
 normalization) are the reference's own; what Spark does here is the global part - grouping
 documents into duplicate clusters, building the inverted index of canonical documents, and
 collecting inbound links per target.
@@ -12,21 +12,22 @@ Input: a DataFrame with a ``row`` column (the URL) and ``body`` / ``links`` colu
 string, as produced by ``percolator.spark_jobs.export`` in the wide layout (``columns=("body",
 "links")``) or read back from its Parquet.  Output: a DataFrame of cells
 ``(table string, row binary, column string, value binary)``; :func:`collect_tables` turns it
-into the nested dict shape of ``percolator.observers.reference`` for comparisons.
+into the nested dict shape of ``docpipeline.reference`` for comparisons.
 
-    python -m percolator.spark_jobs.recompute --store embedded:./data --output derived.parquet
-    python -m percolator.spark_jobs.recompute --input documents.parquet --output derived.parquet
+    percolator recompute --store embedded:./data --output derived.parquet
+    percolator recompute --input documents.parquet --output derived.parquet
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from percolator.observers.reference import (
+from percolator.spark_jobs.session import SparkJobError, import_pyspark, spark_failure_reason
+
+from docpipeline.reference import (
     CLUSTERS,
     DERIVED_TABLES,
     DOCUMENTS,
@@ -42,8 +43,7 @@ from percolator.observers.reference import (
     parse_terms,
     terms,
 )
-from percolator.spark_jobs.session import SparkJobError, import_pyspark, spark_failure_reason
-
+from percolator.command_options import add_oracle_option, add_store_option
 from percolator.errors import ConfigError, PercolatorError
 
 if TYPE_CHECKING:
@@ -144,7 +144,7 @@ def _group_cells(item: tuple[tuple[int, bytes], Iterable[Any]]) -> Iterator[Cell
 
 
 def recompute_cells(documents: RDD[Document], partitions: int | None = None) -> RDD[Cell]:
-    """Every derived cell of ``documents`` (see observers/reference.py): one pass over the
+    """Every derived cell of ``documents`` (see reference.py): one pass over the
     documents and one shuffle, grouping by document, cluster and link target."""
     result: RDD[Cell] = (
         documents.flatMap(_document_outputs).groupByKey(partitions).flatMap(_group_cells)
@@ -172,7 +172,7 @@ def recompute(spark: SparkSession, documents: DataFrame) -> DataFrame:
 
 def collect_tables(cells: DataFrame | Iterable[Any]) -> Tables:
     """A cells DataFrame (or its collected rows) in the nested shape of
-    ``percolator.observers.reference.compute`` (every table present, possibly empty)."""
+    ``docpipeline.reference.compute`` (every table present, possibly empty)."""
     rows = cells.collect() if hasattr(cells, "collect") else cells
     out: Tables = {DOCUMENTS: {}, **{t: {} for t in DERIVED_TABLES}}
     for table, row, column, value in rows:
@@ -183,45 +183,43 @@ def collect_tables(cells: DataFrame | Iterable[Any]) -> Tables:
 # --------------------------------------------------------------------------- command line
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m percolator.spark_jobs.recompute",
-        description="Recompute the example pipeline's derived tables from scratch with Spark.",
+def register(subparsers: Any) -> None:
+    """``percolator recompute`` (entry-point group ``percolator.commands``)."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "recompute",
+        help="recompute the example pipeline's derived tables from scratch with Spark",
+        description="Recompute the example pipeline's derived tables from scratch with Spark: "
+        "from the documents table of --store (exported at one snapshot), or from --input.",
     )
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--store", help="export the documents table from this store first")
-    source.add_argument("--input", help="Parquet of documents (row, body, links)")
-    parser.add_argument("--oracle", default=None, help="timestamp oracle (grpc://...)")
+    add_store_option(parser)
+    add_oracle_option(parser)
+    parser.add_argument("--input", help="Parquet of documents (row, body, links) instead of "
+                        "exporting them from --store")
     parser.add_argument("--read-ts", type=int, default=None, help="snapshot to read")
     parser.add_argument("--output", required=True, help="Parquet output of the derived cells")
     parser.add_argument("--master", default=None, help="Spark master (default local[*])")
     parser.add_argument("--conf", action="append", metavar="KEY=VALUE", help="Spark setting")
-    args = parser.parse_args(argv)
+    parser.set_defaults(func=run_recompute)
+
+
+def run_recompute(args: argparse.Namespace) -> int:
     from percolator.spark_jobs.export import ExportOptions, export_table
     from percolator.spark_jobs.session import build_session, parse_conf
 
+    spark = build_session(args.master, parse_conf(args.conf), app_name="percolator-recompute")
+    started = time.monotonic()
+    if args.input:
+        documents = spark.read.parquet(args.input)
+    else:
+        options = ExportOptions(args.store, DOCUMENTS, columns=("body", "links"),
+                                oracle=args.oracle, read_ts=args.read_ts)
+        documents = export_table(spark, options).df
     try:
-        spark = build_session(args.master, parse_conf(args.conf), app_name="percolator-recompute")
-        started = time.monotonic()
-        if args.store:
-            options = ExportOptions(args.store, DOCUMENTS, columns=("body", "links"),
-                                    oracle=args.oracle, read_ts=args.read_ts)
-            documents = export_table(spark, options).df
-        else:
-            documents = spark.read.parquet(args.input)
-        try:
-            recompute(spark, documents).write.parquet(args.output)
-        except PercolatorError:
-            raise
-        except Exception as exc:
-            raise SparkJobError(f"recompute failed: {spark_failure_reason(exc)}") from None
-        print(f"recomputed the derived tables into {args.output} in "
-              f"{time.monotonic() - started:.1f} s")
-    except PercolatorError as exc:
-        print(f"recompute: error: {exc}", file=sys.stderr)
-        return 2
+        recompute(spark, documents).write.parquet(args.output)
+    except PercolatorError:
+        raise
+    except Exception as exc:
+        raise SparkJobError(f"recompute failed: {spark_failure_reason(exc)}") from None
+    print(f"recomputed the derived tables into {args.output} in "
+          f"{time.monotonic() - started:.1f} s")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

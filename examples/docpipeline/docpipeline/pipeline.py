@@ -17,7 +17,7 @@ the derived tables up to date, each change processed incrementally:
    documents, in ``doc_inlinks``; it remembers what it applied in
    ``documents/links_applied`` to undo it when the links change.
 
-The exact contents of every derived table are specified in observers/reference.py, which
+The exact contents of every derived table are specified in reference.py, which
 also recomputes them from scratch; the tests check both agree byte for byte, also after
 workers were killed at random moments.
 
@@ -33,7 +33,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from percolator.observers.api import Observer
-from percolator.observers.reference import (
+
+from docpipeline.reference import (
     CLUSTERS,
     DOCUMENTS,
     FROM_PREFIX,
@@ -48,7 +49,6 @@ from percolator.observers.reference import (
     parse_terms,
     terms,
 )
-
 from percolator.transaction import Transaction
 
 if TYPE_CHECKING:

@@ -1,4 +1,7 @@
-"""Options shared by sub-commands: where the store and the oracle are.
+"""Options shared by the sub-commands of every package: where the store and the oracle are.
+
+In the engine so that each package's commands (observers, Spark jobs, the oracle, operator
+commands) declare ``--store`` and ``--oracle`` the same way without importing the command line.
 
 The environment (``PERCOLATOR_STORE``, ``PERCOLATOR_ORACLE``) and the config file are
 applied by :mod:`percolator.config` for every command, so these helpers declare only the

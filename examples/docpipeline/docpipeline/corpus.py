@@ -22,8 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from percolator.observers.reference import DOCUMENTS
-
+from docpipeline.reference import DOCUMENTS
 from percolator.transaction import Transaction
 
 if TYPE_CHECKING:
@@ -40,7 +39,7 @@ class Document:
     links: tuple[tuple[str, str], ...] = ()
 
     def links_value(self) -> bytes | None:
-        """The ``links`` column (see observers/reference.py), None if there are none."""
+        """The ``links`` column (see reference.py), None if there are none."""
         if not self.links:
             return None
         return "\n".join(f"{target}\t{anchor}" for target, anchor in self.links).encode()

@@ -1,0 +1,151 @@
+"""The command line itself: one entry (``percolator`` and ``python -m percolator``), commands
+found through the ``percolator.commands`` entry points, ``--version``."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import percolator
+from percolator import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+# The engine's own commands and those of the packages installed with it.
+ENGINE_COMMANDS = [
+    "backfill", "export", "gc", "hbase", "notifications", "observers", "oracle", "status",
+    "worker",
+]
+
+
+def entry_point(name: str, value: str) -> importlib.metadata.EntryPoint:
+    return importlib.metadata.EntryPoint(name, value, cli.GROUP)
+
+
+def run(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("PERCOLATOR_")}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "percolator", *args], cwd=ROOT, env=full_env,
+        capture_output=True, text=True, timeout=120,
+    )
+
+
+def test_the_engine_declares_its_commands_as_entry_points() -> None:
+    engine = importlib.metadata.distribution(percolator.DISTRIBUTION)
+    names = sorted(ep.name for ep in engine.entry_points if ep.group == cli.GROUP)
+    assert names == ENGINE_COMMANDS
+    commands = cli.load_commands()
+    assert commands.errors == []
+    listed = list(cli.config.command_parsers(commands.parser))
+    assert {path[0] for path in listed} >= set(ENGINE_COMMANDS)
+
+
+def test_commands_are_listed_alphabetically_whatever_the_order_found() -> None:
+    points = [
+        entry_point("status", "percolator.commands.status:register"),
+        entry_point("gc", "percolator.commands.gc:register"),
+        entry_point("gc", "no_such_module:register"),  # a second "gc": the first found wins
+    ]
+    commands = cli.load_commands(points)
+    assert commands.errors == []
+    help_text = commands.parser.format_help()
+    assert help_text.index("    gc ") < help_text.index("    status ")
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("broken", "no_such_module_xyz:register",
+         "command plugin 'broken' (no_such_module_xyz:register): cannot load: "
+         "ModuleNotFoundError: No module named 'no_such_module_xyz'"),
+        ("liar", "percolator.commands.status:register",
+         "command plugin 'liar' (percolator.commands.status:register): added no command "
+         "named 'liar'"),
+        ("raises", "json:loads",
+         "command plugin 'raises' (json:loads): failed to add its command: TypeError"),
+        ("value", "percolator:DISTRIBUTION",
+         "command plugin 'value' (percolator:DISTRIBUTION): 'percolator-engine' is not a "
+         "register(subparsers)"),
+    ],
+)
+def test_a_broken_command_plugin_is_an_error_naming_it(name: str, value: str,
+                                                        message: str) -> None:
+    commands = cli.load_commands([entry_point("gc", "percolator.commands.gc:register"),
+                                  entry_point(name, value)])
+    assert [error.plugin for error in commands.errors] == [name]
+    assert str(commands.errors[0]).startswith(message)
+    # The others still load, and a failed plugin leaves no command behind.
+    assert list(cli.config.command_parsers(commands.parser)) == [("gc",)]
+
+
+def test_main_reports_a_broken_plugin_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    points = [entry_point("gc", "percolator.commands.gc:register"),
+              entry_point("broken", "no_such_module_xyz:register")]
+    monkeypatch.setattr(cli, "find_commands", lambda entry_points=None: points)
+    assert cli.main(["broken", "--anything"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("percolator: error: command plugin 'broken' (no_such_module_xyz:register): "
+                   "cannot load: ModuleNotFoundError: No module named 'no_such_module_xyz'\n")
+    # Other commands still run; the broken one is named in one warning line.
+    assert cli.main(["gc", "--store", f"embedded:{tmp_path / 's'}", "--json"]) == 0
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "percolator: warning: command plugin 'broken' (no_such_module_xyz:register): cannot "
+        "load: ModuleNotFoundError: No module named 'no_such_module_xyz'; left out"
+    ]
+
+
+def test_a_broken_plugin_of_another_distribution(tmp_path: Path) -> None:
+    """Real discovery through package metadata (a dist-info directory on the path)."""
+    info = tmp_path / "broken_commands-0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-commands\nVersion: 0.0\n")
+    (info / "entry_points.txt").write_text(
+        "[percolator.commands]\nbroken = no_such_module_xyz:register\n"
+    )
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path),
+                                                       os.environ.get("PYTHONPATH")]))}
+    result = run(["broken"], env)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "percolator: error: command plugin 'broken' (no_such_module_xyz:register): cannot "
+        "load: ModuleNotFoundError: No module named 'no_such_module_xyz'"
+    ]
+    result = run(["gc", "--store", f"embedded:{tmp_path / 's'}"], env)
+    assert result.returncode == 0, result.stderr
+    assert "command plugin 'broken'" in result.stderr
+
+
+def test_python_dash_m_percolator_is_the_percolator_command() -> None:
+    scripts = importlib.metadata.entry_points(group="console_scripts", name="percolator")
+    assert [ep.value for ep in scripts] == ["percolator.cli:main"]
+    from percolator import __main__
+
+    assert __main__.main is cli.main
+    result = run(["--help"])
+    assert result.returncode == 0, result.stderr
+    for name in ENGINE_COMMANDS:
+        assert f"    {name}" in result.stdout
+
+
+def test_version_comes_from_the_package_metadata() -> None:
+    expected = importlib.metadata.version(percolator.DISTRIBUTION)
+    assert percolator.__version__ == expected
+    result = run(["--version"])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"percolator {expected}\n"
+
+
+def test_config_option_is_found_before_and_after_the_command() -> None:
+    assert cli._explicit_config(["--config", "a.toml", "gc"]) == "a.toml"
+    assert cli._explicit_config(["gc", "--config", "b.toml"]) == "b.toml"
+    assert cli._explicit_config(["--config=a.toml", "gc", "--config=b.toml"]) == "b.toml"
+    assert cli._explicit_config(["gc", "--", "--config", "c.toml"]) is None
+    assert cli._command_name(["--config", "a.toml", "worker", "--threads", "2"]) == "worker"
