@@ -46,9 +46,8 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` and the package
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import grpc
+from percolator.oracle.addressing import parse_oracle_url
 from percolator.oracle.client import GrpcOracleClient
-from percolator.oracle.factory import parse_oracle_url
-from percolator.oracle.local import LocalOracle
 from percolator.oracle.proto_gen import oracle_pb2, oracle_pb2_grpc
 
 from bench._common import (
@@ -61,6 +60,7 @@ from bench._common import (
     summarize,
 )
 from percolator.store import open_store
+from percolator.timestamps import LocalOracle
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = {100: 10.0}  # waiters -> minimum coalescing gain, batched / per-rpc (P1)

@@ -1039,11 +1039,10 @@ def measure_op(
 @contextlib.contextmanager
 def _engine(store_url: str, oracle_url: str | None) -> Iterator[tuple[Any, Any, CountingOracle]]:
     """A client on ``store_url`` whose oracle is counted: ``(client, store, oracle)``."""
-    from percolator.oracle.factory import open_oracle
-
     import percolator
-    from percolator.client import ensure_meta_table
+    from percolator.layout import ensure_meta_table
     from percolator.store import open_store
+    from percolator.timestamps.factory import open_oracle
 
     store = open_store(store_url)
     try:
@@ -1129,8 +1128,8 @@ def profile_oracle(args: argparse.Namespace) -> J:
     """The coalescing client under ``--waiters`` threads: rate and RPCs per timestamp
     without a profiler, then CPU per timestamp by function (a thread-CPU-time profiler in
     every waiting thread, merged)."""
+    from percolator.oracle.addressing import parse_oracle_url
     from percolator.oracle.client import GrpcOracleClient
-    from percolator.oracle.factory import parse_oracle_url
 
     from bench._common import run_timed
 

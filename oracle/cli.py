@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from percolator.oracle.factory import TOKEN_ENV, parse_oracle_url
+from percolator.oracle.addressing import TOKEN_ENV, parse_oracle_url
 from percolator.oracle.lease import DEFAULT_MAX_COUNT, LeaseConfig
 
 from percolator.errors import ConfigError, OracleError, PercolatorError
@@ -85,7 +85,7 @@ def register(subparsers: Any) -> None:
         "--metrics-port",
         type=int,
         metavar="PORT",
-        help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics",
+        help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics (health: /healthz)",
     )
     serve.add_argument(
         "--metrics-host",
