@@ -326,9 +326,8 @@ def counted_client(
     """A client on ``store`` (a URL, or an open store left open) whose oracle
     (``oracle_url``, or the store's own for None) is a :class:`CountingOracle`; yields
     ``(client, store, oracle)`` and closes what it opened."""
-    from percolator.oracle.factory import open_oracle
-
-    from percolator.client import ensure_meta_table
+    from percolator.layout import ensure_meta_table
+    from percolator.timestamps.factory import open_oracle
 
     with contextlib.ExitStack() as stack:
         if isinstance(store, str):

@@ -45,8 +45,6 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make ``bench`` and the packages importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from percolator.oracle.local import LocalOracle
-
 from bench._common import (
     Summary,
     fmt_ms,
@@ -59,6 +57,7 @@ from bench._common import (
 from bench.targets import BY_ID
 from bench.workloads import OracleOps, oracle_ops
 from percolator.store import open_store
+from percolator.timestamps import LocalOracle
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = {100: BY_ID["P1b"].threshold}  # waiters -> minimum gain, batched / per-rpc

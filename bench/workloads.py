@@ -262,8 +262,8 @@ class OracleOps:
 @contextmanager
 def oracle_ops(oracle_url: str, range_size: int = 100) -> Iterator[OracleOps]:
     import grpc
+    from percolator.oracle.addressing import parse_oracle_url
     from percolator.oracle.client import GrpcOracleClient
-    from percolator.oracle.factory import parse_oracle_url
     from percolator.oracle.proto_gen import oracle_pb2, oracle_pb2_grpc
 
     addresses, tls, token, _ = parse_oracle_url(oracle_url)

@@ -232,26 +232,31 @@ class WorkerMetrics:
     def __init__(self, worker: Worker) -> None:
         self.registry = registry = Registry()
         self.runs = registry.counter(
-            "percolator_observer_runs_total", "Observer runs that committed."
+            "percolator_observer_runs_total", "Observer runs that committed.", ("observer",)
         )
         self.skipped = registry.counter(
             "percolator_observer_skipped_total",
             "Runs that found the change already acknowledged or rolled back (cleanup only).",
+            ("observer",),
         )
         self.conflicts = registry.counter(
             "percolator_observer_conflicts_total",
             "Run attempts that lost a write-write conflict (retried, not failures).",
+            ("observer",),
         )
         self.failures = registry.counter(
-            "percolator_observer_failures_total", "Runs that failed with an error."
+            "percolator_observer_failures_total", "Runs that failed with an error.", ("observer",)
         )
         self.parked = registry.counter(
-            "percolator_observer_parked_total", "Notifications parked after repeated failures."
+            "percolator_observer_parked_total",
+            "Notifications parked after repeated failures.",
+            ("observer",),
         )
         self.latency = registry.histogram(
             "percolator_observer_latency_seconds",
             "From the commit of an observed change to the commit of the run that saw it.",
             LATENCY_BUCKETS,
+            ("observer",),
         )
         self.passes = registry.counter(
             "percolator_scanner_passes_total", "Complete scanner passes over a table."
@@ -373,6 +378,7 @@ class Worker:
         wait_until_notified(self.client, visible_since)
         self._tables = sorted({o.table for o in self.observers})
         self._refresh_parked()
+        self.metrics.registry.declare(observer=[o.name for o in self.observers])
         if self.options.metrics_port is not None:
             self._metrics_server = MetricsServer(
                 self.metrics.registry, self.options.metrics_host, self.options.metrics_port

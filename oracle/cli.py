@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from percolator.oracle.factory import TOKEN_ENV, parse_oracle_url
+from percolator.oracle.addressing import TOKEN_ENV, parse_oracle_url
 from percolator.oracle.lease import DEFAULT_MAX_COUNT, LeaseConfig
 
 from percolator.errors import ConfigError, OracleError
@@ -83,7 +83,7 @@ def register(subparsers: Any) -> None:
         "--metrics-port",
         type=int,
         metavar="PORT",
-        help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics",
+        help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics (health: /healthz)",
     )
     serve.add_argument(
         "--metrics-host",

@@ -1,7 +1,11 @@
 """The client of the gRPC timestamp oracle (``percolator.connect(oracle="grpc://...")``).
 
+The engine finds it by URL scheme: :func:`open_grpc_oracle` is declared in the entry-point
+group ``percolator.oracles`` as ``grpc`` and ``grpcs`` (see
+:mod:`percolator.timestamps.factory`).
+
 * **Coalescing**: concurrent requests from any number of threads share one Allocate RPC in
-  flight (:mod:`percolator.oracle.coalesce`); each response serves the whole batch.
+  flight (:mod:`percolator.timestamps.coalesce`); each response serves the whole batch.
 * **Fail-over**: the client knows a list of oracle addresses and sends to the one that
   answered last; an address that is down, a standby, or fenced answers UNAVAILABLE (or does
   not answer within ``rpc_timeout_s``, or cancels the call while shutting down) and the
@@ -25,9 +29,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
-from percolator.oracle.coalesce import Coalescer, CoalescerStats
+from percolator.oracle.addressing import (
+    TOKEN_METADATA_KEY,
+    TOKEN_PREFIX,
+    check_listen_address,
+    parse_oracle_url,
+)
 from percolator.oracle.proto_gen import oracle_pb2, oracle_pb2_grpc
-from percolator.oracle.server import TOKEN_METADATA_KEY, TOKEN_PREFIX, check_listen_address
 
 from percolator.errors import (
     ConfigError,
@@ -35,7 +43,9 @@ from percolator.errors import (
     OracleError,
     OracleUnavailableError,
 )
+from percolator.store.base import Store
 from percolator.timestamps import TimestampOracle, now_ms
+from percolator.timestamps.coalesce import Coalescer, CoalescerStats
 
 DEFAULT_MAX_BATCH = 1 << 16
 
@@ -59,6 +69,16 @@ _HINT = (
     "check that an oracle is running there (percolator oracle serve), that the address is "
     "right, and that TLS (grpcs://) and the token match the server's settings"
 )
+
+
+def open_grpc_oracle(spec: str, store: Store) -> GrpcOracleClient:
+    """The client for a ``grpc[s]://`` spec (see :mod:`percolator.oracle.addressing`); the
+    engine's :func:`~percolator.timestamps.factory.open_oracle` calls it by scheme.  The
+    store is not used: the servers keep the oracle's state."""
+    addresses, tls, token, (timeout_s, rpc_timeout_s) = parse_oracle_url(spec)
+    return GrpcOracleClient(
+        addresses, token=token, tls=tls, timeout_s=timeout_s, rpc_timeout_s=rpc_timeout_s
+    )
 
 
 class GrpcOracleClient(TimestampOracle):

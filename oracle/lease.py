@@ -51,11 +51,7 @@ import enum
 import logging
 import math
 import threading
-import time
 from dataclasses import dataclass
-from typing import Protocol
-
-from percolator.oracle.persist import OracleCell, OracleRecord, Snapshot
 
 from percolator.errors import (
     FencedError,
@@ -65,34 +61,13 @@ from percolator.errors import (
     StoreError,
     StoreUnavailableError,
 )
-from percolator.timestamps import LOGICAL_BITS, compose, describe, now_ms
+from percolator.timestamps import LOGICAL_BITS, compose, describe
+from percolator.timestamps.clock import SYSTEM_CLOCK, Clock
+from percolator.timestamps.record import OracleRecord, OracleRecordRegister, StoredRecord
 
 log = logging.getLogger("oracle")
 
 DEFAULT_MAX_COUNT = 1 << 20
-
-
-class Clock(Protocol):
-    """The two clocks the lease logic uses.  Injectable so tests need no sleeps."""
-
-    def wall_ms(self) -> int:
-        """Wall-clock milliseconds since the epoch (the physical part of timestamps)."""
-        ...
-
-    def monotonic_ms(self) -> float:
-        """A clock that never jumps; only differences between readings are meaningful."""
-        ...
-
-
-class SystemClock:
-    def wall_ms(self) -> int:
-        return now_ms()
-
-    def monotonic_ms(self) -> float:
-        return time.monotonic() * 1000.0
-
-
-SYSTEM_CLOCK = SystemClock()
 
 
 @dataclass(frozen=True)
@@ -172,14 +147,14 @@ class OracleNode:
 
     def __init__(
         self,
-        cell: OracleCell,
+        register: OracleRecordRegister,
         holder_id: str,
         config: LeaseConfig | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         if not holder_id:
             raise InvalidArgumentError("oracle holder id must not be empty")
-        self.cell = cell
+        self.register = register
         self.holder_id = holder_id
         self.config = config or LeaseConfig()
         self.clock = clock
@@ -261,15 +236,15 @@ class OracleNode:
         )
 
     def _try_take_over(self) -> None:
-        snap = self.cell.read()
+        stored = self.register.read()
         wall = self.clock.wall_ms()
         mono = self.clock.monotonic_ms()
-        old = snap.record
+        old = stored.record
         with self._lock:
             self._record = old
         if old is not None and old.leased:
-            assert snap.raw is not None
-            if not self._lapsed(old, snap.raw, wall, mono):
+            assert stored.raw is not None
+            if not self._lapsed(old, stored.raw, wall, mono):
                 return
         floor = old.high_water if old is not None else 0
         with self._cas_lock:
@@ -283,7 +258,7 @@ class OracleNode:
                 lease_expiry_ms=wall + self.config.lease_ms,
                 lease_ms=self.config.lease_ms,
             )
-            if not self._compare_and_set(snap, new):
+            if not self._compare_and_set(stored, new):
                 log.info("oracle %s: lost the take-over race; staying standby", self.holder_id)
                 return
             with self._lock:
@@ -331,7 +306,7 @@ class OracleNode:
                 )
             if new == old:
                 return
-            applied = self._compare_and_set(Snapshot(old, expected), new)
+            applied = self._compare_and_set(StoredRecord(old, expected), new)
             with self._lock:
                 if self._raw != expected:  # fenced by a lapsed validity meanwhile
                     return
@@ -355,18 +330,18 @@ class OracleNode:
         sent = self.clock.monotonic_ms()
         return sent, self.clock.wall_ms()
 
-    def _compare_and_set(self, snap: Snapshot, new: OracleRecord) -> bool:
+    def _compare_and_set(self, stored: StoredRecord, new: OracleRecord) -> bool:
         """Compare-and-set; an unknown outcome is settled by re-reading (see module doc).
         Raises StoreUnavailableError if even the re-read fails."""
         try:
-            return self.cell.compare_and_set(snap.raw, new)
+            return self.register.compare_and_set(stored.raw, new)
         except StoreUnavailableError as exc:
             log.warning("oracle %s: compare-and-set outcome unknown (%s); re-reading",
                         self.holder_id, exc)
-            current = self.cell.read()
+            current = self.register.read()
             if current.raw == new.encode():
                 return True
-            if current.raw == snap.raw:
+            if current.raw == stored.raw:
                 raise  # certainly not applied; the next step tries again
             return False
 
@@ -477,7 +452,7 @@ class OracleNode:
                 lease_ms=record.lease_ms,
             )
             try:
-                if self.cell.compare_and_set(raw, released):
+                if self.register.compare_and_set(raw, released):
                     log.warning("oracle %s: released the lease of epoch %d",
                                 self.holder_id, record.epoch)
             except StoreError as exc:

@@ -1,173 +1,79 @@
-"""Minimal Prometheus metrics: counters, callback gauges, histograms, and a tiny HTTP
-endpoint (``GET /metrics``, text exposition format 0.0.4) on the standard library.
+"""The oracle server's metrics, on the project's metrics mechanism (:mod:`percolator.metrics`).
 
-Thread-safe.  Label values are rendered escaped; names are fixed by the code.
+Names and meanings are documented in docs/oracle.md.  Counters start at zero: the request
+counter is declared for every (method, code) a server answers with, so a scrape shows each
+series before its first request.
 """
 
 from __future__ import annotations
 
-import bisect
-import threading
-from collections.abc import Callable, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from percolator.oracle.lease import OracleNode, Role
 
-Labels = tuple[tuple[str, str], ...]
+from percolator.metrics import Registry
 
+# Batch sizes are powers of two up to the default max count; latencies 50 us .. 5 s.
+BATCH_BUCKETS = [float(1 << i) for i in range(0, 21, 2)]
+LATENCY_BUCKETS = [5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 0.5, 1, 5]
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _fmt_labels(labels: Labels, extra: tuple[str, str] | None = None) -> str:
-    items = list(labels) + ([extra] if extra else [])
-    if not items:
-        return ""
-    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in items) + "}"
-
-
-def _fmt_value(value: float) -> str:
-    if value == float("inf"):
-        return "+Inf"
-    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+#: Every (method, status code) the server answers with (see server.py's handlers).
+REQUEST_OUTCOMES = [
+    ("Allocate", "OK"),
+    ("Allocate", "INVALID_ARGUMENT"),
+    ("Allocate", "UNAVAILABLE"),
+    ("Allocate", "UNAUTHENTICATED"),
+    ("Health", "OK"),
+    ("Health", "UNAUTHENTICATED"),
+    ("Info", "OK"),
+    ("Info", "UNAUTHENTICATED"),
+]
 
 
-class Counter:
-    def __init__(self, name: str, help_text: str) -> None:
-        self.name = name
-        self.help = help_text
-        self._lock = threading.Lock()
-        self._values: dict[Labels, float] = {}
+class OracleMetrics:
+    """The metrics of one oracle server process; gauges read ``node`` at scrape time."""
 
-    def inc(self, amount: float = 1, **labels: str) -> None:
-        key = tuple(sorted(labels.items()))
-        with self._lock:
-            self._values[key] = self._values.get(key, 0) + amount
-
-    def value(self, **labels: str) -> float:
-        with self._lock:
-            return self._values.get(tuple(sorted(labels.items())), 0)
-
-    def render(self) -> list[str]:
-        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} counter"]
-        with self._lock:
-            items = sorted(self._values.items()) or [((), 0.0)]
-        lines += [f"{self.name}{_fmt_labels(k)} {_fmt_value(v)}" for k, v in items]
-        return lines
-
-
-class Gauge:
-    """A gauge whose value is read from a callback at scrape time."""
-
-    def __init__(self, name: str, help_text: str, read: Callable[[], float]) -> None:
-        self.name = name
-        self.help = help_text
-        self._read = read
-
-    def render(self) -> list[str]:
-        return [
-            f"# HELP {self.name} {self.help}",
-            f"# TYPE {self.name} gauge",
-            f"{self.name} {_fmt_value(self._read())}",
-        ]
-
-
-class Histogram:
-    def __init__(self, name: str, help_text: str, buckets: Sequence[float]) -> None:
-        self.name = name
-        self.help = help_text
-        self._bounds = sorted(buckets)
-        self._lock = threading.Lock()
-        self._counts = [0] * (len(self._bounds) + 1)  # last: above every bound
-        self._sum = 0.0
-        self._count = 0
-
-    def observe(self, value: float) -> None:
-        index = bisect.bisect_left(self._bounds, value)
-        with self._lock:
-            self._counts[index] += 1
-            self._sum += value
-            self._count += 1
-
-    def render(self) -> list[str]:
-        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
-        with self._lock:
-            counts, total, count = list(self._counts), self._sum, self._count
-        cumulative = 0
-        for bound, n in zip([*self._bounds, float("inf")], counts, strict=True):
-            cumulative += n
-            le = ("le", _fmt_value(bound))
-            lines.append(f"{self.name}_bucket{_fmt_labels((), le)} {cumulative}")
-        lines.append(f"{self.name}_sum {_fmt_value(total)}")
-        lines.append(f"{self.name}_count {count}")
-        return lines
-
-
-class Registry:
-    def __init__(self) -> None:
-        self._metrics: list[Counter | Gauge | Histogram] = []
-
-    def counter(self, name: str, help_text: str) -> Counter:
-        metric = Counter(name, help_text)
-        self._metrics.append(metric)
-        return metric
-
-    def gauge(self, name: str, help_text: str, read: Callable[[], float]) -> Gauge:
-        metric = Gauge(name, help_text, read)
-        self._metrics.append(metric)
-        return metric
-
-    def histogram(self, name: str, help_text: str, buckets: Sequence[float]) -> Histogram:
-        metric = Histogram(name, help_text, buckets)
-        self._metrics.append(metric)
-        return metric
-
-    def render(self) -> str:
-        lines: list[str] = []
-        for metric in self._metrics:
-            lines += metric.render()
-        return "\n".join(lines) + "\n"
-
-
-class MetricsServer:
-    """Serves ``registry.render()`` at ``http://HOST:PORT/metrics`` from a daemon thread."""
-
-    def __init__(self, registry: Registry, host: str, port: int) -> None:
-        render = registry.render
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path.split("?")[0] != "/metrics":
-                    self.send_error(404, "only /metrics is served here")
-                    return
-                body = render().encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass  # scrapes are not worth a log line each
-
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
-        self.port = int(self._server.server_address[1])
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="oracle-metrics", daemon=True
+    def __init__(self, node: OracleNode) -> None:
+        self.registry = r = Registry()
+        self.requests = r.counter(
+            "percolator_oracle_requests_total",
+            "RPCs answered, by method and status code",
+            labels=("method", "code"),
         )
-        self._thread.start()
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-
-def parse_text(text: str) -> dict[str, float]:
-    """Parse exposition text into ``{"name{labels}": value}`` (for tests and tools)."""
-    values: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        key, _, raw = line.rpartition(" ")
-        values[key] = float(raw)
-    return values
+        for method, code in REQUEST_OUTCOMES:
+            self.requests.declare(method=method, code=code)
+        self.issued = r.counter(
+            "percolator_oracle_timestamps_issued_total", "Timestamps handed out in responses"
+        )
+        self.batch_size = r.histogram(
+            "percolator_oracle_batch_size", "Timestamps per Allocate response", BATCH_BUCKETS
+        )
+        self.latency = r.histogram(
+            "percolator_oracle_rpc_latency_seconds", "Allocate handling time", LATENCY_BUCKETS
+        )
+        r.gauge(
+            "percolator_oracle_epoch",
+            "Epoch of the lease this process holds or saw",
+            lambda: node.info().epoch,
+        )
+        r.gauge(
+            "percolator_oracle_active",
+            "1 while this process holds the lease",
+            lambda: 1 if node.role is Role.ACTIVE else 0,
+        )
+        r.gauge(
+            "percolator_oracle_persisted_high_water",
+            "Persisted high-water mark",
+            lambda: node.info().high_water,
+        )
+        r.gauge(
+            "percolator_oracle_last_issued",
+            "Highest timestamp issued by this process",
+            lambda: node.info().last_issued,
+        )
+        r.gauge(
+            "percolator_oracle_lease_renewals",
+            "Successful lease renewals",
+            lambda: node.info().renewals,
+        )
+        r.gauge(
+            "percolator_oracle_fenced", "Times this process was fenced", lambda: node.info().fenced
+        )

@@ -27,9 +27,9 @@ from types import FrameType
 from typing import NoReturn
 
 import grpc
-from percolator.oracle.lease import SYSTEM_CLOCK, Clock, LeaseConfig, OracleNode, Role
-from percolator.oracle.metrics import MetricsServer, Registry
-from percolator.oracle.persist import OracleCell
+from percolator.oracle.addressing import TOKEN_METADATA_KEY, TOKEN_PREFIX, check_listen_address
+from percolator.oracle.lease import LeaseConfig, OracleNode, Role
+from percolator.oracle.metrics import OracleMetrics
 from percolator.oracle.proto_gen import oracle_pb2, oracle_pb2_grpc
 
 from percolator.errors import (
@@ -39,24 +39,19 @@ from percolator.errors import (
     OracleUnavailableError,
 )
 from percolator.failpoints import failpoint
+from percolator.metrics import MetricsServer
 from percolator.store.base import Store
 from percolator.store.url import open_store
+from percolator.timestamps.clock import SYSTEM_CLOCK, Clock
+from percolator.timestamps.record import OracleRecordRegister
 
 log = logging.getLogger("oracle")
-
-TOKEN_METADATA_KEY = "authorization"
-TOKEN_PREFIX = "Bearer "
 
 _ROLE_TO_PROTO = {
     Role.ACTIVE: oracle_pb2.ROLE_ACTIVE,
     Role.STANDBY: oracle_pb2.ROLE_STANDBY,
     Role.STOPPING: oracle_pb2.ROLE_STOPPING,
 }
-
-# Batch sizes are powers of two up to the default max count; latencies 50 us .. 5 s.
-_BATCH_BUCKETS = [float(1 << i) for i in range(0, 21, 2)]
-_LATENCY_BUCKETS = [5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 0.5, 1, 5]
-
 
 @dataclass(frozen=True)
 class ServerOptions:
@@ -82,69 +77,11 @@ class ServerOptions:
             raise ConfigError(f"metrics port {self.metrics_port} outside [0, 65535]")
 
 
-def check_listen_address(address: str) -> tuple[str, int]:
-    """Split ``HOST:PORT`` (``[V6]:PORT`` for IPv6); ConfigError naming what is wrong."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(
-            f"address {address!r} must look like HOST:PORT (for example 127.0.0.1:7070)"
-        )
-    return host.strip("[]"), int(port)
-
-
 def _read_file(path: str, what: str) -> bytes:
     try:
         return Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read the {what} {path!r}: {exc.strerror}") from None
-
-
-class OracleMetrics:
-    """The server's metrics (names are documented in docs/oracle.md)."""
-
-    def __init__(self, node: OracleNode) -> None:
-        self.registry = Registry()
-        r = self.registry
-        self.requests = r.counter(
-            "percolator_oracle_requests_total", "RPCs answered, by method and status code"
-        )
-        self.issued = r.counter(
-            "percolator_oracle_timestamps_issued_total", "Timestamps handed out in responses"
-        )
-        self.batch_size = r.histogram(
-            "percolator_oracle_batch_size", "Timestamps per Allocate response", _BATCH_BUCKETS
-        )
-        self.latency = r.histogram(
-            "percolator_oracle_rpc_latency_seconds", "Allocate handling time", _LATENCY_BUCKETS
-        )
-        r.gauge(
-            "percolator_oracle_epoch",
-            "Epoch of the lease this process holds or saw",
-            lambda: node.info().epoch,
-        )
-        r.gauge(
-            "percolator_oracle_active",
-            "1 while this process holds the lease",
-            lambda: 1 if node.role is Role.ACTIVE else 0,
-        )
-        r.gauge(
-            "percolator_oracle_persisted_high_water",
-            "Persisted high-water mark",
-            lambda: node.info().high_water,
-        )
-        r.gauge(
-            "percolator_oracle_last_issued",
-            "Highest timestamp issued by this process",
-            lambda: node.info().last_issued,
-        )
-        r.gauge(
-            "percolator_oracle_lease_renewals",
-            "Successful lease renewals",
-            lambda: node.info().renewals,
-        )
-        r.gauge(
-            "percolator_oracle_fenced", "Times this process was fenced", lambda: node.info().fenced
-        )
 
 
 class OracleServicer(oracle_pb2_grpc.TimestampOracleServicer):
@@ -305,13 +242,18 @@ class OracleServer:
         holder_id = (
             f"{socket.gethostname()}:{os.getpid()}@{host}:{self.port}/{secrets.token_hex(3)}"
         )
-        self.node = OracleNode(OracleCell(self._store), holder_id, options.lease, self._clock)
+        self.node = OracleNode(
+            OracleRecordRegister(self._store), holder_id, options.lease, self._clock
+        )
         self.metrics = OracleMetrics(self.node)
         servicer = OracleServicer(self.node, self.metrics, options.token, self._store.url)
         oracle_pb2_grpc.add_TimestampOracleServicer_to_server(servicer, server)
         if options.metrics_port is not None:
             self._metrics_server = MetricsServer(
-                self.metrics.registry, options.metrics_host, options.metrics_port
+                self.metrics.registry,
+                options.metrics_host,
+                options.metrics_port,
+                health=self._health,
             )
             self.metrics_port = self._metrics_server.port
         server.start()
@@ -320,6 +262,15 @@ class OracleServer:
             target=self.node.run, args=(self._driver_stop,), name="oracle-lease", daemon=True
         )
         self._driver.start()
+
+    def _health(self) -> str | None:
+        """Healthy while it serves or stands by: not stopping, and its lease driver (which
+        renews the lease and takes it over) still runs."""
+        if self.node is None or self.node.role is Role.STOPPING:
+            return "stopping"
+        if self._driver is None or not self._driver.is_alive():
+            return "the lease driver thread is not running"
+        return None
 
     def stop(self, grace_s: float = 1.0) -> None:
         """Idempotent.  Order matters: issue nothing more, drain, then release."""

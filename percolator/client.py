@@ -7,7 +7,6 @@ are not (one thread per transaction).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import random
@@ -29,11 +28,11 @@ from percolator.errors import (
     TableNotFoundError,
 )
 from percolator.layout import (
-    META_FAMILIES,
     META_FAMILY,
     META_TABLE,
     TABLE_FAMILIES,
     check_table_name,
+    ensure_meta_table,
 )
 from percolator.protocol.cells import CellKey
 from percolator.protocol.gc import CLIENTS_PREFIX, GcReport, read_safe_point, run_gc
@@ -41,6 +40,7 @@ from percolator.resolver import LockResolver
 from percolator.store.base import Put, ScanOptions, Store
 from percolator.store.url import open_store
 from percolator.timestamps import TimestampOracle, describe, now_ms
+from percolator.timestamps.factory import open_oracle
 from percolator.transaction import Snapshot, Transaction
 
 log = logging.getLogger(__name__)
@@ -50,15 +50,6 @@ T = TypeVar("T")
 _U64 = struct.Struct(">Q")
 # A client publishes its oldest live transaction this often, valid for four periods.
 PUBLISH_INTERVAL_S = 30.0
-
-
-def ensure_meta_table(store: Store) -> None:
-    """Create the engine's system table if it is missing (idempotent, race-safe)."""
-    if store.table_exists(META_TABLE):
-        return
-    # Another process may create it between the check and the create: that is fine.
-    with contextlib.suppress(TableExistsError):
-        store.create_table(META_TABLE, META_FAMILIES)
 
 
 class Client:
@@ -342,8 +333,10 @@ def connect(
     ``store_url``: ``"memory:"``, ``"embedded:PATH"`` or ``"hbase://HOST:PORT"`` (default
     ``embedded:./percolator-data``), or an open :class:`Store`.
     ``oracle``: ``None`` for the in-process oracle persisted in the store,
-    ``"grpc://HOST:PORT[,HOST:PORT...]"`` for the timestamp oracle service, or an object
-    implementing :class:`TimestampOracle`.
+    ``"grpc://HOST:PORT[,HOST:PORT...]"`` for the timestamp oracle service (or any other
+    ``SCHEME://`` an installed oracle plugin provides, see
+    :mod:`percolator.timestamps.factory`), or an object implementing
+    :class:`TimestampOracle`.
     ``options``: fields of :class:`ClientOptions` (``lock_ttl_ms``, ``lock_wait_ms``, ...).
     """
     known = sorted(ClientOptions.__dataclass_fields__)
@@ -354,13 +347,9 @@ def connect(
     owns_store = not isinstance(store_url, Store)
     store = store_url if isinstance(store_url, Store) else open_store(store_url)
     try:
-        if isinstance(oracle, TimestampOracle):
-            ts_oracle = oracle
-        else:
-            from percolator.oracle.factory import open_oracle
-
+        if not isinstance(oracle, TimestampOracle):
             ensure_meta_table(store)
-            ts_oracle = open_oracle(oracle, store)
+        ts_oracle = open_oracle(oracle, store)
         return Client(store, ts_oracle, client_options, owns_store=owns_store)
     except BaseException:
         if owns_store:

@@ -18,10 +18,11 @@ user code cannot write them through the public API.
 
 from __future__ import annotations
 
+import contextlib
 import re
 
-from percolator.errors import InvalidArgumentError
-from percolator.store.base import MAX_ROW_LENGTH, FamilySpec
+from percolator.errors import InvalidArgumentError, TableExistsError
+from percolator.store.base import MAX_ROW_LENGTH, FamilySpec, Store
 
 DATA = "d"
 WRITE = "w"
@@ -43,6 +44,16 @@ SYSTEM_TABLE_PREFIX = "percolator_"
 META_TABLE = "percolator_meta"
 META_FAMILY = "m"
 META_FAMILIES = [FamilySpec(META_FAMILY, max_versions=1, in_memory=True)]
+
+
+def ensure_meta_table(store: Store) -> None:
+    """Create the engine's system table if it is missing (idempotent, race-safe)."""
+    if store.table_exists(META_TABLE):
+        return
+    # Another process may create it between the check and the create: that is fine.
+    with contextlib.suppress(TableExistsError):
+        store.create_table(META_TABLE, META_FAMILIES)
+
 
 # \Z, not $: a name must not end in a newline.
 _TABLE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}\Z")

@@ -185,12 +185,12 @@ def notification_report(
 
 
 def oracle_report(store: Store, oracle: str | None) -> dict[str, Any]:
-    from percolator.oracle.persist import OracleCell
+    from percolator.timestamps.record import OracleRecordRegister
 
-    snapshot = OracleCell(store).read()
+    stored = OracleRecordRegister(store).read()
     record = None
-    if snapshot.record is not None:
-        r = snapshot.record
+    if stored.record is not None:
+        r = stored.record
         record = {
             "epoch": r.epoch,
             "limit": r.high_water,
@@ -206,8 +206,8 @@ def oracle_report(store: Store, oracle: str | None) -> dict[str, Any]:
 
 
 def _ask_servers(oracle: str) -> list[dict[str, Any]]:
+    from percolator.oracle.addressing import parse_oracle_url
     from percolator.oracle.client import GrpcOracleClient
-    from percolator.oracle.factory import parse_oracle_url
     from percolator.oracle.proto_gen import oracle_pb2
 
     addresses, tls, token, (_, rpc_timeout_s) = parse_oracle_url(oracle)

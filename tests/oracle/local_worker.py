@@ -7,9 +7,8 @@ import sys
 import threading
 import time
 
-from percolator.oracle.local import LocalOracle
-
 from percolator.store import open_store
+from percolator.timestamps import LocalOracle
 
 
 def main() -> None:

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from percolator.oracle.metrics import parse_text
 from percolator.oracle.proto_gen import oracle_pb2, oracle_pb2_grpc
+
+from percolator.metrics import parse_text
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -4,22 +4,27 @@ from __future__ import annotations
 
 import pytest
 from percolator.oracle.lease import LeaseConfig, OracleNode, Role
-from percolator.oracle.persist import ORACLE_QUALIFIER, ORACLE_ROW, OracleCell, OracleRecord
 
 from percolator.errors import FencedError, InvalidArgumentError, OracleUnavailableError
 from percolator.layout import META_FAMILY, META_TABLE
 from percolator.timestamps import LOGICAL_BITS, compose
+from percolator.timestamps.record import (
+    ORACLE_QUALIFIER,
+    ORACLE_ROW,
+    OracleRecord,
+    OracleRecordRegister,
+)
 from tests.oracle.conftest import FakeClock, FaultyStore
 
 CONFIG = LeaseConfig(lease_ms=600, window_ms=600, margin_ms=100, max_count=10_000)
 
 
 def node(store: FaultyStore, clock: FakeClock, name: str = "a") -> OracleNode:
-    return OracleNode(OracleCell(store), name, CONFIG, clock)
+    return OracleNode(OracleRecordRegister(store), name, CONFIG, clock)
 
 
 def persisted(store: FaultyStore) -> OracleRecord:
-    record = OracleCell(store).read().record
+    record = OracleRecordRegister(store).read().record
     assert record is not None
     return record
 
@@ -165,10 +170,10 @@ def test_a_lost_compare_and_set_fences_at_once(store: FaultyStore, clock: FakeCl
     a.step()
     must_allocate(a, store)
     # Someone else rewrites the record (an operator, a buggy peer): a's renewal must fail.
-    snap = OracleCell(store).read()
-    assert snap.record is not None
-    OracleCell(store).compare_and_set(
-        snap.raw, OracleRecord(epoch=9, high_water=snap.record.high_water, holder="x")
+    stored = OracleRecordRegister(store).read()
+    assert stored.record is not None
+    OracleRecordRegister(store).compare_and_set(
+        stored.raw, OracleRecord(epoch=9, high_water=stored.record.high_water, holder="x")
     )
     clock.advance(CONFIG.renew_ms)
     a.step()
@@ -213,10 +218,10 @@ def test_an_unknown_outcome_with_a_foreign_record_fences(
     a.step()
 
     def someone_else_writes() -> None:
-        snap = OracleCell(store).read()
-        assert snap.record is not None
-        OracleCell(store).compare_and_set(
-            snap.raw, OracleRecord(epoch=7, high_water=snap.record.high_water, holder="z")
+        stored = OracleRecordRegister(store).read()
+        assert stored.record is not None
+        OracleRecordRegister(store).compare_and_set(
+            stored.raw, OracleRecord(epoch=7, high_water=stored.record.high_water, holder="z")
         )
 
     store.before_cas = [someone_else_writes]
@@ -246,7 +251,7 @@ def test_a_request_beyond_the_mark_raises_the_mark_first(
 ) -> None:
     # A window of 4 ms holds 4 * 2**18 timestamps: five requests of 2**18 exhaust it.
     config = LeaseConfig(lease_ms=600, window_ms=4, margin_ms=100, max_count=1 << 18)
-    a = OracleNode(OracleCell(store), "a", config, clock)
+    a = OracleNode(OracleRecordRegister(store), "a", config, clock)
     a.step()
     marks = {persisted(store).high_water}
     last = 0
@@ -263,7 +268,7 @@ def test_nothing_is_issued_above_the_mark_when_it_cannot_be_raised(
     store: FaultyStore, clock: FakeClock
 ) -> None:
     small = LeaseConfig(lease_ms=600, window_ms=1, margin_ms=100, max_count=1 << 18)
-    a = OracleNode(OracleCell(store), "a", small, clock)
+    a = OracleNode(OracleRecordRegister(store), "a", small, clock)
     a.step()
     room = persisted(store).high_water - compose(clock.wall) + 1  # one millisecond's worth
     assert room == (1 << LOGICAL_BITS) + 1
@@ -295,7 +300,7 @@ def test_an_unleased_record_of_the_local_oracle_is_taken_over_at_once(
     store: FaultyStore, clock: FakeClock
 ) -> None:
     local = OracleRecord(epoch=4, high_water=compose(clock.wall + 50_000), holder="local:x")
-    assert OracleCell(store).compare_and_set(None, local)
+    assert OracleRecordRegister(store).compare_and_set(None, local)
     a = node(store, clock, "a")
     a.step()
     assert a.role is Role.ACTIVE and persisted(store).epoch == 5
@@ -305,7 +310,7 @@ def test_an_unleased_record_of_the_local_oracle_is_taken_over_at_once(
 def test_a_record_that_cannot_be_decoded_is_never_overwritten(
     store: FaultyStore, clock: FakeClock
 ) -> None:
-    OracleCell(store).ensure_table()
+    OracleRecordRegister(store).ensure_table()
     store.compare_and_set(META_TABLE, ORACLE_ROW, META_FAMILY, ORACLE_QUALIFIER, None, b"\x09?")
     a = node(store, clock, "a")
     for _ in range(5):

@@ -10,18 +10,17 @@ from typing import Any
 
 import pytest
 from percolator.oracle.lease import LeaseConfig, OracleNode, Role
-from percolator.oracle.local import LocalOracle
-from percolator.oracle.persist import OracleCell, OracleRecord
 
 from percolator.errors import OracleError, OracleUnavailableError
 from percolator.store import open_store
-from percolator.timestamps import compose
+from percolator.timestamps import LocalOracle, compose
+from percolator.timestamps.record import OracleRecord, OracleRecordRegister
 from tests.oracle.conftest import FakeClock, FaultyStore
 from tests.oracle.procs import REPO, Call, check_real_time_order
 
 
 def mark(store: FaultyStore) -> int:
-    record = OracleCell(store).read().record
+    record = OracleRecordRegister(store).read().record
     assert record is not None
     return record.high_water
 
@@ -93,7 +92,7 @@ def test_threads_are_coalesced_into_few_compare_and_sets(embedded_url: str) -> N
 def test_refuses_while_an_oracle_server_holds_a_live_lease(
     store: FaultyStore, clock: FakeClock
 ) -> None:
-    server = OracleNode(OracleCell(store), "server-1", LeaseConfig(), clock)
+    server = OracleNode(OracleRecordRegister(store), "server-1", LeaseConfig(), clock)
     server.step()
     assert server.role is Role.ACTIVE
     oracle = LocalOracle(store, clock=clock, margin_ms=500)
@@ -178,7 +177,7 @@ def test_processes_sharing_an_embedded_store_stay_in_real_time_order(embedded_ur
     assert len(calls) == 3 * 300 * 4
     check_real_time_order(calls)
     with open_store(embedded_url) as s:
-        record = OracleCell(s).read().record
+        record = OracleRecordRegister(s).read().record
         assert isinstance(record, OracleRecord)
         assert record.high_water == max(c.ts for c in calls)
         # ... and a new process starts above everything.

@@ -7,17 +7,19 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 from percolator.oracle.client import GrpcOracleClient
-from percolator.oracle.local import LocalOracle
 from percolator.oracle.proto_gen import oracle_pb2, oracle_pb2_grpc
 
 from percolator.errors import InvalidArgumentError, OracleError, OracleUnavailableError
 from percolator.store import open_store
+from percolator.timestamps import LocalOracle
 from tests.oracle.procs import REPO, OracleProcess
 
 TOKEN = "correct horse battery staple"
@@ -297,3 +299,37 @@ def test_transactions_take_their_timestamps_from_the_oracle_service(
             txn.set("t", b"row", "col", b"value")
         assert client.snapshot().get("t", b"row", "col") == b"value"
     assert server.info().timestamps_issued >= 3  # start, commit, snapshot
+
+
+def test_the_metrics_endpoint_starts_at_zero_and_serves_health() -> None:
+    from percolator.oracle.lease import LeaseConfig
+    from percolator.oracle.server import OracleServer, ServerOptions
+
+    from percolator.metrics import parse_text
+    from percolator.store.memory import MemoryStore
+
+    lease = LeaseConfig(lease_ms=600, window_ms=600, margin_ms=100)
+    options = ServerOptions(store_url="memory:", listen="127.0.0.1:0", lease=lease, metrics_port=0)
+    server = OracleServer(options, store=MemoryStore())
+    server.start()
+    base = f"http://127.0.0.1:{server.metrics_port}"
+    try:
+        with urllib.request.urlopen(f"{base}/metrics", timeout=5) as response:
+            metrics = parse_text(response.read().decode())
+        # Before any request: every counter and declared series is there, at zero.
+        requests = "percolator_oracle_requests_total"
+        assert metrics[f'{requests}{{code="OK",method="Allocate"}}'] == 0
+        assert metrics[f'{requests}{{code="UNAVAILABLE",method="Allocate"}}'] == 0
+        assert metrics[f'{requests}{{code="OK",method="Info"}}'] == 0
+        assert metrics["percolator_oracle_timestamps_issued_total"] == 0
+        assert metrics["percolator_oracle_batch_size_count"] == 0
+        assert metrics["process_cpu_seconds_total"] >= 0
+        with urllib.request.urlopen(f"{base}/healthz", timeout=5) as response:
+            assert (response.status, response.read()) == (200, b"ok\n")
+        assert server.node is not None
+        server.node.stop()  # stopping: no longer healthy
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(f"{base}/healthz", timeout=5)
+        assert caught.value.code == 503 and b"stopping" in caught.value.read()
+    finally:
+        server.stop()

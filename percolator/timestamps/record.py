@@ -1,4 +1,4 @@
-"""The oracle's persisted record and the one store cell that holds it.
+"""The timestamp oracle's persisted record, and the register in the store that holds it.
 
 Where
 -----
@@ -14,10 +14,9 @@ Meaning
 -------
 ``high_water``
     No timestamp above it has been issued.  Every issuer (a lease holder or a
-    :class:`~percolator.oracle.local.LocalOracle`) persists a mark at or above what it is going
-    to issue
-    **before** issuing, so a successor that starts strictly above the mark never repeats or
-    goes below an issued timestamp.
+    :class:`~percolator.timestamps.local.LocalOracle`) persists a mark at or above what it is
+    going to issue **before** issuing, so a successor that starts strictly above the mark
+    never repeats or goes below an issued timestamp.
 ``epoch``
     Bumped by every oracle server that takes the lease over.  Clients reject responses from
     a lower epoch than one they have seen.
@@ -27,7 +26,7 @@ Meaning
 ``lease_expiry_ms`` / ``lease_ms``
     Wall-clock expiry of the holder's lease, and its duration.  ``lease_ms == 0`` means
     nobody holds a lease.  Standbys use the duration to wait out a lease on their own
-    monotonic clock (see :mod:`percolator.oracle.lease`).
+    monotonic clock (see :mod:`percolator.oracle.lease`, the gRPC oracle server's lease).
 
 Byte format (version 1, big-endian)
 -----------------------------------
@@ -51,9 +50,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from percolator.client import ensure_meta_table
 from percolator.errors import OracleError
-from percolator.layout import META_FAMILY, META_TABLE
+from percolator.layout import META_FAMILY, META_TABLE, ensure_meta_table
 from percolator.store.base import Store
 
 ORACLE_ROW = b"oracle"
@@ -67,7 +65,7 @@ _U64 = (1 << 64) - 1
 
 @dataclass(frozen=True)
 class OracleRecord:
-    """One value of the oracle cell.  See the module docstring for the meaning of fields."""
+    """One value of the oracle record.  See the module docstring for the meaning of fields."""
 
     epoch: int
     high_water: int
@@ -136,16 +134,17 @@ class OracleRecord:
 
 
 @dataclass(frozen=True)
-class Snapshot:
-    """What a read of the cell found: the decoded record (None if absent) and its exact
-    bytes, which are what the next compare-and-set must expect."""
+class StoredRecord:
+    """What a read of the register found: the decoded record (None if absent) and its exact
+    stored bytes, which are what the next compare-and-set must expect."""
 
     record: OracleRecord | None
     raw: bytes | None
 
 
-class OracleCell:
-    """Reads and compare-and-sets the oracle record of one store.
+class OracleRecordRegister:
+    """The oracle record of one store as a compare-and-set register: read it, or replace
+    the exact bytes last read.
 
     Thread-safe (the store is).  Nothing here retries: a compare-and-set that raises
     :class:`~percolator.errors.StoreUnavailableError` may or may not have been applied, and
@@ -162,22 +161,22 @@ class OracleCell:
             ensure_meta_table(self.store)
             self._table_ready = True
 
-    def read(self) -> Snapshot:
-        """One consistent read of the cell."""
+    def read(self) -> StoredRecord:
+        """One consistent read of the record."""
         self.ensure_table()
         cells = self.store.read_row(
             META_TABLE, ORACLE_ROW, columns=[(META_FAMILY, ORACLE_QUALIFIER)]
         )
         versions = cells.get((META_FAMILY, ORACLE_QUALIFIER), [])
         if not versions or versions[0][1] == b"":
-            return Snapshot(None, None)
+            return StoredRecord(None, None)
         raw = versions[0][1]
-        return Snapshot(OracleRecord.decode(raw), raw)
+        return StoredRecord(OracleRecord.decode(raw), raw)
 
     def compare_and_set(self, expected: bytes | None, new: OracleRecord) -> bool:
-        """Write ``new`` if the cell still holds exactly ``expected`` (None: absent).
+        """Write ``new`` if the register still holds exactly ``expected`` (None: absent).
 
-        Returns False if someone else changed the cell first.  May raise
+        Returns False if someone else changed the record first.  May raise
         :class:`~percolator.errors.StoreUnavailableError` with an unknown outcome."""
         self.ensure_table()
         return self.store.compare_and_set(

@@ -3,7 +3,7 @@
 How it stays correct across processes
 -------------------------------------
 Every batch of timestamps is *reserved* by one compare-and-set on the oracle record
-(:mod:`percolator.oracle.persist`) that raises the high-water mark to the end of the batch; the
+(:mod:`percolator.timestamps.record`) that raises the high-water mark to the end of the batch; the
 timestamps are handed out only after that compare-and-set succeeded.  Record changes are
 totally ordered (each one expects the exact bytes of the previous one), and each batch
 starts strictly above the mark it replaced, so the compare-and-set is the linearisation
@@ -18,10 +18,9 @@ out a timestamp below one B already handed out), and snapshot isolation needs re
 order: a transaction that starts after another committed must read its writes.  Windows
 ahead are only sound for a single holder fenced by a lease, which is what the gRPC oracle
 server does.  Here, concurrent requests within one process are coalesced into one
-compare-and-set in flight (:mod:`percolator.oracle.coalesce`), so the cost is one store round
-trip per
-batch, not per timestamp; the record's bytes from the last successful write are cached, so
-an uncontended batch costs exactly one compare-and-set.
+compare-and-set in flight (:mod:`percolator.timestamps.coalesce`), so the cost is one store
+round trip per batch, not per timestamp; the record's bytes from the last successful write
+are cached, so an uncontended batch costs exactly one compare-and-set.
 
 Living beside an oracle server
 ------------------------------
@@ -40,17 +39,17 @@ import secrets
 import socket
 import time
 
-from percolator.oracle.coalesce import Coalescer, CoalescerStats
-from percolator.oracle.lease import SYSTEM_CLOCK, Clock
-from percolator.oracle.persist import OracleCell, OracleRecord, Snapshot
-
 from percolator.errors import (
     OracleError,
     OracleUnavailableError,
     StoreUnavailableError,
 )
 from percolator.store.base import Store
-from percolator.timestamps import TimestampOracle, compose
+from percolator.timestamps.clock import SYSTEM_CLOCK, Clock
+from percolator.timestamps.coalesce import Coalescer, CoalescerStats
+from percolator.timestamps.hybrid import compose
+from percolator.timestamps.record import OracleRecord, OracleRecordRegister, StoredRecord
+from percolator.timestamps.source import TimestampOracle
 
 DEFAULT_MAX_BATCH = 1 << 16
 
@@ -74,13 +73,13 @@ class LocalOracle(TimestampOracle):
     ) -> None:
         self.store = store
         self.instance_id = f"local:{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-        self._cell = OracleCell(store)
+        self._register = OracleRecordRegister(store)
         self._margin_ms = margin_ms
         self._timeout_s = timeout_s
         self._clock = clock
         # What this instance last wrote: the expected bytes of its next compare-and-set.
-        # None: unknown, read the cell first.
-        self._known: Snapshot | None = None
+        # None: unknown, read the record first.
+        self._known: StoredRecord | None = None
         self._coalescer = Coalescer(self._reserve, max_batch)
 
     @property
@@ -103,10 +102,10 @@ class LocalOracle(TimestampOracle):
         last_error: Exception | None = None
         while True:
             try:
-                snap = self._known if self._known is not None else self._cell.read()
-                first, new = self._next_record(snap, total)
-                if self._compare_and_set(snap, new):
-                    self._known = Snapshot(new, new.encode())
+                stored = self._known if self._known is not None else self._register.read()
+                first, new = self._next_record(stored, total)
+                if self._compare_and_set(stored, new):
+                    self._known = StoredRecord(new, new.encode())
                     return first
                 last_error = None
             except StoreUnavailableError as exc:
@@ -127,8 +126,8 @@ class LocalOracle(TimestampOracle):
             # Jitter so racing processes do not collide again in lock step.
             time.sleep(random.uniform(0, min(0.05, 0.0005 * 2 ** min(attempt, 7))))
 
-    def _next_record(self, snap: Snapshot, total: int) -> tuple[int, OracleRecord]:
-        old = snap.record
+    def _next_record(self, stored: StoredRecord, total: int) -> tuple[int, OracleRecord]:
+        old = stored.record
         wall = self._clock.wall_ms()
         if old is not None and old.leased and wall <= old.lease_expiry_ms + self._margin_ms:
             raise OracleError(
@@ -143,11 +142,11 @@ class LocalOracle(TimestampOracle):
             holder=self.instance_id,
         )
 
-    def _compare_and_set(self, snap: Snapshot, new: OracleRecord) -> bool:
+    def _compare_and_set(self, stored: StoredRecord, new: OracleRecord) -> bool:
         try:
-            return self._cell.compare_and_set(snap.raw, new)
+            return self._register.compare_and_set(stored.raw, new)
         except StoreUnavailableError:
-            # Unknown outcome: only our own bytes in the cell prove it was applied (they
+            # Unknown outcome: only our own bytes in the register prove it was applied (they
             # name this instance and a mark nobody else writes).  Otherwise hand out
             # nothing from this range; a wasted range is a harmless gap.
-            return self._cell.read().raw == new.encode()
+            return self._register.read().raw == new.encode()

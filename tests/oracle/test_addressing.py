@@ -1,22 +1,20 @@
-"""open_oracle: which oracle an ``oracle=`` spec names, and clear errors for the rest."""
+"""The gRPC oracle's URLs: ``percolator.connect(oracle="grpc://...")`` finds the client by its
+scheme, and every malformed spec is a clear error."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from percolator.oracle.addressing import TOKEN_ENV, parse_oracle_url
 from percolator.oracle.client import GrpcOracleClient
-from percolator.oracle.factory import TOKEN_ENV, open_oracle, parse_oracle_url
-from percolator.oracle.local import LocalOracle
 
+import percolator
 from percolator.errors import ConfigError
 from percolator.store.memory import MemoryStore
-
-
-def test_none_is_the_local_oracle_on_the_store() -> None:
-    store = MemoryStore()
-    oracle = open_oracle(None, store)
-    assert isinstance(oracle, LocalOracle) and oracle.store is store
+from percolator.timestamps.factory import open_oracle
 
 
 def test_grpc_urls_give_a_client_with_every_address(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -27,6 +25,14 @@ def test_grpc_urls_give_a_client_with_every_address(monkeypatch: pytest.MonkeyPa
         assert oracle.addresses == ["127.0.0.1:7070", "[::1]:7071"]
     finally:
         oracle.close()
+
+
+def test_connect_finds_the_grpc_client_by_its_scheme(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    for scheme in ("grpc", "GRPCS"):
+        with percolator.connect("memory:", oracle=f"{scheme}://127.0.0.1:7070") as client:
+            assert isinstance(client.oracle, GrpcOracleClient)
+            assert client.oracle.addresses == ["127.0.0.1:7070"]
 
 
 def test_options_tls_token_and_timeouts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -65,6 +71,20 @@ def test_bad_specs_are_config_errors(spec: str, message: str) -> None:
         open_oracle(spec, MemoryStore())
 
 
-def test_a_non_string_spec_is_a_config_error() -> None:
-    with pytest.raises(ConfigError, match="grpc:// URL string"):
-        open_oracle(7070, MemoryStore())  # type: ignore[arg-type]
+def test_a_url_of_another_scheme_is_not_understood_by_the_grpc_parser() -> None:
+    with pytest.raises(ConfigError, match="not understood"):
+        parse_oracle_url("http://h:1")
+
+
+def test_importing_the_oracle_package_loads_neither_the_client_nor_grpc() -> None:
+    # The oracle builds on the engine; importing it must not pull the engine's client in
+    # (that was an import cycle), nor gRPC before a module that needs it is imported.
+    code = (
+        "import sys, percolator.oracle, percolator.oracle.addressing\n"
+        "loaded = sorted(m for m in ('percolator.client', 'grpc') if m in sys.modules)\n"
+        "print(','.join(loaded))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert result.stdout.strip() == "", f"loaded: {result.stdout.strip()}"

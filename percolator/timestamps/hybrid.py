@@ -1,4 +1,4 @@
-"""Hybrid timestamps and the oracle interface.
+"""Hybrid timestamps: the 64-bit format every timestamp of the engine has.
 
 A timestamp is a 64-bit integer ``physical_ms << LOGICAL_BITS | logical``: the physical part
 is wall-clock milliseconds, the logical part counts timestamps handed out within one
@@ -12,7 +12,6 @@ an exclusive upper bound of ``read_ts + 1`` always sees the lock cell.
 
 from __future__ import annotations
 
-import abc
 import time
 
 LOGICAL_BITS = 18
@@ -49,23 +48,3 @@ def describe(ts: int) -> str:
     ms = physical_ms(ts)
     iso = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000))
     return f"{ts} ({iso}.{ms % 1000:03d}Z +{logical(ts)})"
-
-
-class TimestampOracle(abc.ABC):
-    """Hands out strictly increasing timestamps.
-
-    Contract: every timestamp returned by any oracle instance sharing the same persisted
-    state is strictly greater than every timestamp returned before it (across threads,
-    processes, restarts and fail-overs).  Thread-safe.
-    """
-
-    @abc.abstractmethod
-    def get_timestamp(self) -> int:
-        """One fresh timestamp."""
-
-    def get_timestamps(self, count: int) -> list[int]:
-        """``count`` fresh timestamps, increasing.  Backends may override to batch."""
-        return [self.get_timestamp() for _ in range(count)]
-
-    def close(self) -> None:  # noqa: B027 - optional hook
-        """Release resources.  Idempotent."""

@@ -6,9 +6,9 @@ import threading
 import time
 
 import pytest
-from percolator.oracle.coalesce import Coalescer
 
 from percolator.errors import InvalidArgumentError, OracleUnavailableError, TimestampRegressionError
+from percolator.timestamps.coalesce import Coalescer
 
 
 class Source:

@@ -1,13 +1,18 @@
-"""The persisted oracle record: its byte format and the one cell that holds it."""
+"""The persisted oracle record: its byte format and the register that holds it."""
 
 from __future__ import annotations
 
 import pytest
-from percolator.oracle.persist import ORACLE_QUALIFIER, ORACLE_ROW, OracleCell, OracleRecord
 
 from percolator.errors import OracleError
 from percolator.layout import META_FAMILY, META_TABLE
 from percolator.store.memory import MemoryStore
+from percolator.timestamps.record import (
+    ORACLE_QUALIFIER,
+    ORACLE_ROW,
+    OracleRecord,
+    OracleRecordRegister,
+)
 
 
 def test_encode_is_the_documented_version_1_layout() -> None:
@@ -68,34 +73,34 @@ def test_out_of_range_fields_are_refused(fields: dict[str, object]) -> None:
         OracleRecord(**{**base, **fields})  # type: ignore[arg-type]
 
 
-def test_cell_creates_its_table_once_and_compare_and_sets_exact_bytes() -> None:
+def test_the_register_creates_its_table_once_and_compare_and_sets_exact_bytes() -> None:
     store = MemoryStore()
-    cell = OracleCell(store)
-    assert cell.read().record is None
+    register = OracleRecordRegister(store)
+    assert register.read().record is None
     assert store.table_exists(META_TABLE)
-    OracleCell(store).ensure_table()  # a second user: no error
+    OracleRecordRegister(store).ensure_table()  # a second user: no error
 
     first = OracleRecord(epoch=1, high_water=100, holder="a")
-    assert cell.compare_and_set(None, first)
-    assert not cell.compare_and_set(None, first), "absent no longer matches"
-    snap = cell.read()
-    assert snap.record == first and snap.raw == first.encode()
+    assert register.compare_and_set(None, first)
+    assert not register.compare_and_set(None, first), "absent no longer matches"
+    stored = register.read()
+    assert stored.record == first and stored.raw == first.encode()
 
     second = OracleRecord(epoch=2, high_water=200, holder="b")
-    assert not cell.compare_and_set(OracleRecord(1, 99, "a").encode(), second)
-    assert cell.compare_and_set(snap.raw, second)
-    assert cell.read().record == second
-    # One version kept: the cell is the record, not a history.
+    assert not register.compare_and_set(OracleRecord(1, 99, "a").encode(), second)
+    assert register.compare_and_set(stored.raw, second)
+    assert register.read().record == second
+    # One version kept: the register holds the record, not a history.
     versions = store.read_row(
         META_TABLE, ORACLE_ROW, columns=[(META_FAMILY, ORACLE_QUALIFIER)], max_versions=10
     )[(META_FAMILY, ORACLE_QUALIFIER)]
     assert len(versions) == 1
 
 
-def test_a_corrupt_cell_is_reported_not_ignored() -> None:
+def test_a_corrupt_record_is_reported_not_ignored() -> None:
     store = MemoryStore()
-    cell = OracleCell(store)
-    cell.ensure_table()
+    register = OracleRecordRegister(store)
+    register.ensure_table()
     store.compare_and_set(META_TABLE, ORACLE_ROW, META_FAMILY, ORACLE_QUALIFIER, None, b"\x07junk")
     with pytest.raises(OracleError, match="format version 7"):
-        cell.read()
+        register.read()

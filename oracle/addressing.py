@@ -1,8 +1,9 @@
-"""Pick the timestamp oracle an ``oracle=`` spec names.
+"""How clients find and authenticate to oracle servers, shared by the server, its client
+and the command line: the ``grpc://`` URL, ``HOST:PORT`` addresses, and the token.
 
-* ``None``: :class:`~percolator.oracle.local.LocalOracle` on the store (the default).
-* ``grpc://HOST:PORT[,HOST:PORT...][?options]``: :class:`~percolator.oracle.client.GrpcOracleClient`
-  over plaintext; ``grpcs://...`` over TLS.
+URLs
+----
+* ``grpc://HOST:PORT[,HOST:PORT...][?options]``: plaintext; ``grpcs://...`` over TLS.
 
 Options (query string):
 
@@ -14,6 +15,11 @@ Options (query string):
 * ``rpc_timeout_ms=N``: the deadline of one RPC (default 2000).
 
 Anything else raises :class:`~percolator.errors.ConfigError` naming the spec and the problem.
+
+The token
+---------
+Sent by clients as the gRPC metadata ``authorization: Bearer TOKEN``
+(:data:`TOKEN_METADATA_KEY`, :data:`TOKEN_PREFIX`); checked by the server in constant time.
 """
 
 from __future__ import annotations
@@ -23,25 +29,11 @@ from pathlib import Path
 from urllib.parse import parse_qsl
 
 from percolator.errors import ConfigError
-from percolator.store.base import Store
-from percolator.timestamps import TimestampOracle
 
 TOKEN_ENV = "PERCOLATOR_ORACLE_TOKEN"
+TOKEN_METADATA_KEY = "authorization"
+TOKEN_PREFIX = "Bearer "
 _OPTIONS = {"ca", "token_file", "timeout_ms", "rpc_timeout_ms"}
-
-
-def open_oracle(spec: str | None, store: Store) -> TimestampOracle:
-    """The oracle for ``spec`` (see the module docstring); ``store`` serves the local one."""
-    if spec is None:
-        from percolator.oracle.local import LocalOracle
-
-        return LocalOracle(store)
-    from percolator.oracle.client import GrpcOracleClient
-
-    addresses, tls, token, timeouts = parse_oracle_url(spec)
-    return GrpcOracleClient(
-        addresses, token=token, tls=tls, timeout_s=timeouts[0], rpc_timeout_s=timeouts[1]
-    )
 
 
 def parse_oracle_url(
@@ -94,3 +86,13 @@ def parse_oracle_url(
             raise ConfigError(f"oracle {spec!r}: {key} must be a positive integer, got {raw!r}")
         timeouts.append(int(raw) / 1000)
     return addresses, tls, token, (timeouts[0], timeouts[1])
+
+
+def check_listen_address(address: str) -> tuple[str, int]:
+    """Split ``HOST:PORT`` (``[V6]:PORT`` for IPv6); ConfigError naming what is wrong."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(
+            f"address {address!r} must look like HOST:PORT (for example 127.0.0.1:7070)"
+        )
+    return host.strip("[]"), int(port)

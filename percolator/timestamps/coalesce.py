@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from percolator.errors import InvalidArgumentError, TimestampRegressionError
-from percolator.timestamps import describe
+from percolator.timestamps.hybrid import describe
 
 #: Fetches ``total`` consecutive timestamps and returns the first: the range is
 #: ``[first, first + total)``.  Raises a PercolatorError on failure.
