@@ -8,8 +8,8 @@ the ack cells; the committer, the observers and the operator commands go through
 Notify family
 -------------
 A *notification* is a version of the notify cell of an observed ``(table, row, column)``:
-a hint that the column changed, its version the ``commit_ts`` of the change (or of a
-:func:`trigger <put_notifications>`).  The value carries nothing.
+a hint that the column changed, its version the ``commit_ts`` of the change (or the fresh
+timestamp of a trigger).  The value carries nothing.
 
 * **put** (:func:`put_notifications`): the commit puts its notifications at ``commit_ts``
   **before its commit point**.  Written at ``start_ts`` or during prewrite, a notification
