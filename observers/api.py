@@ -43,10 +43,11 @@ raising any exception rolls the run back and counts as a failure of that notific
 
 Registration
 ------------
-The observed ``(table, column)`` pairs live in the engine's meta table (format in
-percolator/client.py).  At most **one observer per column**: its notification is cleaned up
-as soon as that observer acknowledged it, so a second observer of the same column would
-miss changes.  An observer that needs to do two things does both in one ``process``.
+The observed ``(table, column)`` pairs live in the engine's meta table (the format, the
+compare-and-set and each client's cached set are in percolator/notifications.py).  At most
+**one observer per column**: its notification is cleaned up as soon as that observer
+acknowledged it, so a second observer of the same column would miss changes.  An observer
+that needs to do two things does both in one ``process``.
 
 :func:`register_observers` returns only once every client is guaranteed to have seen the
 registration (one refresh interval): **every transaction that starts after it returns
@@ -57,42 +58,33 @@ or may not; to process data that existed before registration, call :func:`trigge
 from __future__ import annotations
 
 import abc
-import json
 import re
-import struct
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from percolator.client import (
-    OBSERVED_QUALIFIER,
-    OBSERVED_TOMBSTONE,
-    observed_refresh_ms,
-    observed_row,
-    parse_observed_row,
-    scan_observed_rows,
-)
-from percolator.committer import NOTIFY_VALUE
-from percolator.errors import ConfigError, InvalidArgumentError
-from percolator.layout import (
-    META_FAMILY,
-    META_TABLE,
-    NOTIFY,
-    RESERVED_PREFIX,
-    ack_column,
-    check_table_name,
-    encode_column,
-    encode_row,
-)
-from percolator.store.base import Put, Store
-from percolator.transaction import Transaction
+from percolator import notifications
+from percolator.errors import InvalidArgumentError
+from percolator.layout import RESERVED_PREFIX, check_table_name, encode_column, encode_row
+from percolator.notifications import Registration, registrations
+from percolator.protocol.cells import CellKey
 
 if TYPE_CHECKING:
     from percolator.client import Client
+    from percolator.transaction import Transaction
+
+__all__ = [
+    "Observer",
+    "Registration",
+    "check_observer",
+    "register_observers",
+    "registrations",
+    "trigger",
+    "unregister_observer",
+    "wait_until_notified",
+]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
-_U64 = struct.Struct(">Q")
 # How long past one refresh interval registration waits, to absorb timer granularity.
 _REGISTRATION_MARGIN_S = 0.05
 # A registration found already in place is dated by the store's clock (its cell version),
@@ -170,79 +162,6 @@ def check_observer(observer: object) -> Observer:
 # --------------------------------------------------------------------------- registration
 
 
-@dataclass(frozen=True)
-class Registration:
-    """One observed column: which observer watches it, and in which mode."""
-
-    table: str
-    column: str
-    observer: str
-    weak: bool
-    #: store version of the registration cell (store time in ms)
-    version: int = 0
-
-    def encode(self) -> bytes:
-        doc = {"v": 1, "observer": self.observer, "weak": self.weak}
-        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
-
-    @classmethod
-    def decode(cls, table: str, column: str, value: bytes, version: int = 0) -> Registration:
-        try:
-            doc = json.loads(value)
-            if doc.get("v") != 1:
-                raise ValueError(f"unknown format version {doc.get('v')!r}")
-            return cls(table, column, str(doc["observer"]), bool(doc["weak"]), version)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ConfigError(
-                f"registration of observed column {table}/{column} in {META_TABLE} is "
-                f"malformed ({exc}): {value[:200]!r}"
-            ) from None
-
-
-def registrations(store: Store) -> dict[tuple[str, str], Registration]:
-    """Every observed column, keyed by ``(table, column)`` (one scan of the meta table)."""
-    found: dict[tuple[str, str], Registration] = {}
-    for row, version, value in scan_observed_rows(store):
-        if not value or value == OBSERVED_TOMBSTONE:
-            continue
-        table, column = parse_observed_row(row)
-        found[(table, column)] = Registration.decode(table, column, value, version)
-    return found
-
-
-def _claim_column(store: Store, wanted: Registration) -> tuple[bool, int]:
-    """Make ``wanted`` the registration of its column by compare-and-set.
-
-    Returns ``(changed, version_ms)``: whether this call wrote the cell, and the store
-    version of the registration (to know how long it has been visible).  Idempotent for
-    the same observer; raises ConfigError if another observer holds the column."""
-    row = observed_row(wanted.table, wanted.column)
-    for _ in range(100):
-        cells = store.read_row(META_TABLE, row, columns=[(META_FAMILY, OBSERVED_QUALIFIER)])
-        versions = cells.get((META_FAMILY, OBSERVED_QUALIFIER))
-        current = versions[0] if versions else None
-        if current is not None and current[1] and current[1] != OBSERVED_TOMBSTONE:
-            held = Registration.decode(wanted.table, wanted.column, current[1], current[0])
-            if held.observer != wanted.observer:
-                raise ConfigError(
-                    f"column {wanted.table}/{wanted.column} is already watched by observer "
-                    f"{held.observer!r}; observer {wanted.observer!r} cannot watch it too "
-                    "(one observer per column: unregister the other first)"
-                )
-            if held.weak == wanted.weak:
-                return False, current[0]
-        expected = current[1] if current is not None and current[1] else None
-        if store.compare_and_set(
-            META_TABLE, row, META_FAMILY, OBSERVED_QUALIFIER, expected, wanted.encode()
-        ):
-            return True, int(time.time() * 1000)
-        # Lost a race with another registration of this column: look again.
-    raise ConfigError(
-        f"could not register observer {wanted.observer!r} on {wanted.table}/{wanted.column}: "
-        "the registration cell kept changing under us"
-    )
-
-
 def register_observers(
     client: Client, observers: Iterable[Observer], *, wait: bool = True
 ) -> float:
@@ -257,7 +176,7 @@ def register_observers(
         check_observer(observer)
         for column in observer.columns:
             wanted = Registration(observer.table, column, observer.name, observer.weak)
-            changed, version_ms = _claim_column(client.store, wanted)
+            changed, version_ms = notifications.claim_column(client.store, wanted)
             since = time.time() if changed else version_ms / 1000 + _CLOCK_SKEW_S
             visible_since = max(visible_since, since)
     if wait:
@@ -269,7 +188,7 @@ def wait_until_notified(client: Client, visible_since: float) -> None:
     """Wait until one refresh interval has passed since ``visible_since`` (a registration's
     visibility, as returned by :func:`register_observers`): from then on every client loads
     an observed set that includes it before it commits."""
-    remaining = visible_since + observed_refresh_ms() / 1000 - time.time()
+    remaining = visible_since + notifications.observed_refresh_ms() / 1000 - time.time()
     if remaining > 0:
         time.sleep(remaining + _REGISTRATION_MARGIN_S)
     client.refresh_observed()
@@ -281,49 +200,9 @@ def unregister_observer(client: Client, name: str) -> list[tuple[str, str]]:
     Notifications already written stay in the store until a worker hosting an observer of
     that column processes them (or forever, harmlessly, if none does).  The observer's ack
     cells stay too: re-registering it later resumes where it stopped."""
-    removed = []
-    for row, version, value in scan_observed_rows(client.store):
-        if not value or value == OBSERVED_TOMBSTONE:
-            continue
-        table, column = parse_observed_row(row)
-        if Registration.decode(table, column, value, version).observer != name:
-            continue
-        # Expect the exact bytes read: a concurrent change of the registration wins.
-        if client.store.compare_and_set(
-            META_TABLE, row, META_FAMILY, OBSERVED_QUALIFIER, value, OBSERVED_TOMBSTONE
-        ):
-            removed.append((table, column))
+    removed = notifications.release_columns(client.store, name)
     client.refresh_observed()
     return removed
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def observer_transaction(client: Client) -> Transaction:
-    """A transaction allowed to write reserved columns (the acks), at a fresh timestamp."""
-    client._check_open()
-    return Transaction(client, client.oracle.get_timestamp(), allow_reserved=True)
-
-
-def encode_ack(commit_ts: int) -> bytes:
-    """An ack's value: the ``commit_ts`` it covers, 8 bytes big-endian."""
-    return _U64.pack(commit_ts)
-
-
-def decode_ack(value: bytes | None, *, where: str = "") -> int | None:
-    if value is None:
-        return None
-    if len(value) != _U64.size:
-        raise ConfigError(f"ack cell {where} holds {len(value)} bytes, expected 8: {value!r}")
-    ack: int = _U64.unpack(value)[0]
-    return ack
-
-
-def read_ack(txn: Transaction, observer: str, table: str, row: bytes, column: str) -> int | None:
-    """The ``commit_ts`` that ``observer`` acknowledged for ``(table, row, column)``."""
-    name = ack_column(observer, column)
-    return decode_ack(txn.get(table, row, name), where=f"{table}/{row!r}/{name}")
 
 
 def trigger(client: Client, table: str, rows: Iterable[bytes | str], column: str) -> int:
@@ -333,11 +212,10 @@ def trigger(client: Client, table: str, rows: Iterable[bytes | str], column: str
     Safe at any time: a strong observer whose ack already covers the cell's latest commit
     only cleans the notification up; a cell never written is skipped.  Idempotent."""
     check_table_name(table)
-    qualifier = encode_column(column)
+    encode_column(column)
     if column.startswith(RESERVED_PREFIX):
         raise InvalidArgumentError(f"cannot trigger reserved column {column!r}")
+    keys = [CellKey(table, encode_row(row), column) for row in rows]
     notify_ts = client.oracle.get_timestamp()
-    puts = [Put(encode_row(row), NOTIFY, qualifier, notify_ts, NOTIFY_VALUE) for row in rows]
-    if puts:
-        client.store.put(table, puts)
+    notifications.put_notifications(client.store, keys, notify_ts)
     return notify_ts

@@ -27,15 +27,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from percolator.observers.api import trigger
-
+from percolator import notifications
 from percolator.errors import ConfigError
-from percolator.layout import META_FAMILY, META_TABLE, NOTIFY
+from percolator.layout import META_FAMILY, META_TABLE
+from percolator.notifications import Notification
+from percolator.protocol.cells import CellKey
 from percolator.store.base import Delete, Put, ScanOptions
 
 if TYPE_CHECKING:
-    from percolator.observers.runner import Notification
-
     from percolator.client import Client
 
 PARKED_PREFIX = b"parked/"
@@ -171,7 +170,9 @@ class ParkingLot:
         Returns the records retried."""
         done = []
         for record in records:
-            trigger(self._client, record.table, [record.row], record.column)
+            key = CellKey(record.table, record.row, record.column)
+            notify_ts = self._client.oracle.get_timestamp()
+            notifications.put_notifications(self._client.store, [key], notify_ts)
             row = parked_row(record.table, record.row, record.column)
             self._client.store.delete_versions(
                 META_TABLE, [Delete(row, META_FAMILY, _QUALIFIER, record.version)]
@@ -192,10 +193,7 @@ def pending(
 ) -> list[tuple[bytes, str, int]]:
     """Notifications waiting in ``table``: ``(row, column, newest notify version)``, in row
     order (cost proportional to the notifications, not to the table)."""
-    qualifiers = [c.encode("utf-8") for c in columns] if columns is not None else None
-    options = ScanOptions(qualifiers=qualifiers, limit=limit)
-    found = []
-    for row, cells in client.store.scan(table, NOTIFY, options):
-        for qualifier, (version, _) in sorted(cells.items()):
-            found.append((row, qualifier.decode("utf-8"), version))
-    return found
+    return [
+        (n.row, n.column, n.notify_ts)
+        for n in notifications.pending(client.store, table, columns, limit=limit)
+    ]

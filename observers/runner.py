@@ -34,12 +34,17 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from percolator.observers.api import Observer, encode_ack, observer_transaction, read_ack
+from percolator.observers.api import Observer
 
 from percolator import failpoints
 from percolator.errors import PercolatorError, StoreError, UndeterminedCommitError
-from percolator.layout import NOTIFY, ack_column
-from percolator.store.base import Delete
+from percolator.notifications import (
+    Notification,
+    delete_notifications,
+    observer_transaction,
+    read_ack,
+    write_ack,
+)
 from percolator.timestamps import physical_ms
 from percolator.transaction import Transaction, TxnStatus
 
@@ -48,23 +53,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True, order=True)
-class Notification:
-    """A dirty observed cell as the scanner saw it; ``notify_ts`` is the newest notify
-    version seen (the cleanup bound ``T``)."""
-
-    table: str
-    row: bytes
-    column: str
-    notify_ts: int
-
-    @property
-    def cell(self) -> tuple[str, bytes, str]:
-        return (self.table, self.row, self.column)
-
-    def __str__(self) -> str:
-        return f"{self.table}/{self.row!r}/{self.column}@{self.notify_ts}"
+__all__ = [
+    "ConflictExhaustedError",
+    "Notification",
+    "Outcome",
+    "RunAbortedError",
+    "RunResult",
+    "cleanup",
+    "process_notification",
+]
 
 
 class Outcome(enum.Enum):
@@ -134,7 +131,7 @@ def _attempt(
         observer.process(txn, row, column)
         _check_usable(txn, observer)
         if not observer.weak:
-            txn.set(table, row, ack_column(observer.name, column), encode_ack(observed))
+            write_ack(txn, observer.name, table, row, column, observed)
         failpoints.failpoint("observer.before_commit")
         if abort is not None and abort.is_set():
             raise RunAbortedError(
@@ -160,10 +157,7 @@ def _check_usable(txn: Transaction, observer: Observer) -> None:
 def cleanup(client: Client, notification: Notification) -> None:
     """Delete the notify versions ``<= notification.notify_ts`` (idempotent)."""
     failpoints.failpoint("observer.before_cleanup")
-    table, row, column = notification.cell
-    client.store.delete_versions(
-        table, [Delete(row, NOTIFY, column.encode("utf-8"), notification.notify_ts)]
-    )
+    delete_notifications(client.store, notification)
 
 
 def process_notification(

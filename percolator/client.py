@@ -8,7 +8,6 @@ are not (one thread per transaction).
 from __future__ import annotations
 
 import logging
-import os
 import random
 import struct
 import threading
@@ -20,7 +19,6 @@ from typing import TypeVar
 
 from percolator.context import ClientOptions, EngineContext
 from percolator.errors import (
-    ConfigError,
     InvalidArgumentError,
     PercolatorError,
     SafePointError,
@@ -34,10 +32,13 @@ from percolator.layout import (
     check_table_name,
     ensure_meta_table,
 )
-from percolator.protocol.cells import CellKey
+from percolator.notifications import (
+    OBSERVED_REFRESH_ENV as OBSERVED_REFRESH_ENV,  # re-exported: test fixtures import it here
+)
+from percolator.notifications import ObservedColumns
 from percolator.protocol.gc import CLIENTS_PREFIX, GcReport, read_safe_point, run_gc
 from percolator.resolver import LockResolver
-from percolator.store.base import Put, ScanOptions, Store
+from percolator.store.base import Put, Store
 from percolator.store.url import open_store
 from percolator.timestamps import TimestampOracle, describe, now_ms
 from percolator.timestamps.factory import open_oracle
@@ -263,42 +264,29 @@ class Client:
 
     # ---------------------------------------------------------------- observed columns
     #
-    # Which (table, column) pairs leave notifications when written.  The set lives in the
-    # meta table (see load_observed_columns below; observers/api.py writes it).  The cache
-    # is reloaded synchronously by the commit that finds it older than the refresh
-    # interval: no background thread, and a client that is blocked or idle never commits
-    # with a stale set.
+    # Which (table, column) pairs leave notifications when written: a cache owned by
+    # percolator/notifications.py (format, registry and refresh guarantee are there).
 
     def _init_observed(self) -> None:
-        self._observed: frozenset[tuple[str, str]] = frozenset()
-        # monotonic time at which the load of the cached set *started* (-inf: never)
-        self._observed_loaded_at = float("-inf")
-        self._observed_lock = threading.Lock()
-        self._observed_refresh_s = observed_refresh_ms() / 1000
-        self._ctx.is_observed = self._is_observed
+        self._observed = ObservedColumns(self.store)
+        self._ctx.is_observed = self._observed.is_observed
 
     def refresh_observed(self) -> frozenset[tuple[str, str]]:
         """Reload the observed set from the store now (one scan of the meta table) and
         return it.  Raises StoreUnavailableError if the store cannot be read; the cache is
         then left as it was (and is still stale, so the next commit tries again)."""
-        started = time.monotonic()
-        observed = load_observed_columns(self.store)
-        with self._observed_lock:
-            # Two concurrent reloads: keep the one that started later.
-            if started >= self._observed_loaded_at:
-                self._observed = observed
-                self._observed_loaded_at = started
-            return self._observed
+        return self._observed.refresh()
 
     def observed_columns(self) -> frozenset[tuple[str, str]]:
         """The observed ``(table, column)`` pairs, reloaded first if the cached set was
         loaded more than one refresh interval ago."""
-        if time.monotonic() - self._observed_loaded_at > self._observed_refresh_s:
-            return self.refresh_observed()
-        return self._observed
+        return self._observed.current()
 
-    def _is_observed(self, key: CellKey) -> bool:
-        return (key.table, key.column) in self.observed_columns()
+    def _reserved_transaction(self) -> Transaction:
+        """A transaction that may write reserved columns: only for
+        :func:`percolator.notifications.observer_transaction` (observer acks)."""
+        self._check_open()
+        return Transaction(self, self.oracle.get_timestamp(), allow_reserved=True)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -355,72 +343,3 @@ def connect(
         if owns_store:
             store.close()
         raise
-
-
-# ------------------------------------------------------------------------ observed columns
-#
-# Format (version 1) of the observed set in the meta table, shared with observers/api.py:
-#
-#   row        b"observed/" + table + b"/" + column        (UTF-8; table names have no "/")
-#   family     META_FAMILY, qualifier OBSERVED_QUALIFIER
-#   value      JSON {"v": 1, "observer": NAME, "weak": BOOL}, or OBSERVED_TOMBSTONE once
-#              the observer was unregistered; written only by compare-and-set
-#
-# Guarantee: a commit that begins more than one refresh interval after a registration
-# became visible in the store notifies (its client's cached set was loaded after the
-# registration).  In particular every transaction that *starts* that long after the
-# registration notifies.  percolator.observers.api.register_observers waits one interval before
-# returning, so writes that start after it returns are all notified.  The interval must be
-# the same in every process: set PERCOLATOR_OBSERVED_REFRESH_MS everywhere or nowhere.
-
-OBSERVED_ROW_PREFIX = b"observed/"
-OBSERVED_QUALIFIER = b"observer"
-OBSERVED_TOMBSTONE = b"-"
-OBSERVED_REFRESH_ENV = "PERCOLATOR_OBSERVED_REFRESH_MS"
-DEFAULT_OBSERVED_REFRESH_MS = 2000
-
-
-def observed_refresh_ms() -> int:
-    """The refresh interval of cached observed sets, in ms (env
-    ``PERCOLATOR_OBSERVED_REFRESH_MS``, default 2000)."""
-    raw = os.environ.get(OBSERVED_REFRESH_ENV, "").strip()
-    if not raw:
-        return DEFAULT_OBSERVED_REFRESH_MS
-    if not raw.isdigit() or int(raw) <= 0:
-        raise ConfigError(f"{OBSERVED_REFRESH_ENV} must be a positive integer (ms), got {raw!r}")
-    return int(raw)
-
-
-def observed_row(table: str, column: str) -> bytes:
-    """The meta-table row that registers ``(table, column)`` as observed."""
-    return OBSERVED_ROW_PREFIX + table.encode("utf-8") + b"/" + column.encode("utf-8")
-
-
-def parse_observed_row(row: bytes) -> tuple[str, str]:
-    """Inverse of :func:`observed_row`."""
-    table, sep, column = row[len(OBSERVED_ROW_PREFIX) :].partition(b"/")
-    if not row.startswith(OBSERVED_ROW_PREFIX) or not sep or not table or not column:
-        raise ConfigError(f"malformed observed-column row {row!r} in {META_TABLE}")
-    return table.decode("utf-8"), column.decode("utf-8")
-
-
-def scan_observed_rows(store: Store) -> list[tuple[bytes, int, bytes]]:
-    """Every observed-column registration row as ``(row, version, value)``, tombstones
-    included (cost: one scan of the registrations, never of user data)."""
-    # b"0" is the byte after b"/": the scan covers exactly the rows under the prefix.
-    stop = OBSERVED_ROW_PREFIX[:-1] + b"0"
-    options = ScanOptions(start=OBSERVED_ROW_PREFIX, stop=stop, qualifiers=[OBSERVED_QUALIFIER])
-    found = []
-    for row, cells in store.scan(META_TABLE, META_FAMILY, options):
-        version, value = cells[OBSERVED_QUALIFIER]
-        found.append((row, version, value))
-    return found
-
-
-def load_observed_columns(store: Store) -> frozenset[tuple[str, str]]:
-    """The ``(table, column)`` pairs currently registered as observed."""
-    return frozenset(
-        parse_observed_row(row)
-        for row, _, value in scan_observed_rows(store)
-        if value and value != OBSERVED_TOMBSTONE
-    )

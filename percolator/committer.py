@@ -42,18 +42,16 @@ from percolator.errors import (
     TransactionAbortedError,
     UndeterminedCommitError,
 )
-from percolator.layout import LOCK, NOTIFY
-from percolator.protocol.cells import CellKey, Mutation, RawCell, group_by_table
+from percolator.layout import LOCK
+from percolator.notifications import put_notifications
+from percolator.protocol.cells import CellKey, Mutation, RawCell
 from percolator.protocol.commit import commit_cell, write_record_puts
 from percolator.protocol.prewrite import prewrite
 from percolator.protocol.rollback import rollback_cell
 from percolator.records import Kind, LockCell, LockInfo
-from percolator.store.base import Put
 from percolator.timestamps import now_ms, physical_ms
 
 log = logging.getLogger(__name__)
-
-NOTIFY_VALUE = b"1"
 
 
 @dataclass
@@ -233,9 +231,7 @@ class Committer:
         return CommitResult(self.commit_ts, done)
 
     def _write_notifications(self, commit_ts: int) -> None:
-        for table, keys in group_by_table(self._notify).items():
-            puts = [Put(k.row, NOTIFY, k.qualifier, commit_ts, NOTIFY_VALUE) for k in keys]
-            self._ctx.store.put(table, puts)
+        put_notifications(self._ctx.store, self._notify, commit_ts)
 
     def _commit_primary(self, commit_ts: int) -> None:
         key = self.primary.key

@@ -12,8 +12,10 @@ family    version                  value                 kept versions
 ``n``     ``commit_ts``            notification hint     all (observer cleanup removes)
 ========  =======================  ====================  ================================
 
-Column names starting with ``!`` are reserved for the engine (observer acknowledgements);
-user code cannot write them through the public API.
+The notify family belongs to percolator/notifications.py: nothing else reads or writes it.
+
+Column names starting with ``!`` are reserved for the engine (observer acknowledgements,
+see percolator/notifications.py); user code cannot write them through the public API.
 """
 
 from __future__ import annotations
@@ -126,8 +128,3 @@ def check_value(value: object, *, table: str, row: bytes, column: str) -> bytes:
             f"the limit is {MAX_VALUE_BYTES}"
         )
     return value
-
-
-def ack_column(observer: str, column: str) -> str:
-    """The reserved column holding an observer's acknowledgement of ``column``."""
-    return f"{RESERVED_PREFIX}ack/{observer}/{column}"

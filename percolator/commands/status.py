@@ -32,9 +32,10 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from percolator import notifications
 from percolator.command_options import add_oracle_option, add_store_option
 from percolator.errors import ConfigError, OracleError
-from percolator.layout import LOCK, NOTIFY, SYSTEM_TABLE_PREFIX
+from percolator.layout import LOCK, SYSTEM_TABLE_PREFIX
 from percolator.records import LockCell
 from percolator.store.base import ScanOptions, Store
 from percolator.timestamps import describe, now_ms, physical_ms
@@ -147,19 +148,18 @@ def notification_report(
     client: Any, tables: list[str]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Per registered observed column: pending and parked; and pending unobserved ones."""
-    from percolator.observers.api import registrations
     from percolator.observers.parking import ParkingLot
 
     parked: dict[tuple[str, str], int] = {}
     for record in ParkingLot(client).records():
         key = (record.table, record.column)
         parked[key] = parked.get(key, 0) + 1
-    registered = registrations(client.store)
+    registered = notifications.registrations(client.store)
     pending: dict[tuple[str, str], int] = {}
     for table in tables:
-        for _, cells in client.store.scan(table, NOTIFY, ScanOptions(batch_size=1000)):
-            for qualifier in cells:
-                key = (table, qualifier.decode("utf-8"))
+        for _, found in notifications.scan_notifications(client.store, table, batch_size=1000):
+            for notification in found:
+                key = (table, notification.column)
                 pending[key] = pending.get(key, 0) + 1
     observed = []
     for (table, column), registration in sorted(registered.items()):

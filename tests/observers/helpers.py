@@ -18,9 +18,10 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable
 
-from percolator.observers.api import Observer, observer_transaction, read_ack
+from percolator.observers.api import Observer
 
 from percolator.client import Client
+from percolator.notifications import observer_transaction, read_ack
 from percolator.transaction import Snapshot, Transaction
 
 EVENTS = "obs_events"

@@ -1,5 +1,5 @@
-"""Declaring observers and registering the columns they watch (observers/api.py, and the
-observed-set cache of percolator/client.py)."""
+"""Declaring observers and registering the columns they watch (observers/api.py, on the
+registry of percolator/notifications.py, whose own scenarios are in test_notifications.py)."""
 
 from __future__ import annotations
 
@@ -9,19 +9,16 @@ from collections.abc import Sequence
 import pytest
 from percolator.observers.api import (
     Observer,
-    Registration,
     check_observer,
     register_observers,
-    registrations,
     trigger,
     unregister_observer,
 )
 from percolator.observers.parking import pending
 
 import percolator
-from percolator.client import OBSERVED_QUALIFIER, observed_refresh_ms, observed_row
 from percolator.errors import ConfigError, InvalidArgumentError
-from percolator.layout import META_FAMILY, META_TABLE
+from percolator.notifications import registrations
 from percolator.transaction import Transaction
 from tests.observers import helpers
 from tests.observers.conftest import REFRESH_MS, connect
@@ -74,15 +71,6 @@ def test_registration_waits_one_refresh_interval_and_re_registration_does_not(
     assert time.monotonic() - started < REFRESH_MS / 1000
 
 
-def test_the_refresh_interval_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert observed_refresh_ms() == REFRESH_MS
-    monkeypatch.setenv("PERCOLATOR_OBSERVED_REFRESH_MS", "soon")
-    with pytest.raises(ConfigError, match="PERCOLATOR_OBSERVED_REFRESH_MS"):
-        observed_refresh_ms()
-    monkeypatch.delenv("PERCOLATOR_OBSERVED_REFRESH_MS")
-    assert observed_refresh_ms() == 2000
-
-
 def test_one_observer_per_column(memory_client: percolator.Client) -> None:
     register_observers(memory_client, [RunLogger()])
 
@@ -110,19 +98,6 @@ def test_unregister_stops_notifications_and_allows_another_observer(
 
     register_observers(client, [Another()])
     assert registrations(client.store)[(EVENTS, "value")].observer == "another"
-
-
-def test_a_malformed_registration_is_a_clear_error(memory_client: percolator.Client) -> None:
-    memory_client.store.compare_and_set(
-        META_TABLE, observed_row(EVENTS, "x"), META_FAMILY, OBSERVED_QUALIFIER, None, b"{oops"
-    )
-    with pytest.raises(ConfigError, match=f"{EVENTS}/x .*malformed"):
-        registrations(memory_client.store)
-
-
-def test_registration_codec_round_trips() -> None:
-    reg = Registration("t", "a/b", "obs", True)
-    assert Registration.decode("t", "a/b", reg.encode()) == reg
 
 
 def test_trigger_notifies_existing_data(memory_client: percolator.Client) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from percolator.observers.api import read_ack, register_observers, trigger
+from percolator.observers.api import register_observers, trigger
 from percolator.observers.parking import pending
 from percolator.observers.runner import (
     ConflictExhaustedError,
@@ -24,7 +24,8 @@ from percolator import failpoints
 from percolator.errors import InvalidArgumentError, PercolatorError
 from percolator.failpoints import FailpointError
 from percolator.layout import NOTIFY
-from percolator.store.base import Put
+from percolator.notifications import observer_transaction, put_notifications, read_ack
+from percolator.protocol.cells import CellKey
 from percolator.transaction import Transaction
 from tests.observers import helpers
 from tests.observers.helpers import EVENTS, RunLogger, runs
@@ -54,7 +55,7 @@ def write(client: percolator.Client, row: bytes, value: bytes, column: str = "va
 def ack_of(
     client: percolator.Client, observer: str, row: bytes, column: str = "value"
 ) -> int | None:
-    txn = Transaction(client, client.oracle.get_timestamp(), allow_reserved=True)
+    txn = observer_transaction(client)
     try:
         return read_ack(txn, observer, EVENTS, row, column)
     finally:
@@ -109,7 +110,7 @@ def test_a_stale_notification_only_cleans_up(
     process_notification(client, logger, notification)
     # The same notification again (a second worker that saw it too, or a crash before the
     # cleanup): the ack covers the change, the user code does not run.
-    client.store.put(EVENTS, [Put(b"r1", NOTIFY, b"value", commit_ts, b"1")])
+    put_notifications(client.store, [CellKey(EVENTS, b"r1", "value")], commit_ts)
     again = process_notification(client, logger, notification)
     assert again.outcome is Outcome.ACKED
     assert runs(client.snapshot()) == {b"r1": [commit_ts]}
@@ -183,7 +184,7 @@ def test_the_masking_trap_is_real_in_the_store(
     trigger(client, EVENTS, [b"r1"], "value")
     [seen] = scan(client)
     cleanup(client, seen)
-    client.store.put(EVENTS, [Put(b"r1", NOTIFY, b"value", long_txn_start, b"1")])
+    put_notifications(client.store, [CellKey(EVENTS, b"r1", "value")], long_txn_start)
     assert scan(client) == []
 
 

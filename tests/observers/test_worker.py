@@ -1,9 +1,9 @@
 """The worker in one process (observers/worker.py): scanners and pool, chains of observers,
-back-off, parking and retry, metrics, graceful shutdown, scanner positions."""
+back-off, parking and retry, metrics, graceful shutdown.  Its parts alone: test_finder.py
+(scanning, scanner positions) and test_processor.py (queue, back-off, parking)."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import urllib.request
@@ -13,13 +13,10 @@ import pytest
 from percolator.observers.api import Observer
 from percolator.observers.metrics import parse_text
 from percolator.observers.parking import ParkingLot, pending
-from percolator.observers.runner import Notification
-from percolator.observers.worker import ScannerPositions, Worker, WorkerOptions
+from percolator.observers.worker import Worker, WorkerOptions
 
 import percolator
 from percolator.errors import ConfigError
-from percolator.layout import META_FAMILY, META_TABLE
-from percolator.store.base import Put
 from percolator.transaction import Transaction
 from tests.observers import helpers
 from tests.observers.helpers import CONTROL, EVENTS, MIRROR, runs
@@ -262,39 +259,6 @@ def test_bad_worker_options_are_config_errors(option: str, value: object) -> Non
         WorkerOptions(**{option: value})  # type: ignore[arg-type]
 
 
-def test_scanner_positions_detect_catching_up_in_and_across_processes(
-    local_client: percolator.Client,
-) -> None:
-    here = ScannerPositions(local_client, "worker-a")
-    here.update(0, "t", b"m")
-    # Scanner 1 of the same process scanned from b"a" to b"p": it passed scanner 0.
-    assert here.caught_up(1, "t", b"a", b"p")
-    assert not here.caught_up(1, "t", b"n", b"p")  # scanner 0 is behind that batch
-    assert not here.caught_up(1, "other", b"a", b"p")
-    assert not here.caught_up(0, "t", b"a", b"p")  # its own position does not count
-
-    there = ScannerPositions(local_client, "worker-b")
-    assert not there.caught_up(0, "t", b"a", b"p")
-    here.sync()
-    there.sync()
-    assert there.caught_up(0, "t", b"a", b"p")  # seen through the store
-    here.close()
-    there.sync()
-    assert not there.caught_up(0, "t", b"a", b"p")
-
-
-def test_positions_of_dead_workers_are_ignored_then_removed(
-    local_client: percolator.Client,
-) -> None:
-    store = local_client.store
-    stale = json.dumps({"table": "t", "row_hex": b"m".hex(), "at_ms": 1}).encode()
-    store.put(META_TABLE, [Put(b"scanner/dead-worker/0", META_FAMILY, b"p", 5, stale)])
-    positions = ScannerPositions(local_client, "alive")
-    positions.sync()
-    assert not positions.caught_up(0, "t", b"a", b"p")
-    assert store.read_row(META_TABLE, b"scanner/dead-worker/0") == {}
-
-
 class _Sleepy(helpers.RunLogger):
     def process(self, txn: Transaction, row: bytes, column: str) -> None:
         time.sleep(0.002)
@@ -315,31 +279,3 @@ def test_many_threads_on_many_cells(
     assert helpers.duplicate_runs(covered) == []
     assert helpers.uncovered(local_client, "run-logger", EVENTS, "value", rows) == []
     assert worker.metrics.passes.value() >= 1
-
-
-def test_a_parked_set_reload_racing_with_a_park_keeps_the_cell_parked(
-    local_client: percolator.Client, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The housekeeper reloads the parked set while a run thread parks a cell: if the reload
-    read the store before the park was written, the cell must stay parked anyway (else it
-    runs and fails again, counting from zero)."""
-    observer = helpers.AlwaysFails()
-    worker = Worker(local_client, [observer], WorkerOptions(failure_limit=1))
-    worker._tables = [EVENTS]
-    notification = Notification(EVENTS, b"p", "poison", 1)
-    read_store = worker.parking.cells
-
-    def read_then_park() -> set[tuple[str, bytes, str]]:
-        before = read_store()
-        worker._failed(observer, notification, RuntimeError("boom"))
-        return before
-
-    monkeypatch.setattr(worker.parking, "cells", read_then_park)
-    worker._refresh_parked()
-    assert notification.cell in worker._parked
-    monkeypatch.setattr(worker.parking, "cells", read_store)
-    worker._refresh_parked()
-    assert notification.cell in worker._parked  # now read from the store
-    ParkingLot(local_client).retry(ParkingLot(local_client).records())
-    worker._refresh_parked()
-    assert notification.cell not in worker._parked

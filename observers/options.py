@@ -1,0 +1,56 @@
+"""Tunables of a worker (observers/worker.py), validated when built."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from percolator.observers.runner import RunResult
+
+from percolator.errors import ConfigError
+from percolator.notifications import Notification
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """Tunables of a worker (see the docstrings of observers/worker.py, finder.py and
+    processor.py)."""
+
+    threads: int = 4
+    scanners: int = 1
+    failure_limit: int = 5
+    backoff_base_s: float = 0.5
+    backoff_max_s: float = 60.0
+    conflict_backoff_s: float = 0.05
+    idle_sleep_s: float = 0.05
+    scan_batch: int = 500
+    attempts: int = 3
+    drain_timeout_s: float = 30.0
+    housekeeping_s: float = 1.0
+    parked_refresh_s: float = 2.0
+    metrics_host: str = "127.0.0.1"
+    #: serve metrics on this port (0: any free port); None: no endpoint
+    metrics_port: int | None = None
+    #: called after every committed run as ``on_commit(observer_name, notification, result)``
+    #: from the runner thread (for embedding: progress displays, tests); must not raise
+    on_commit: Callable[[str, Notification, RunResult], None] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("threads", "scanners", "failure_limit", "scan_batch", "attempts"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"worker option {name} must be an int >= 1, got {value!r}")
+        for name in (
+            "backoff_base_s",
+            "backoff_max_s",
+            "conflict_backoff_s",
+            "idle_sleep_s",
+            "drain_timeout_s",
+            "housekeeping_s",
+            "parked_refresh_s",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or value < 0:
+                raise ConfigError(f"worker option {name} must be a number >= 0, got {value!r}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics port must be in 0..65535, got {self.metrics_port}")

@@ -1,0 +1,271 @@
+"""Running notifications: the run pool's side of a worker (design notes §4).
+
+A bounded queue feeds ``threads`` run threads (:meth:`NotificationProcessor.run_loop`), one
+notification at a time each (observers/runner.py does the run itself).  A cell is never
+queued twice in one worker: it is *in flight* from :meth:`~NotificationProcessor.offer`
+until its run ends.
+
+Failures: a run that fails with an exception of the observer's code counts one failure of
+that cell and is retried after an exponential back-off (``backoff_base_s`` doubling up to
+``backoff_max_s``, with jitter); after ``failure_limit`` failures in a row the cell is
+*parked* (observers/parking.py) and skipped until an operator retries it.  Failure counts
+live in the worker's memory: each worker counts its own, a restart starts from zero.
+Conflicts (another run or writer won) are not failures: they are retried after a short
+back-off and counted separately.  An undetermined commit is not the observer's fault
+either: it backs off like a conflict, and the next run reads the ack and knows.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import time
+import traceback
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from percolator.observers.api import Observer
+from percolator.observers.options import WorkerOptions
+from percolator.observers.parking import Cell, ParkingLot
+from percolator.observers.runner import (
+    ConflictExhaustedError,
+    Outcome,
+    RunAbortedError,
+    process_notification,
+)
+from percolator.observers.worker_metrics import WorkerMetrics
+
+from percolator.errors import PercolatorError, UndeterminedCommitError
+from percolator.notifications import Notification
+
+if TYPE_CHECKING:
+    from percolator.client import Client
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CellState:
+    """What one worker remembers of a cell between runs."""
+
+    failures: int = 0
+    conflicts: int = 0
+    not_before: float = 0.0  # time.monotonic() before which the cell is not run again
+    last_error: str = ""
+
+
+class NotificationProcessor:
+    """The queue, the cells in flight, back-off and parking of one worker.  Thread-safe.
+
+    ``observers``: the observer of each hosted ``(table, column)`` (read at every run: the
+    worker fills it before starting the threads).  ``abort``: when set, runs roll back
+    instead of committing; ``stopping``: :meth:`offer` gives up waiting for queue room."""
+
+    def __init__(
+        self,
+        client: Client,
+        observers: Mapping[tuple[str, str], Observer],
+        options: WorkerOptions,
+        metrics: WorkerMetrics,
+        parking: ParkingLot,
+        *,
+        stopping: threading.Event,
+        abort: threading.Event,
+    ) -> None:
+        self._client = client
+        self._observers = observers
+        self._options = options
+        self._metrics = metrics
+        self._parking = parking
+        self._stopping = stopping
+        self._abort = abort
+        self._queue: queue.Queue[Notification | None] = queue.Queue(maxsize=options.threads * 4)
+        self._lock = threading.Lock()
+        self._inflight: set[Cell] = set()
+        self._states: dict[Cell, CellState] = {}
+        self._parked: set[Cell] = set()
+        # Cells this worker parked itself, with the monotonic time: a reload of the parked
+        # set that started before the park was written must not forget them.
+        self._parked_here: dict[Cell, float] = {}
+        #: monotonic time at which the last reload of the parked set started
+        self.parked_loaded_at = float("-inf")
+
+    # ---------------------------------------------------------------- queue
+
+    def offer(self, notification: Notification) -> bool:
+        """Queue a notification unless it is in flight, parked or backing off.  Blocks
+        while the queue is full (back-pressure on the scanner)."""
+        cell = notification.cell
+        now = time.monotonic()
+        with self._lock:
+            if cell in self._inflight or cell in self._parked:
+                return False
+            state = self._states.get(cell)
+            if state is not None and state.not_before > now:
+                return False
+            self._inflight.add(cell)
+        while not self._stopping.is_set():
+            try:
+                self._queue.put(notification, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        with self._lock:
+            self._inflight.discard(cell)
+        return False
+
+    def drop_queued(self) -> None:
+        """Forget the queued notifications: they stay in the store for the next worker."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                with self._lock:
+                    self._inflight.discard(item.cell)
+
+    def end_runs(self, threads: int) -> None:
+        """Tell ``threads`` run threads to return once the queue ahead of them is done."""
+        for _ in range(threads):
+            self._queue.put(None)
+
+    # ---------------------------------------------------------------- runs
+
+    def run_loop(self) -> None:
+        """Body of a run thread: run queued notifications until :meth:`end_runs`."""
+        while True:
+            notification = self._queue.get()
+            if notification is None:
+                return
+            try:
+                self.run(notification)
+            except Exception:  # never lose a pool thread to a bug in the bookkeeping
+                log.exception("unexpected error handling %s", notification)
+            finally:
+                with self._lock:
+                    self._inflight.discard(notification.cell)
+
+    def run(self, notification: Notification) -> None:
+        """One run task: run the cell's observer, then count the outcome (metrics,
+        back-off on a conflict, failure counting and parking)."""
+        observer = self._observers[(notification.table, notification.column)]
+        name = observer.name
+        options = self._options
+        try:
+            result = process_notification(
+                self._client,
+                observer,
+                notification,
+                attempts=options.attempts,
+                abort=self._abort,
+            )
+        except RunAbortedError:
+            return
+        except ConflictExhaustedError as exc:
+            self._metrics.conflicts.inc(exc.conflicts, observer=name)
+            self._back_off_conflict(notification.cell)
+            return
+        except UndeterminedCommitError as exc:
+            # Not the observer's fault: the next run reads the ack and knows.
+            log.warning("run of %s on %s: %s", name, notification, exc)
+            self._back_off_conflict(notification.cell)
+            return
+        except Exception as exc:
+            self.failed(observer, notification, exc)
+            return
+        if result.conflicts:
+            self._metrics.conflicts.inc(result.conflicts, observer=name)
+        if result.outcome is Outcome.COMMITTED:
+            self._metrics.runs.inc(observer=name)
+            latency = result.latency_s
+            if latency is not None:
+                self._metrics.latency.observe(latency, observer=name)
+            if options.on_commit is not None:
+                try:
+                    options.on_commit(name, notification, result)
+                except Exception:  # a display hook must not fail the run it reports
+                    log.exception("on_commit hook failed for %s", notification)
+        else:
+            self._metrics.skipped.inc(observer=name)
+        with self._lock:
+            self._states.pop(notification.cell, None)
+
+    def _back_off_conflict(self, cell: Cell) -> None:
+        with self._lock:
+            state = self._states.setdefault(cell, CellState())
+            state.conflicts += 1
+            delay = min(self._options.conflict_backoff_s * 2 ** min(state.conflicts, 10), 5.0)
+            state.not_before = time.monotonic() + delay * (0.5 + random.random())
+
+    def failed(self, observer: Observer, notification: Notification, exc: Exception) -> None:
+        """Count a failure of ``observer`` on ``notification``: back off, or park the cell
+        once it failed ``failure_limit`` times in a row."""
+        self._metrics.failures.inc(observer=observer.name)
+        error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        with self._lock:
+            state = self._states.setdefault(notification.cell, CellState())
+            state.failures += 1
+            state.last_error = error
+            failures = state.failures
+        if failures == 1:
+            log.warning("observer %s failed on %s", observer.name, notification, exc_info=exc)
+        else:
+            log.warning(
+                "observer %s failed on %s (%d in a row): %s",
+                observer.name,
+                notification,
+                failures,
+                error,
+            )
+        if failures >= self._options.failure_limit:
+            try:
+                self._parking.park(observer.name, notification, failures, error)
+            except PercolatorError as park_exc:
+                log.error("could not park %s: %s", notification, park_exc)
+            else:
+                log.error(
+                    "parked %s of observer %s after %d failures; "
+                    "`percolator notifications retry` re-queues it",
+                    notification,
+                    observer.name,
+                    failures,
+                )
+                self._metrics.parked.inc(observer=observer.name)
+                with self._lock:
+                    self._parked.add(notification.cell)
+                    self._parked_here[notification.cell] = time.monotonic()
+                    self._states.pop(notification.cell, None)
+                return
+        delay = min(self._options.backoff_base_s * 2 ** (failures - 1), self._options.backoff_max_s)
+        with self._lock:
+            state = self._states.setdefault(notification.cell, CellState())
+            state.not_before = time.monotonic() + delay * (0.5 + random.random())
+
+    # ---------------------------------------------------------------- parked set
+
+    def refresh_parked(self, tables: Collection[str]) -> None:
+        """Reload the parked cells of ``tables`` from the store (what :meth:`offer` skips)."""
+        started = time.monotonic()
+        parked = {cell for cell in self._parking.cells() if cell[0] in tables}
+        with self._lock:
+            # A park recorded before this reload started is in what it read (or was retried
+            # since); one recorded meanwhile may not be: keep it until the next reload.
+            self._parked_here = {c: t for c, t in self._parked_here.items() if t >= started}
+            self._parked = parked | set(self._parked_here)
+            for cell in self._parked:
+                self._states.pop(cell, None)
+            # Forget back-off state of cells nobody has offered for ten minutes (another
+            # worker processed them).
+            horizon = time.monotonic() - 600
+            for cell in [c for c, s in self._states.items() if s.not_before < horizon]:
+                del self._states[cell]
+        self.parked_loaded_at = started
+
+    def parked_cells(self) -> set[Cell]:
+        """The cells skipped as parked (as of the last reload, plus those parked since)."""
+        with self._lock:
+            return set(self._parked)

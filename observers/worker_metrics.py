@@ -1,0 +1,65 @@
+"""The metrics of a worker (Prometheus, through observers/metrics.py): backlog and parked
+cells per observer, commit-to-run latency, committed runs, skipped runs (already
+acknowledged), conflicts, failures, parkings, scanner passes and jumps."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from percolator.observers.metrics import LATENCY_BUCKETS, Labels, Registry
+
+
+class WorkerMetrics:
+    """The instruments of one worker, in their own registry.  ``backlog`` and ``parked``
+    compute the two per-observer gauges when scraped."""
+
+    def __init__(
+        self,
+        backlog: Callable[[], dict[Labels, float]],
+        parked: Callable[[], dict[Labels, float]],
+    ) -> None:
+        self.registry = registry = Registry()
+        self.runs = registry.counter(
+            "percolator_observer_runs_total", "Observer runs that committed.", ("observer",)
+        )
+        self.skipped = registry.counter(
+            "percolator_observer_skipped_total",
+            "Runs that found the change already acknowledged or rolled back (cleanup only).",
+            ("observer",),
+        )
+        self.conflicts = registry.counter(
+            "percolator_observer_conflicts_total",
+            "Run attempts that lost a write-write conflict (retried, not failures).",
+            ("observer",),
+        )
+        self.failures = registry.counter(
+            "percolator_observer_failures_total", "Runs that failed with an error.", ("observer",)
+        )
+        self.parked = registry.counter(
+            "percolator_observer_parked_total",
+            "Notifications parked after repeated failures.",
+            ("observer",),
+        )
+        self.latency = registry.histogram(
+            "percolator_observer_latency_seconds",
+            "From the commit of an observed change to the commit of the run that saw it.",
+            LATENCY_BUCKETS,
+            ("observer",),
+        )
+        self.passes = registry.counter(
+            "percolator_scanner_passes_total", "Complete scanner passes over a table."
+        )
+        self.jumps = registry.counter(
+            "percolator_scanner_jumps_total",
+            "Times a scanner caught up with another one and jumped to a random row.",
+        )
+        registry.gauge(
+            "percolator_observer_backlog",
+            "Notifications waiting (not parked), per observer, as of the last count.",
+            backlog,
+        )
+        registry.gauge(
+            "percolator_observer_parked",
+            "Parked notifications, per observer.",
+            parked,
+        )

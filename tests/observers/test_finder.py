@@ -1,0 +1,110 @@
+"""The scanners' part of a worker (observers/finder.py): passes over the notify family from
+random rows, wrapping around, jumping away from another scanner; scanner positions shared in
+and across processes."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+
+from percolator.observers.finder import NotificationFinder, ScannerPositions
+from percolator.observers.worker_metrics import WorkerMetrics
+
+import percolator
+from percolator.layout import META_FAMILY, META_TABLE
+from percolator.notifications import Notification, put_notifications
+from percolator.protocol.cells import CellKey
+from percolator.store.base import Put
+from tests.observers.helpers import EVENTS
+
+ROWS = [b"r%d" % i for i in range(6)]
+
+
+def finder(
+    client: percolator.Client, positions: ScannerPositions, offered: list[Notification]
+) -> tuple[NotificationFinder, WorkerMetrics]:
+    metrics = WorkerMetrics(dict, dict)
+
+    def offer(notification: Notification) -> bool:
+        offered.append(notification)
+        return True
+
+    made = NotificationFinder(
+        client.store,
+        {EVENTS: ["value"]},
+        positions,
+        offer,
+        metrics,
+        stopping=threading.Event(),
+        scan_batch=2,
+        idle_sleep_s=0,
+    )
+    return made, metrics
+
+
+def test_a_pass_offers_every_dirty_cell_and_the_next_starts_at_a_random_row_and_wraps(
+    memory_client: percolator.Client,
+) -> None:
+    client = memory_client
+    put_notifications(client.store, [CellKey(EVENTS, r, "value") for r in ROWS], 7)
+    put_notifications(client.store, [CellKey(EVENTS, b"r0", "other")], 7)  # not hosted
+    offered: list[Notification] = []
+    scanners, metrics = finder(client, ScannerPositions(client, "w"), offered)
+    rng = random.Random(3)
+    assert scanners.scan_table(0, EVENTS, rng) == 6
+    assert offered == [Notification(EVENTS, r, "value", 7) for r in ROWS]
+    assert metrics.passes.value() == 1
+    for _ in range(5):
+        offered.clear()
+        assert scanners.scan_table(0, EVENTS, rng) == 6
+        first = ROWS.index(offered[0].row)
+        assert [n.row for n in offered] == ROWS[first:] + ROWS[:first]
+    assert metrics.passes.value() == 6
+
+
+def test_a_scanner_that_catches_up_with_another_jumps(memory_client: percolator.Client) -> None:
+    client = memory_client
+    put_notifications(client.store, [CellKey(EVENTS, r, "value") for r in ROWS], 7)
+    positions = ScannerPositions(client, "w")
+    positions.update(1, EVENTS, b"r3")  # scanner 1 is at r3
+    offered: list[Notification] = []
+    scanners, metrics = finder(client, positions, offered)
+    # Batches of two rows from the start: r0-r1, then r2-r3 passes scanner 1: jump.
+    assert scanners.scan_table(0, EVENTS, random.Random(3)) == 4
+    assert [n.row for n in offered] == ROWS[:4]
+    assert metrics.jumps.value() == 1
+    assert metrics.passes.value() == 0
+
+
+def test_scanner_positions_detect_catching_up_in_and_across_processes(
+    local_client: percolator.Client,
+) -> None:
+    here = ScannerPositions(local_client, "worker-a")
+    here.update(0, "t", b"m")
+    # Scanner 1 of the same process scanned from b"a" to b"p": it passed scanner 0.
+    assert here.caught_up(1, "t", b"a", b"p")
+    assert not here.caught_up(1, "t", b"n", b"p")  # scanner 0 is behind that batch
+    assert not here.caught_up(1, "other", b"a", b"p")
+    assert not here.caught_up(0, "t", b"a", b"p")  # its own position does not count
+
+    there = ScannerPositions(local_client, "worker-b")
+    assert not there.caught_up(0, "t", b"a", b"p")
+    here.sync()
+    there.sync()
+    assert there.caught_up(0, "t", b"a", b"p")  # seen through the store
+    here.close()
+    there.sync()
+    assert not there.caught_up(0, "t", b"a", b"p")
+
+
+def test_positions_of_dead_workers_are_ignored_then_removed(
+    local_client: percolator.Client,
+) -> None:
+    store = local_client.store
+    stale = json.dumps({"table": "t", "row_hex": b"m".hex(), "at_ms": 1}).encode()
+    store.put(META_TABLE, [Put(b"scanner/dead-worker/0", META_FAMILY, b"p", 5, stale)])
+    positions = ScannerPositions(local_client, "alive")
+    positions.sync()
+    assert not positions.caught_up(0, "t", b"a", b"p")
+    assert store.read_row(META_TABLE, b"scanner/dead-worker/0") == {}

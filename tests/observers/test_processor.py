@@ -1,0 +1,134 @@
+"""The run pool's part of a worker (observers/processor.py), driven in the test's thread: a
+cell is queued once, conflicts back off without counting, failures back off and count, and a
+cell that keeps failing is parked and skipped."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from percolator.observers import processor as processor_module
+from percolator.observers.api import Observer
+from percolator.observers.options import WorkerOptions
+from percolator.observers.parking import ParkingLot
+from percolator.observers.processor import NotificationProcessor
+from percolator.observers.runner import ConflictExhaustedError, RunResult
+from percolator.observers.worker import Worker
+from percolator.observers.worker_metrics import WorkerMetrics
+
+import percolator
+from percolator.errors import UndeterminedCommitError
+from percolator.notifications import Notification
+from tests.observers import helpers
+from tests.observers.helpers import EVENTS
+
+
+def processor(
+    client: percolator.Client, observer: Observer, options: WorkerOptions
+) -> tuple[NotificationProcessor, WorkerMetrics]:
+    metrics = WorkerMetrics(dict, dict)
+    hosted = {(observer.table, column): observer for column in observer.columns}
+    made = NotificationProcessor(
+        client,
+        hosted,
+        options,
+        metrics,
+        ParkingLot(client),
+        stopping=threading.Event(),
+        abort=threading.Event(),
+    )
+    return made, metrics
+
+
+def run_queued(pool: NotificationProcessor) -> None:
+    """Run what is queued in this thread, as one run thread would."""
+    pool.end_runs(1)
+    pool.run_loop()
+
+
+def poisoned(client: percolator.Client) -> Notification:
+    with client.transaction() as txn:
+        txn.set(EVENTS, b"p", "poison", b"x")
+    assert txn.commit_ts is not None
+    return Notification(EVENTS, b"p", "poison", txn.commit_ts)
+
+
+def test_a_cell_in_flight_is_not_queued_twice(memory_client: percolator.Client) -> None:
+    pool, _ = processor(memory_client, helpers.RunLogger(), WorkerOptions())
+    notification = Notification(EVENTS, b"r", "value", 5)
+    assert pool.offer(notification)
+    assert not pool.offer(Notification(EVENTS, b"r", "value", 6))  # same cell
+    run_queued(pool)  # nothing committed there: a run that only cleans up
+    assert pool.offer(notification)
+
+
+def test_a_failure_backs_off_and_the_limit_parks(memory_client: percolator.Client) -> None:
+    client = memory_client
+    observer = helpers.AlwaysFails()
+    options = WorkerOptions(failure_limit=2, backoff_base_s=60)
+    pool, metrics = processor(client, observer, options)
+    notification = poisoned(client)
+    assert pool.offer(notification)
+    run_queued(pool)
+    assert metrics.failures.value(observer="always-fails") == 1
+    assert not pool.offer(notification)  # backing off for 30..90 s
+    assert ParkingLot(client).records() == []
+
+    pool.failed(observer, notification, RuntimeError("boom again"))
+    [record] = ParkingLot(client).records()
+    assert (record.observer, record.cell, record.failures) == ("always-fails", notification.cell, 2)
+    assert "RuntimeError: boom again" in record.last_error
+    assert metrics.parked.value(observer="always-fails") == 1
+    assert pool.parked_cells() == {notification.cell}
+    assert not pool.offer(notification)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [ConflictExhaustedError("lost every attempt", 3), UndeterminedCommitError("unknown")],
+    ids=["conflicts", "undetermined"],
+)
+def test_conflicts_and_undetermined_commits_back_off_without_counting_as_failures(
+    memory_client: percolator.Client, monkeypatch: pytest.MonkeyPatch, error: Exception
+) -> None:
+    def lose(*args: object, **kwargs: object) -> RunResult:
+        raise error
+
+    monkeypatch.setattr(processor_module, "process_notification", lose)
+    pool, metrics = processor(memory_client, helpers.RunLogger(), WorkerOptions())
+    notification = Notification(EVENTS, b"r", "value", 5)
+    assert pool.offer(notification)
+    run_queued(pool)
+    assert not pool.offer(notification)  # backing off
+    assert metrics.failures.value(observer="run-logger") == 0
+    expected = 3 if isinstance(error, ConflictExhaustedError) else 0
+    assert metrics.conflicts.value(observer="run-logger") == expected
+    assert pool.parked_cells() == set()
+
+
+def test_a_parked_set_reload_racing_with_a_park_keeps_the_cell_parked(
+    local_client: percolator.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The housekeeper reloads the parked set while a run thread parks a cell: if the reload
+    read the store before the park was written, the cell must stay parked anyway (else it
+    runs and fails again, counting from zero)."""
+    observer = helpers.AlwaysFails()
+    worker = Worker(local_client, [observer], WorkerOptions(failure_limit=1))
+    processor = worker.processor
+    notification = Notification(EVENTS, b"p", "poison", 1)
+    read_store = worker.parking.cells
+
+    def read_then_park() -> set[tuple[str, bytes, str]]:
+        before = read_store()
+        processor.failed(observer, notification, RuntimeError("boom"))
+        return before
+
+    monkeypatch.setattr(worker.parking, "cells", read_then_park)
+    processor.refresh_parked([EVENTS])
+    assert notification.cell in processor.parked_cells()
+    monkeypatch.setattr(worker.parking, "cells", read_store)
+    processor.refresh_parked([EVENTS])
+    assert notification.cell in processor.parked_cells()  # now read from the store
+    ParkingLot(local_client).retry(ParkingLot(local_client).records())
+    processor.refresh_parked([EVENTS])
+    assert notification.cell not in processor.parked_cells()
