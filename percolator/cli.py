@@ -22,7 +22,7 @@ from percolator.errors import PercolatorError
 
 # Modules that register sub-commands, in --help order.
 COMMAND_MODULES = [
-    "percolator.localhbase.cli",
+    "percolator.testing.localhbase.cli",
     "percolator.oracle.cli",
     "percolator.observers.cli",
     "percolator.spark_jobs.cli",

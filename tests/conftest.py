@@ -5,7 +5,7 @@
 
 * ``PERCOLATOR_TEST_HBASE_URL`` set: that server, after checking that it answers (it is
   shared, so tests must use unique table names or a ``?prefix=`` of their own);
-* otherwise a :class:`~percolator.localhbase.LocalHBase` started in a temporary directory
+* otherwise a :class:`~percolator.testing.localhbase.LocalHBase` started in a temporary directory
   for this session and stopped at its end (about 20-30 s to start on two cores; its logs
   stay under pytest's temporary directory);
 * optionally, ``PERCOLATOR_TEST_HBASE=docker`` with ``PERCOLATOR_TEST_HBASE_IMAGE`` naming an
@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from percolator.errors import ConfigError
-from percolator.localhbase import HBaseLauncherError, LocalHBase, wait_until_serving
 from percolator.store.url import parse_store_url
+from percolator.testing.localhbase import HBaseLauncherError, LocalHBase, wait_until_serving
 
 # The session's HBase holds nothing worth keeping: do not wait out HBase's ~20 s standalone
 # shutdown (regions are flushed and closed within a second or two of SIGTERM).

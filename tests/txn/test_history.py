@@ -1,4 +1,4 @@
-"""Isolation evidence from list-append histories (percolator/history.py).
+"""Isolation evidence from list-append histories (percolator/testing/history.py).
 
 1. The checker on hand-written histories: every anomaly kind is found, write skew is
    reported as allowed, clean histories pass.
@@ -29,10 +29,18 @@ from pathlib import Path
 import pytest
 
 import percolator
-from percolator import failpoints, history
+from percolator import failpoints
 from percolator.committer import CommitResult, Committer
 from percolator.errors import InvalidArgumentError, PercolatorError, UndeterminedCommitError
-from percolator.history import (
+from percolator.protocol import prewrite as prewrite_module
+from percolator.protocol import read as read_module
+from percolator.protocol.cells import CellKey, RawCell, fetch_cells
+from percolator.protocol.commit import commit_cell, write_record_puts
+from percolator.records import LockCell
+from percolator.resolver import LockResolver
+from percolator.store import Store, open_store
+from percolator.testing import ManualOracle, history
+from percolator.testing.history import (
     ABORTED,
     COMMITTED,
     UNDETERMINED,
@@ -45,14 +53,6 @@ from percolator.history import (
     decode_list,
     encode_list,
 )
-from percolator.protocol import prewrite as prewrite_module
-from percolator.protocol import read as read_module
-from percolator.protocol.cells import CellKey, RawCell, fetch_cells
-from percolator.protocol.commit import commit_cell, write_record_puts
-from percolator.records import LockCell
-from percolator.resolver import LockResolver
-from percolator.store import Store, open_store
-from percolator.testing import ManualOracle
 from tests.txn._bank_worker import FailpointChaos
 
 WORKER = Path(__file__).with_name("_bank_worker.py")
