@@ -28,7 +28,7 @@ import socket
 import struct
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -46,9 +46,8 @@ from percolator.errors import (
 )
 from percolator.layout import WRITE
 from percolator.store import Store
-from percolator.store.base import Put
 from percolator.store.memory import MemoryStore
-from percolator.testing import ManualOracle
+from percolator.testing import FaultyStore, ManualOracle
 from percolator.timestamps import TimestampOracle
 from tests.txn._txn_client import (
     ClientProcess,
@@ -333,28 +332,21 @@ def test_run_does_not_reapply_a_transaction_committed_before_a_later_error() -> 
         client.close()
 
 
-class _InterruptedAfterCommitPoint(MemoryStore):
-    """A memory store that raises KeyboardInterrupt (Ctrl-C) on the first write-record put
-    once armed: the committer writes write records only after its commit point."""
-
-    armed = False
-
-    def put(self, table: str, puts: Sequence[Put]) -> None:
-        if self.armed and any(p.family == WRITE for p in puts):
-            self.armed = False
-            raise KeyboardInterrupt
-        super().put(table, puts)
-
-
 def test_interrupt_after_commit_point_is_not_reported_as_rollback() -> None:
     """An exception that is not a store error (Ctrl-C, a bug) after the commit point must not
     make a committed transaction claim it was rolled back."""
-    store = _InterruptedAfterCommitPoint()
+    store = FaultyStore(MemoryStore())
     client = make_client(store, ManualOracle())
     try:
         cells = fresh_cells()
         txn = start_commit(client, cells)
-        store.armed = True
+        # Ctrl-C on the first write-record put: the committer writes write records only
+        # after its commit point.
+        store.fail(
+            "put",
+            when=lambda call: any(p.family == WRITE for p in call["puts"]),
+            error=KeyboardInterrupt,
+        )
         with pytest.raises(KeyboardInterrupt):
             txn.commit()
         check_outcome(client, cells, txn.start_ts, committed=True)
