@@ -1,25 +1,21 @@
-"""Fixtures of the oracle tests.
+"""Fixtures of the oracle tests; backends and namespaces (``shared_store_url``,
+``embedded_url``) come from tests/conftest.py.
 
 * ``clock`` / :class:`FakeClock`: deterministic wall and monotonic clocks (no sleeps).
 * ``store``: the real memory store inside a :class:`~percolator.testing.FaultyStore`, so tests
   can script store failures (compare-and-sets lost or applied without a reply, failing
   reads, another writer landing first) to drive the unknown-outcome paths.
-* ``shared_store_url``: a fresh store namespace that several processes can share, on the
-  embedded store and (marked ``hbase``) on HBase; HBase tables are dropped afterwards.
 * ``spawn``: starts oracle server processes and stops them all at teardown.
 """
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pytest
 
-from percolator.store import open_store
 from percolator.store.memory import MemoryStore
 from percolator.testing import FaultyStore
 from tests.oracle.procs import OracleProcess
@@ -50,40 +46,10 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def store() -> FaultyStore:
-    """The memory store, with scripted faults."""
+    """The oracle's unit tests run on one memory store with scripted faults: this overrides
+    the shared per-backend ``store`` of tests/conftest.py for this directory (the oracle on
+    every backend is covered by ``shared_store_url`` and the client suites)."""
     return FaultyStore(MemoryStore())
-
-
-def _with_prefix(base_url: str, prefix: str) -> str:
-    parts = urlsplit(base_url)
-    options = dict(parse_qsl(parts.query, keep_blank_values=True))
-    options["prefix"] = options.get("prefix", "") + prefix
-    return urlunsplit(parts._replace(query=urlencode(options)))
-
-
-SHARED_BACKENDS = [
-    pytest.param("embedded", id="embedded"),
-    pytest.param("hbase", id="hbase", marks=pytest.mark.hbase),
-]
-
-
-@pytest.fixture(params=SHARED_BACKENDS)
-def shared_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "embedded":
-        yield f"embedded:{tmp_path / 'store'}"
-        return
-    url = _with_prefix(request.getfixturevalue("hbase_url"), f"or{uuid.uuid4().hex[:10]}_")
-    try:
-        yield url
-    finally:
-        with open_store(url) as s:
-            for table in s.list_tables():
-                s.drop_table(table)
-
-
-@pytest.fixture
-def embedded_url(tmp_path: Path) -> str:
-    return f"embedded:{tmp_path / 'store'}"
 
 
 @pytest.fixture

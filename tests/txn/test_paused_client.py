@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -40,7 +38,6 @@ from percolator.timestamps import now_ms, physical_ms
 from tests.txn._txn_client import (
     CELLS_PER_TRANSFER,
     ClientProcess,
-    hbase_namespace,
     read_every_cell,
     settle_and_judge,
     setup_bank,
@@ -172,17 +169,6 @@ def test_resolver_respects_a_heartbeat_that_lands_before_its_rollback() -> None:
     status = h.status((b"k", "c"), h.ts(10))
     assert status.state == ALIVE, f"{status}; lock cell now {h.lock_cell(b'k', 'c')}"
     h.must_locked(b"k", "c", h.ts(10))
-
-
-@pytest.fixture
-def embedded_url(tmp_path: Path) -> str:
-    return f"embedded:{tmp_path / 'store'}"
-
-
-@pytest.fixture
-def hbase_store_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    with hbase_namespace(request.getfixturevalue("hbase_url"), "pc") as url:
-        yield url
 
 
 def test_paused_before_commit_point_is_aborted(embedded_url: str) -> None:

@@ -51,7 +51,6 @@ from percolator.testing import FaultyStore, ManualOracle
 from percolator.timestamps import TimestampOracle
 from tests.txn._txn_client import (
     ClientProcess,
-    hbase_namespace,
     run_transfers,
     settle_and_judge,
     setup_bank,
@@ -479,32 +478,30 @@ def primary_commit_request(primary_row: bytes, start_ts: int) -> Callable[[bytes
 
 @pytest.mark.hbase
 @pytest.mark.parametrize("applied", [False, True], ids=["request-lost", "reply-lost"])
-def test_cut_connection_during_primary_commit(
-    request: pytest.FixtureRequest, applied: bool
-) -> None:
-    with hbase_namespace(request.getfixturevalue("hbase_url"), "ud") as direct_url:
-        parts = urlsplit(direct_url)
-        assert parts.hostname is not None and parts.port is not None
-        oracle = ManualOracle()
-        reader = make_client(direct_url, oracle)
-        proxy = CuttingProxy((parts.hostname, parts.port), drop_reply=applied)
-        # The transaction that gets cut runs on a client connected through the proxy.
-        proxied_url = parts._replace(netloc=f"127.0.0.1:{proxy.port}").geturl()
-        client: percolator.Client | None = None
-        try:
-            client = make_client(proxied_url, oracle)
-            cells = fresh_cells()
-            txn = start_commit(client, cells)
-            proxy.arm(primary_commit_request(min(cells)[1], txn.start_ts))
-            with pytest.raises(PercolatorError) as caught:
-                txn.commit()
-            assert proxy.cut.is_set(), "the proxy never saw the primary's commit"
-            assert proxy.reply_swallowed.is_set() is applied
-            assert isinstance(caught.value.__cause__, StoreUnavailableError)
-            check_undetermined(caught.value, txn)
-            check_outcome(reader, cells, txn.start_ts, committed=applied)
-        finally:
-            if client is not None:
-                client.close()
-            proxy.close()
-            reader.close()
+def test_cut_connection_during_primary_commit(hbase_store_url: str, applied: bool) -> None:
+    direct_url = hbase_store_url
+    parts = urlsplit(direct_url)
+    assert parts.hostname is not None and parts.port is not None
+    oracle = ManualOracle()
+    reader = make_client(direct_url, oracle)
+    proxy = CuttingProxy((parts.hostname, parts.port), drop_reply=applied)
+    # The transaction that gets cut runs on a client connected through the proxy.
+    proxied_url = parts._replace(netloc=f"127.0.0.1:{proxy.port}").geturl()
+    client: percolator.Client | None = None
+    try:
+        client = make_client(proxied_url, oracle)
+        cells = fresh_cells()
+        txn = start_commit(client, cells)
+        proxy.arm(primary_commit_request(min(cells)[1], txn.start_ts))
+        with pytest.raises(PercolatorError) as caught:
+            txn.commit()
+        assert proxy.cut.is_set(), "the proxy never saw the primary's commit"
+        assert proxy.reply_swallowed.is_set() is applied
+        assert isinstance(caught.value.__cause__, StoreUnavailableError)
+        check_undetermined(caught.value, txn)
+        check_outcome(reader, cells, txn.start_ts, committed=applied)
+    finally:
+        if client is not None:
+            client.close()
+        proxy.close()
+        reader.close()
