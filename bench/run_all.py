@@ -8,7 +8,7 @@
 
 What it does, in order:
 
-1. starts a local HBase (percolator.localhbase, fresh work directory, free ports) unless
+1. starts a local HBase (percolator.testing.localhbase, fresh work directory, free ports) unless
    ``--store`` names one (or the embedded store); records the machine (CPU, cores, memory,
    OS, Python, Java, HBase, load average, date, source revision);
 2. starts one timestamp oracle server on that HBase, used by every engine benchmark;
@@ -377,7 +377,7 @@ def machine_info() -> J:
                 os_name = f"{line.split('=', 1)[1].strip(chr(34))} ({platform.release()})"
     info["os"] = os_name
     try:
-        from percolator.localhbase.launcher import find_java
+        from percolator.testing.localhbase.launcher import find_java
 
         java = find_java()
         info["java"] = f"{java.version} ({java.executable})"
@@ -533,7 +533,7 @@ def run_all(argv: Sequence[str] | None) -> int:
                     "external Thrift-1 gateway (its version is not reported through Thrift-1)"
                 )
             else:
-                from percolator.localhbase.launcher import LocalHBase, hbase_version
+                from percolator.testing.localhbase.launcher import LocalHBase, hbase_version
 
                 hbase_dir = stack.enter_context(
                     tempfile.TemporaryDirectory(prefix="run-all-hbase-")

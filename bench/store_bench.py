@@ -174,7 +174,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--hbase",
         action="store_true",
-        help="also start a local HBase (percolator.localhbase) and measure it",
+        help="also start a local HBase (percolator.testing.localhbase) and measure it",
     )
     parser.add_argument("--ops", type=int, default=1000, help="calls per operation and repeat")
     parser.add_argument("--threads", type=int, default=1, help="client threads (default 1)")
@@ -216,9 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         urls += [(u.split(":", 1)[0].lower(), u) for u in args.store]
         if args.hbase:
             try:
-                from percolator.localhbase.launcher import LocalHBase
+                from percolator.testing.localhbase.launcher import LocalHBase
             except ImportError:
-                print("store_bench: --hbase needs percolator.localhbase", file=sys.stderr)
+                print("store_bench: --hbase needs percolator.testing.localhbase", file=sys.stderr)
                 return 2
             workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="store-bench-hbase-"))
             local = stack.enter_context(LocalHBase(workdir))

@@ -202,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with ExitStack() as stack:
         url = args.store
         if args.hbase:
-            from percolator.localhbase.launcher import LocalHBase
+            from percolator.testing.localhbase.launcher import LocalHBase
 
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory()))
             hbase = stack.enter_context(LocalHBase(workdir))

@@ -1,13 +1,36 @@
-"""Session-wide test fixtures: the real HBase the suite runs against.
+"""The fixtures every test directory shares: one list of backends, one way to get a store
+namespace, a store and a client on each, and the session's HBase.
+
+Backends come from :data:`percolator.store.BACKENDS`; the HBase one is marked ``hbase``.
+
+* ``backend`` / ``shared_backend`` / ``local_backend``: a fresh namespace
+  (:class:`StoreNamespace`: backend name and URL), parametrized over every backend, over
+  those several processes can share (embedded, HBase), and over those needing no server
+  (memory, embedded).  ``store_url`` / ``shared_store_url`` / ``local_store_url`` are their
+  URLs; ``memory_url``, ``embedded_url`` and ``hbase_store_url`` give one backend's.  A
+  namespace is a unique ``memory:NAME``, a fresh directory, or a unique table prefix on the
+  shared HBase whose tables are dropped after the test (in the background; the session waits
+  for every drop at its end).
+* ``store``: a store opened on ``backend``, closed at teardown.
+* ``client``: a client on a fresh namespace of every backend, with the tables of
+  ``client_settings`` created.  Test modules marked ``every_oracle`` also run it with the
+  oracle persisted in the store (memory, embedded) and with the gRPC oracle service
+  (memory).  ``client_settings`` (lock TTL and wait, oracle, tables) is the one fixture a
+  directory or module overrides to change them; :func:`connect_client` builds such a client
+  on any URL.
+* ``fast_observed_refresh``: a 200 ms observed-set refresh instead of 2 s (inherited by
+  subprocesses), for directories that register observers.
+* ``grpc_oracle``: a real oracle server (subprocess) for the session.
 
 ``hbase_url`` (session scope, created only when a test asks for it) gives
 ``hbase://HOST:PORT`` of an HBase that answers through its Thrift-1 gateway:
 
 * ``PERCOLATOR_TEST_HBASE_URL`` set: that server, after checking that it answers (it is
-  shared, so tests must use unique table names or a ``?prefix=`` of their own);
-* otherwise a :class:`~percolator.localhbase.LocalHBase` started in a temporary directory
-  for this session and stopped at its end (about 20-30 s to start on two cores; its logs
-  stay under pytest's temporary directory);
+  shared, so tests must use unique table names or a ``?prefix=`` of their own: the
+  namespace fixtures above do);
+* otherwise a :class:`~percolator.testing.localhbase.LocalHBase` started in a temporary
+  directory for this session and stopped at its end (about 20-30 s to start on two cores;
+  its logs stay under pytest's temporary directory);
 * optionally, ``PERCOLATOR_TEST_HBASE=docker`` with ``PERCOLATOR_TEST_HBASE_IMAGE`` naming an
   image that serves Thrift-1 on port 9090: a container through testcontainers, when Docker
   is reachable (else the local launcher, with a notice).  Never required.
@@ -18,15 +41,25 @@ the suite never skips them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+import percolator
+from percolator.client import OBSERVED_REFRESH_ENV
 from percolator.errors import ConfigError
-from percolator.localhbase import HBaseLauncherError, LocalHBase, wait_until_serving
+from percolator.store import BACKENDS, Backend, Store, open_store
 from percolator.store.url import parse_store_url
+from percolator.testing import ManualOracle
+from percolator.testing.localhbase import HBaseLauncherError, LocalHBase, wait_until_serving
 
 # The session's HBase holds nothing worth keeping: do not wait out HBase's ~20 s standalone
 # shutdown (regions are flushed and closed within a second or two of SIGTERM).
@@ -138,3 +171,277 @@ def _start_container(
         container.stop()
         raise
     return f"hbase://{host}:{port}", container.stop
+
+
+# ------------------------------------------------------------------------------ namespaces
+
+
+@dataclass(frozen=True)
+class StoreNamespace:
+    """A fresh namespace on one backend: ``open_store(url)`` gives a client of it."""
+
+    backend: Backend
+    url: str
+
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+    def open(self) -> Store:
+        return open_store(self.url)
+
+
+def backend_params(*, shared: bool | None = None, needs_server: bool | None = None) -> list[Any]:
+    """``pytest.param`` for each backend of :data:`BACKENDS` with these properties (``None``:
+    either), named after it; a backend needing a server is marked ``hbase`` (the only server
+    the test session provides)."""
+    return [
+        pytest.param(b, id=b.name, marks=[pytest.mark.hbase] if b.needs_server else [])
+        for b in BACKENDS
+        if (shared is None or b.shared == shared)
+        and (needs_server is None or b.needs_server == needs_server)
+    ]
+
+
+def _backend(name: str) -> Backend:
+    (found,) = (b for b in BACKENDS if b.name == name)
+    return found
+
+
+def _drop_everything(url: str) -> None:
+    with open_store(url) as store:
+        for table in store.list_tables():
+            store.drop_table(table)
+
+
+class _BackgroundDropper:
+    """Drops the tables of finished tests' HBase namespaces in a background thread (a drop
+    takes most of a second, and the next test need not wait for it)."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hbase-cleanup")
+        self._futures: list[Future[None]] = []
+
+    def drop_everything(self, url: str) -> None:
+        self._futures.append(self._pool.submit(_drop_everything, url))
+
+    def finish(self) -> None:
+        """Wait for every drop; re-raise the first that failed."""
+        self._pool.shutdown(wait=True)
+        for future in self._futures:
+            future.result()
+
+
+@pytest.fixture(scope="session")
+def hbase_cleanup() -> Iterator[_BackgroundDropper]:
+    dropper = _BackgroundDropper()
+    try:
+        yield dropper
+    finally:
+        dropper.finish()
+
+
+@contextlib.contextmanager
+def fresh_namespace(
+    request: pytest.FixtureRequest, backend: Backend, tmp_path: Path
+) -> Iterator[StoreNamespace]:
+    """A namespace of ``backend`` that no other test uses (see the module docstring)."""
+    token = f"pt{uuid.uuid4().hex[:10]}"
+    if not backend.needs_server:
+        directory = tmp_path / "store"
+        if directory.exists():  # a second namespace in one test
+            directory = tmp_path / f"store-{token}"
+        directory.mkdir()  # claimed now: a namespace asked for next gets another one
+        yield StoreNamespace(backend, backend.namespace_url(token, directory=directory))
+        return
+    url = backend.namespace_url(token, server_url=request.getfixturevalue("hbase_url"))
+    cleanup: _BackgroundDropper = request.getfixturevalue("hbase_cleanup")
+    try:
+        yield StoreNamespace(backend, url)
+    finally:
+        cleanup.drop_everything(url)
+
+
+@pytest.fixture(params=backend_params())
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreNamespace]:
+    with fresh_namespace(request, request.param, tmp_path) as namespace:
+        yield namespace
+
+
+@pytest.fixture(params=backend_params(shared=True))
+def shared_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreNamespace]:
+    with fresh_namespace(request, request.param, tmp_path) as namespace:
+        yield namespace
+
+
+@pytest.fixture(params=backend_params(needs_server=False))
+def local_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreNamespace]:
+    with fresh_namespace(request, request.param, tmp_path) as namespace:
+        yield namespace
+
+
+@pytest.fixture
+def store_url(backend: StoreNamespace) -> str:
+    return backend.url
+
+
+@pytest.fixture
+def shared_store_url(shared_backend: StoreNamespace) -> str:
+    return shared_backend.url
+
+
+@pytest.fixture
+def local_store_url(local_backend: StoreNamespace) -> str:
+    return local_backend.url
+
+
+@pytest.fixture
+def memory_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    with fresh_namespace(request, _backend("memory"), tmp_path) as namespace:
+        yield namespace.url
+
+
+@pytest.fixture
+def embedded_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    with fresh_namespace(request, _backend("embedded"), tmp_path) as namespace:
+        yield namespace.url
+
+
+@pytest.fixture
+def hbase_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh table prefix on the test HBase (mark the test ``hbase``)."""
+    with fresh_namespace(request, _backend("hbase"), tmp_path) as namespace:
+        yield namespace.url
+
+
+@pytest.fixture
+def store(backend: StoreNamespace) -> Iterator[Store]:
+    opened = backend.open()
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+# ------------------------------------------------------------------------------ clients
+
+
+def _create_table_t(client: percolator.Client) -> None:
+    client.create_table("t")
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """How the ``client`` fixture and :func:`connect_client` make a client."""
+
+    lock_ttl_ms: int = 500
+    lock_wait_ms: int = 3000
+    #: the oracle, unless the test's parameters name one: ``manual`` (:class:`ManualOracle`,
+    #: one process), ``store`` (persisted in the store, shared by processes), or ``shared``
+    #: (manual in memory, in the store elsewhere, so worker subprocesses can share it)
+    oracle: str = "manual"
+    #: run on every new client (creates the tables the tests use)
+    setup: Callable[[percolator.Client], None] = field(default=_create_table_t)
+
+
+@pytest.fixture
+def client_settings() -> ClientSettings:
+    return ClientSettings()
+
+
+def connect_client(
+    store: str | Store,
+    settings: ClientSettings,
+    oracle: str | None = None,
+    request: pytest.FixtureRequest | None = None,
+    *,
+    setup: bool = True,
+) -> percolator.Client:
+    """A client on ``store`` as ``settings`` say, with their setup run unless ``setup`` is
+    false; ``oracle`` (``manual``, ``store``, ``shared`` or ``grpc``, the last needing
+    ``request``) overrides theirs."""
+    kind = oracle or settings.oracle
+    url = store if isinstance(store, str) else store.url
+    chosen: str | ManualOracle | None
+    if kind == "shared":
+        kind = "manual" if url.startswith("memory:") else "store"
+    if kind == "manual":
+        chosen = ManualOracle()
+    elif kind == "store":
+        chosen = None
+    elif kind == "grpc":
+        assert request is not None, "the gRPC oracle comes from the grpc_oracle fixture"
+        chosen = request.getfixturevalue("grpc_oracle")
+    else:
+        raise ValueError(f"unknown oracle kind {kind!r}")
+    client = percolator.connect(
+        store, oracle=chosen, lock_ttl_ms=settings.lock_ttl_ms, lock_wait_ms=settings.lock_wait_ms
+    )
+    if setup:
+        settings.setup(client)
+    return client
+
+
+# (backend, oracle): every backend with the directory's oracle (``client_settings``); modules
+# marked ``every_oracle`` add the two real oracles on the quick backends, so the API and GC
+# suites also run against the persisted in-process oracle and the gRPC oracle service.
+CLIENT_PARAMS = [
+    pytest.param((p.values[0].name, None), id=p.id, marks=p.marks) for p in backend_params()
+]
+ORACLE_VARIANTS = [
+    pytest.param(("memory", "store"), id="memory-local-oracle"),
+    pytest.param(("embedded", "store"), id="embedded-local-oracle"),
+    pytest.param(("memory", "grpc"), id="memory-grpc-oracle"),
+]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "every_oracle: the client fixture also runs with the persisted and the gRPC oracle",
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "client" in metafunc.fixturenames:
+        every_oracle = metafunc.definition.get_closest_marker("every_oracle") is not None
+        params = CLIENT_PARAMS + (ORACLE_VARIANTS if every_oracle else [])
+        metafunc.parametrize("client", params, indirect=True)
+
+
+@pytest.fixture
+def client(
+    request: pytest.FixtureRequest, tmp_path: Path, client_settings: ClientSettings
+) -> Iterator[percolator.Client]:
+    backend_name, oracle = request.param
+    with fresh_namespace(request, _backend(backend_name), tmp_path) as namespace:
+        store = namespace.open()
+        try:
+            c = connect_client(store, client_settings, oracle, request)
+            try:
+                yield c
+            finally:
+                c.close()
+        finally:
+            store.close()
+
+
+@pytest.fixture(scope="session")
+def grpc_oracle(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real oracle server (subprocess) on its own embedded store, for the session."""
+    from tests.oracle.procs import OracleProcess
+
+    workdir = tmp_path_factory.mktemp("grpc-oracle")
+    server = OracleProcess(f"embedded:{workdir / 'store'}", workdir / "oracle.log").start()
+    yield f"grpc://{server.address}"
+    server.stop()
+
+
+@pytest.fixture
+def fast_observed_refresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 200 ms observed-set refresh interval (inherited by worker subprocesses), so that
+    registering an observer waits 0.2 s instead of 2 s."""
+    monkeypatch.setenv(OBSERVED_REFRESH_ENV, str(FAST_OBSERVED_REFRESH_MS))
+
+
+FAST_OBSERVED_REFRESH_MS = 200

@@ -22,15 +22,15 @@ from pathlib import Path
 import happybase
 import pytest
 
-from percolator.localhbase import (
+from percolator.store.url import parse_store_url
+from percolator.testing.localhbase import (
     HBaseLauncherError,
     HBaseStartError,
     LocalHBase,
     ensure_classpath,
     probe,
 )
-from percolator.localhbase.launcher import check_classpath, read_classpath
-from percolator.store.url import parse_store_url
+from percolator.testing.localhbase.launcher import check_classpath, read_classpath
 
 REPO = Path(__file__).resolve().parents[1]
 

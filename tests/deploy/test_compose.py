@@ -103,4 +103,4 @@ def test_the_images_install_the_project() -> None:
     hbase = (ROOT / "docker/hbase/Dockerfile").read_text()
     # The HBase image resolves the same pom the tests use.
     assert "percolator hbase classpath" in hbase
-    assert (ROOT / "percolator/localhbase/pom.xml").is_file()
+    assert (ROOT / "percolator/testing/localhbase/pom.xml").is_file()

@@ -46,11 +46,11 @@ def _start(url: str, log: Path, rng: random.Random, plugin_dir: Path) -> WorkerP
 
 @pytest.mark.parametrize("seed", TRIALS)
 def test_killed_workers_leave_the_derived_tables_exact(
-    shared_url: str, plugin_dir: Path, tmp_path: Path, seed: int
+    shared_store_url: str, plugin_dir: Path, tmp_path: Path, seed: int
 ) -> None:
-    small = shared_url.startswith("hbase")
+    small = shared_store_url.startswith("hbase")
     rng = random.Random(seed)
-    client = connect(shared_url)
+    client = connect(shared_store_url)
     pipeline.create_tables(client)
     docs = corpus.generate(40 if small else 60, seed=seed)
     batches: list[list[corpus.Change | corpus.Document]] = [list(docs)]
@@ -61,7 +61,7 @@ def test_killed_workers_leave_the_derived_tables_exact(
         current = corpus.apply_changes(current, changes)
 
     logs = iter(tmp_path / f"worker{i}.log" for i in range(1000))
-    workers = [_start(shared_url, next(logs), rng, plugin_dir) for _ in range(2)]
+    workers = [_start(shared_store_url, next(logs), rng, plugin_dir) for _ in range(2)]
     kills = 0
     try:
         for worker in workers:
@@ -73,19 +73,19 @@ def test_killed_workers_leave_the_derived_tables_exact(
                 for i, worker in enumerate(workers):
                     if not worker.alive():  # a crash failpoint fired
                         kills += 1
-                        workers[i] = _start(shared_url, next(logs), rng, plugin_dir)
+                        workers[i] = _start(shared_store_url, next(logs), rng, plugin_dir)
                 if rng.random() < 0.5:
                     i = rng.randrange(len(workers))
                     workers[i].kill()
                     kills += 1
-                    workers[i] = _start(shared_url, next(logs), rng, plugin_dir)
+                    workers[i] = _start(shared_store_url, next(logs), rng, plugin_dir)
         # Let the workers get into the backlog, then one last kill in the middle of it.
         time.sleep(rng.uniform(0.2, 1.0))
         for worker in workers:
             worker.kill()
         kills += len(workers)
         workers = [
-            WorkerProcess(shared_url, OBSERVERS, next(logs), plugin_dir=plugin_dir, threads=4)
+            WorkerProcess(shared_store_url, OBSERVERS, next(logs), plugin_dir=plugin_dir, threads=4)
             for _ in range(2)
         ]
         for worker in workers:

@@ -144,8 +144,8 @@ def test_a_canonical_document_moving_to_another_cluster_keeps_both_indexes(
     client.close()
 
 
-def test_a_worker_with_many_threads_matches_the_recompute(local_url: str) -> None:
-    client = connect(local_url)
+def test_a_worker_with_many_threads_matches_the_recompute(local_store_url: str) -> None:
+    client = connect(local_store_url)
     worker = Worker(
         client, pipeline.observers(), WorkerOptions(threads=8, scanners=2, idle_sleep_s=0.01)
     )

@@ -19,17 +19,17 @@ SCALE = {"embedded": (3, 6, 30, 8), "hbase": (2, 4, 12, 4)}
 
 
 def test_racing_workers_commit_at_most_one_run_per_change(
-    shared_url: str, plugin_dir: Path, tmp_path: Path
+    shared_store_url: str, plugin_dir: Path, tmp_path: Path
 ) -> None:
     workers_n, threads, cells_n, rounds = SCALE[
-        "hbase" if shared_url.startswith("hbase") else "embedded"
+        "hbase" if shared_store_url.startswith("hbase") else "embedded"
     ]
-    client = connect(shared_url)
+    client = connect(shared_store_url)
     helpers.create_tables(client)
     observers = ["run-logger", "mirror", "mirror-logger"]
     workers = [
         WorkerProcess(
-            shared_url,
+            shared_store_url,
             observers,
             tmp_path / f"worker{i}.log",
             plugin_dir=plugin_dir,

@@ -7,6 +7,7 @@ from percolator.oracle.lease import LeaseConfig, OracleNode, Role
 
 from percolator.errors import FencedError, InvalidArgumentError, OracleUnavailableError
 from percolator.layout import META_FAMILY, META_TABLE
+from percolator.testing import FaultyStore
 from percolator.timestamps import LOGICAL_BITS, compose
 from percolator.timestamps.record import (
     ORACLE_QUALIFIER,
@@ -14,7 +15,7 @@ from percolator.timestamps.record import (
     OracleRecord,
     OracleRecordRegister,
 )
-from tests.oracle.conftest import FakeClock, FaultyStore
+from tests.oracle.conftest import FakeClock
 
 CONFIG = LeaseConfig(lease_ms=600, window_ms=600, margin_ms=100, max_count=10_000)
 
@@ -187,7 +188,7 @@ def test_an_unknown_renewal_outcome_that_was_applied_counts_as_renewed(
 ) -> None:
     a = node(store, clock, "a")
     a.step()
-    store.cas_faults = ["applied"]
+    store.fail("compare_and_set", applied=True)
     clock.advance(CONFIG.renew_ms)
     a.step()
     assert a.role is Role.ACTIVE and a.info().renewals == 1
@@ -201,7 +202,7 @@ def test_an_unknown_renewal_outcome_that_was_not_applied_is_retried(
 ) -> None:
     a = node(store, clock, "a")
     a.step()
-    store.cas_faults = ["lost"]
+    store.fail("compare_and_set")
     clock.advance(CONFIG.renew_ms)
     a.step()
     assert a.role is Role.ACTIVE and a.info().renewals == 0
@@ -224,8 +225,8 @@ def test_an_unknown_outcome_with_a_foreign_record_fences(
             stored.raw, OracleRecord(epoch=7, high_water=stored.record.high_water, holder="z")
         )
 
-    store.before_cas = [someone_else_writes]
-    store.cas_faults = ["lost"]
+    store.before("compare_and_set", lambda _: someone_else_writes(), times=1)
+    store.fail("compare_and_set")
     clock.advance(CONFIG.renew_ms)
     a.step()
     assert a.role is Role.STANDBY
@@ -236,8 +237,8 @@ def test_a_store_outage_stops_serving_when_validity_runs_out(
 ) -> None:
     a = node(store, clock, "a")
     a.step()
-    store.cas_faults = ["lost"] * 3
-    store.failing_reads = 3
+    store.fail("compare_and_set", times=3)
+    store.fail("read_rows", times=3)
     for _ in range(3):  # three renewal periods: the validity (lease - margin) is used up
         clock.advance(CONFIG.renew_ms)
         a.step()  # renewal fails, the unknown-outcome re-read fails too
@@ -273,7 +274,7 @@ def test_nothing_is_issued_above_the_mark_when_it_cannot_be_raised(
     room = persisted(store).high_water - compose(clock.wall) + 1  # one millisecond's worth
     assert room == (1 << LOGICAL_BITS) + 1
     a.allocate(room - 1)
-    store.cas_faults = ["lost"]
+    store.fail("compare_and_set")
     with pytest.raises(OracleUnavailableError, match="cannot persist"):
         a.allocate(2)
     assert a.info().last_issued == persisted(store).high_water - 1

@@ -6,16 +6,16 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
 
 import pytest
 from percolator.oracle.lease import LeaseConfig, OracleNode, Role
 
 from percolator.errors import OracleError, OracleUnavailableError
 from percolator.store import open_store
+from percolator.testing import FaultyStore
 from percolator.timestamps import LocalOracle, compose
 from percolator.timestamps.record import OracleRecord, OracleRecordRegister
-from tests.oracle.conftest import FakeClock, FaultyStore
+from tests.oracle.conftest import FakeClock
 from tests.oracle.procs import REPO, Call, check_real_time_order
 
 
@@ -112,7 +112,7 @@ def test_refuses_while_an_oracle_server_holds_a_live_lease(
 def test_an_unknown_outcome_that_was_applied_is_used(store: FaultyStore) -> None:
     oracle = LocalOracle(store)
     t1 = oracle.get_timestamp()
-    store.cas_faults = ["applied"]
+    store.fail("compare_and_set", applied=True)
     t2 = oracle.get_timestamp()
     assert t2 == mark(store) and t2 > t1
 
@@ -120,7 +120,7 @@ def test_an_unknown_outcome_that_was_applied_is_used(store: FaultyStore) -> None
 def test_an_unknown_outcome_that_was_not_applied_is_retried(store: FaultyStore) -> None:
     oracle = LocalOracle(store)
     t1 = oracle.get_timestamp()
-    store.cas_faults = ["lost", "lost"]
+    store.fail("compare_and_set", times=2)
     t2 = oracle.get_timestamp()
     assert t2 == mark(store) and t2 > t1
 
@@ -130,18 +130,9 @@ def test_an_unknown_outcome_overtaken_by_another_writer_is_not_used(store: Fault
     a.get_timestamp()
     # a's write is applied, the reply lost, and b writes on top before a re-reads: a cannot
     # prove its range was reserved, so it must reserve another one.
-    store.cas_faults = ["applied"]
-    store.before_cas = [lambda: None]
-    original_read = store.read_rows
-    state = {"b_done": False}
-
-    def read_rows(*args: Any, **kwargs: Any) -> Any:
-        if not state["b_done"]:
-            state["b_done"] = True
-            b.get_timestamp()
-        return original_read(*args, **kwargs)
-
-    store.read_rows = read_rows  # type: ignore[method-assign]
+    store.fail("compare_and_set", applied=True)
+    # b takes its timestamp just before a's first read after that: a's re-read.
+    store.before("read_rows", lambda _: b.get_timestamp(), times=1)
     t_a = a.get_timestamp()
     assert t_a == mark(store)
     assert store.stats.calls["compare_and_set"] >= 4
@@ -150,8 +141,8 @@ def test_an_unknown_outcome_overtaken_by_another_writer_is_not_used(store: Fault
 def test_a_store_that_stays_down_gives_a_clear_error(store: FaultyStore) -> None:
     oracle = LocalOracle(store, timeout_s=0.2)
     oracle.get_timestamp()
-    store.cas_faults = ["lost"] * 10_000
-    store.failing_reads = 10_000
+    store.fail("compare_and_set", times=None)
+    store.fail("read_rows", times=None)
     with pytest.raises(OracleUnavailableError, match="could not reserve timestamps in memory:"):
         oracle.get_timestamp()
 

@@ -86,25 +86,25 @@ def check_written_once(url: str, rows: list[tuple[str, str, int]]) -> None:
 
 
 def test_backfill_parquet_writes_every_row_once(
-    spark: Any, store_url: str, tmp_path: Path
+    spark: Any, shared_store_url: str, tmp_path: Path
 ) -> None:
     rows = item_rows()
     path = write_parquet(spark, tmp_path / "in.parquet", rows, files=3)
     lines: list[str] = []
-    report = run_backfill(spark, options(store_url, path), progress=lines.append)
+    report = run_backfill(spark, options(shared_store_url, path), progress=lines.append)
     assert (report.rows_read, report.rows_good, report.rows_written) == (ROWS, ROWS, ROWS)
     assert report.rows_skipped == 0 and report.bad_rows == 0
     assert report.batches_written >= ROWS // 20
-    check_written_once(store_url, rows)
+    check_written_once(shared_store_url, rows)
     assert any("rows done" in line for line in lines) or report.seconds < 0.2
     assert "240 written" in lines[-1]
 
     # A re-run of the finished job writes nothing and skips every batch.
-    again = run_backfill(spark, options(store_url, path))
+    again = run_backfill(spark, options(shared_store_url, path))
     assert (again.rows_written, again.rows_skipped) == (0, ROWS)
     assert again.batches_skipped == report.batches_written
     assert again.job_id == report.job_id
-    check_written_once(store_url, rows)
+    check_written_once(shared_store_url, rows)
 
 
 def test_task_failing_on_first_attempt_is_retried_without_rewriting(
@@ -132,11 +132,11 @@ def test_killed_python_worker_is_retried_without_rewriting(
 
 
 def test_rerun_after_failed_job_writes_each_row_once_and_observers_run_once(
-    spark: Any, store_url: str, tmp_path: Path
+    spark: Any, shared_store_url: str, tmp_path: Path
 ) -> None:
     rows = item_rows()
     path = write_json(tmp_path / "in", rows, files=2)
-    with connect(store_url) as client:
+    with connect(shared_store_url) as client:
         # Live observers run while the job writes: a row written twice would be seen twice.
         worker = Worker(client, [RunCounter()], WorkerOptions(threads=2, idle_sleep_s=0.02))
         worker.start()
@@ -146,16 +146,16 @@ def test_rerun_after_failed_job_writes_each_row_once_and_observers_run_once(
             inject = InjectedFailure(after_batches=1, action="raise", attempts=4,
                                      partitions=(0,))
             with pytest.raises(SparkJobError, match="injected failure in partition 0"):
-                run_backfill(spark, options(store_url, path, inject_failure=inject))
+                run_backfill(spark, options(shared_store_url, path, inject_failure=inject))
             partial = table_rows(client, ITEMS)
             assert 0 < len(partial) < ROWS
-            report = run_backfill(spark, options(store_url, path))
+            report = run_backfill(spark, options(shared_store_url, path))
             assert report.rows_skipped == len(partial)
             assert report.rows_written + report.rows_skipped == ROWS
         finally:
             worker.stop(drain_timeout_s=10)
         run_until_quiet(client, [RunCounter()])
-        check_written_once(store_url, rows)
+        check_written_once(shared_store_url, rows)
         counts = runs_per_row(client)
         assert set(counts) == {key.encode() for key, _, _ in rows}
         assert set(counts.values()) == {1}, {k: n for k, n in counts.items() if n != 1}

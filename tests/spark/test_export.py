@@ -43,9 +43,9 @@ def _transfer(client: percolator.Client, rng: random.Random) -> None:
 
 @pytest.mark.spark
 def test_exports_during_a_bank_workload_always_sum_to_the_total(
-    spark: Any, store_url: str
+    spark: Any, shared_store_url: str
 ) -> None:
-    with connect(store_url) as client:
+    with connect(shared_store_url) as client:
         client.create_table(BANK)
 
         def open_accounts(txn: Transaction) -> None:
@@ -73,8 +73,9 @@ def test_exports_during_a_bank_workload_always_sum_to_the_total(
             seen = []
             for _ in range(3):
                 before = transfers[0]
-                export = export_table(spark, ExportOptions(store_url, BANK, columns=("balance",),
-                                                           splits=3))
+                export = export_table(
+                    spark, ExportOptions(shared_store_url, BANK, columns=("balance",), splits=3)
+                )
                 rows = export.df.collect()
                 balances = {bytes(r["row"]): int(bytes(r["balance"])) for r in rows}
                 assert len(balances) == ACCOUNTS

@@ -33,17 +33,17 @@ def write_corpus_json(path: Path, docs: list[corpus.Document]) -> None:
 
 
 def test_incremental_tables_equal_the_spark_recompute(
-    spark: Any, store_url: str, tmp_path: Path
+    spark: Any, shared_store_url: str, tmp_path: Path
 ) -> None:
     docs = corpus.generate(80, seed=7)
     source = tmp_path / "docs.jsonl"
     write_corpus_json(source, docs)
     observers = pipeline.observers()
-    with connect(store_url) as client:
+    with connect(shared_store_url) as client:
         pipeline.create_tables(client)
         register_observers(client, observers)
         run_backfill(spark, BackfillOptions(
-            store=store_url, table=reference.DOCUMENTS, inputs=(str(source),), key="url",
+            store=shared_store_url, table=reference.DOCUMENTS, inputs=(str(source),), key="url",
             batch_size=10,
         ))
         run_until_quiet(client, observers)
@@ -51,7 +51,7 @@ def test_incremental_tables_equal_the_spark_recompute(
 
         def spark_tables() -> reference.Tables:
             export = export_table(spark, ExportOptions(
-                store_url, reference.DOCUMENTS, columns=("body", "links"), splits=3))
+                shared_store_url, reference.DOCUMENTS, columns=("body", "links"), splits=3))
             return collect_tables(recompute(spark, export.df))
 
         incremental = reference.read_derived(client.snapshot())

@@ -22,8 +22,8 @@ import pytest
 from percolator.errors import InvalidArgumentError, TableExistsError, TableNotFoundError
 from percolator.store import MAX_VERSION, Delete, FamilySpec, Put, RowCells, ScanOptions, Store
 from percolator.store.base import MAX_ROW_LENGTH
+from tests.conftest import StoreNamespace
 from tests.store._store_worker import cas_chain, cas_counter, read_cell
-from tests.store.conftest import Backend
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -231,7 +231,9 @@ def test_put_is_idempotent_and_the_later_value_wins(store: Store, table: str) ->
     assert versions_of(store, table, b"r", "d", b"q") == [(5, b"b")]
 
 
-def test_several_clients_see_each_others_writes(backend: Backend, store: Store, table: str) -> None:
+def test_several_clients_see_each_others_writes(
+    backend: StoreNamespace, store: Store, table: str
+) -> None:
     with backend.open() as other:
         other.put(table, [Put(b"r", "d", b"q", 1, b"from other")])
         assert store.read_row(table, b"r") == {("d", b"q"): [(1, b"from other")]}
@@ -700,7 +702,9 @@ def test_threads_racing_a_chain_each_round_won_once(store: Store, table: str) ->
     assert sorted(r for w in won for r in w) == list(range(1, rounds + 1))
 
 
-def test_threads_cas_counter_loses_no_increment(backend: Backend, store: Store, table: str) -> None:
+def test_threads_cas_counter_loses_no_increment(
+    backend: StoreNamespace, store: Store, table: str
+) -> None:
     threads, per_thread = 4, 25
     # Half the threads share the test's client, half open their own.
     clients = [store if i % 2 == 0 else backend.open() for i in range(threads)]
@@ -754,7 +758,7 @@ def test_row_puts_are_atomic_and_row_reads_are_snapshots(store: Store, table: st
 
 
 def run_workers(
-    backend: Backend, table: str, argv_list: Sequence[Sequence[str]]
+    backend: StoreNamespace, table: str, argv_list: Sequence[Sequence[str]]
 ) -> list[dict[str, object]]:
     """Start one worker per argv, release them together, return their JSON results."""
     procs = [
@@ -796,7 +800,7 @@ def run_workers(
                 proc.wait()
 
 
-def test_processes_racing_a_chain_each_round_won_once(shared_backend: Backend) -> None:
+def test_processes_racing_a_chain_each_round_won_once(shared_backend: StoreNamespace) -> None:
     with shared_backend.open() as store:
         store.create_table("t", FAMILIES)
         workers, rounds = 4, 40
@@ -809,7 +813,7 @@ def test_processes_racing_a_chain_each_round_won_once(shared_backend: Backend) -
         assert final is not None and final.startswith(b"%d:" % rounds)
 
 
-def test_processes_cas_counter_ends_at_exact_total(shared_backend: Backend) -> None:
+def test_processes_cas_counter_ends_at_exact_total(shared_backend: StoreNamespace) -> None:
     with shared_backend.open() as store:
         store.create_table("t", FAMILIES)
         workers, per_worker = 4, 50

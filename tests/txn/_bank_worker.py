@@ -10,7 +10,7 @@
 
     python tests/txn/_bank_worker.py append URL --table T --keys k1,k2 --count M --seed S
                                             --index I --out FILE [--lock-ttl-ms MS]
-        Runs the list-append workload of :mod:`percolator.history` and writes every recorded
+        Runs the list-append workload of :mod:`percolator.testing.history` and writes every recorded
         attempt to FILE (JSON lines).  Transaction ids and elements start at (I+1) * 10**9,
         so histories of several workers can be checked together.
 
@@ -29,8 +29,9 @@ from collections import Counter
 from collections.abc import Sequence
 
 import percolator
-from percolator import failpoints, history
+from percolator import failpoints
 from percolator.errors import PercolatorError
+from percolator.testing import history
 from percolator.transaction import Snapshot, Transaction
 
 BALANCE = "balance"

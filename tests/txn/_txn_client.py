@@ -30,7 +30,6 @@ say which attempt was in flight when the process died, and what the client was t
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
@@ -38,15 +37,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import percolator
 from percolator.errors import PercolatorError, UndeterminedCommitError
-from percolator.store import open_store
 from tests.txn.raw_inspect import (
     COMMITTED,
     ROLLED_BACK,
@@ -451,24 +448,6 @@ def settle_and_judge(client: percolator.Client, accounts: int) -> Verdict:
         f"balances {balances} differ from initial balances plus committed transfers {expected}"
     )
     return Verdict(views, histories, read_values)
-
-
-@contextlib.contextmanager
-def hbase_namespace(base_url: str, tag: str) -> Iterator[str]:
-    """``base_url`` with a fresh table prefix (starting with ``tag``); every table under it
-    is dropped on exit, so tests never leave anything on a shared HBase."""
-    import uuid
-
-    parts = urlsplit(base_url)
-    options = dict(parse_qsl(parts.query, keep_blank_values=True))
-    options["prefix"] = options.get("prefix", "") + f"{tag}{uuid.uuid4().hex[:10]}_"
-    url = urlunsplit(parts._replace(query=urlencode(options)))
-    try:
-        yield url
-    finally:
-        with open_store(url) as store:
-            for table in store.list_tables():
-                store.drop_table(table)
 
 
 def process_state(pid: int) -> str:

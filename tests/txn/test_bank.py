@@ -24,8 +24,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,7 +33,7 @@ import percolator
 from percolator.errors import PercolatorError
 from percolator.layout import DATA, LOCK, WRITE
 from percolator.records import Kind, LockCell, WriteRecord
-from percolator.store import Store, open_store
+from percolator.store import Store
 from percolator.testing import ManualOracle
 from tests.txn._bank_worker import (
     BALANCE,
@@ -54,25 +52,6 @@ LOCK_TTL_MS = 300
 
 
 # ------------------------------------------------------------------------------ fixtures
-
-
-@pytest.fixture(
-    params=[
-        pytest.param("embedded", id="embedded"),
-        pytest.param("hbase", id="hbase", marks=pytest.mark.hbase),
-    ]
-)
-def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A fresh store namespace several processes can share; HBase tables dropped after."""
-    if request.param == "embedded":
-        yield f"embedded:{tmp_path / 'store'}"
-        return
-    base: str = request.getfixturevalue("hbase_url")
-    url = f"{base}{'&' if '?' in base else '?'}prefix=bank{uuid.uuid4().hex[:10]}_"
-    yield url
-    with open_store(url) as store:
-        for table in store.list_tables():
-            store.drop_table(table)
 
 
 # ------------------------------------------------------------------------------ checks
@@ -252,16 +231,18 @@ def worker_lines(out: Path) -> list[dict[str, object]]:
     return lines
 
 
-def test_bank_processes(shared_url: str, tmp_path: Path) -> None:
+def test_bank_processes(shared_store_url: str, tmp_path: Path) -> None:
     """Three worker processes transfer and sum snapshots on one store while this process
     sums snapshots too; every sum is the total, and so is the final raw state."""
-    hbase = shared_url.startswith("hbase")
+    hbase = shared_store_url.startswith("hbase")
     transfers = 10 if hbase else 40
-    client = percolator.connect(shared_url, lock_ttl_ms=LOCK_TTL_MS, lock_wait_ms=10_000)
+    client = percolator.connect(shared_store_url, lock_ttl_ms=LOCK_TTL_MS, lock_wait_ms=10_000)
     create_accounts(client, TABLE, ACCOUNTS, TOTAL)
     outs = [tmp_path / f"worker{n}.out" for n in range(3)]
     with Readers(client, threads=1) as readers:
-        procs = [spawn(shared_url, out, seed=n, transfers=transfers) for n, out in enumerate(outs)]
+        procs = [
+            spawn(shared_store_url, out, seed=n, transfers=transfers) for n, out in enumerate(outs)
+        ]
         codes = [p.wait(timeout=120) for p in procs]
     for out, code in zip(outs, codes, strict=True):
         assert code == 0, f"worker failed ({code}):\n{out.read_text()[-3000:]}"
@@ -276,13 +257,13 @@ def test_bank_processes(shared_url: str, tmp_path: Path) -> None:
     client.close()
 
 
-def test_bank_crashes(shared_url: str, tmp_path: Path) -> None:
-    crash_run(shared_url, tmp_path, 4.0 if shared_url.startswith("hbase") else 5.0)
+def test_bank_crashes(shared_store_url: str, tmp_path: Path) -> None:
+    crash_run(shared_store_url, tmp_path, 4.0 if shared_store_url.startswith("hbase") else 5.0)
 
 
 @pytest.mark.slow
-def test_bank_crashes_soak(shared_url: str, tmp_path: Path) -> None:
-    crash_run(shared_url, tmp_path, 60.0)
+def test_bank_crashes_soak(shared_store_url: str, tmp_path: Path) -> None:
+    crash_run(shared_store_url, tmp_path, 60.0)
 
 
 def crash_run(url: str, tmp_path: Path, duration_s: float) -> None:

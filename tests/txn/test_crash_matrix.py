@@ -25,7 +25,6 @@ client); ``slow`` does many, alone and with one or two concurrent clients.  On H
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +36,6 @@ from tests.txn._txn_client import (
     ClientProcess,
     Report,
     Verdict,
-    hbase_namespace,
     settle_and_judge,
     setup_bank,
 )
@@ -193,18 +191,6 @@ def run_trial(
 
 
 # --------------------------------------------------------------------------- stores
-
-
-@pytest.fixture
-def embedded_url(tmp_path: Path) -> str:
-    return f"embedded:{tmp_path / 'store'}"
-
-
-@pytest.fixture
-def hbase_store_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fresh table prefix on the test HBase; its tables are dropped afterwards."""
-    with hbase_namespace(request.getfixturevalue("hbase_url"), "cm") as url:
-        yield url
 
 
 # --------------------------------------------------------------------------- the matrix

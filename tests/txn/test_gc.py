@@ -11,6 +11,9 @@ from percolator.errors import SafePointError
 from percolator.layout import DATA, WRITE
 from percolator.protocol.gc import lock_report, read_safe_point
 
+# Garbage collection on every backend, and with every kind of oracle.
+pytestmark = pytest.mark.every_oracle
+
 
 def versions(client: percolator.Client, family: str, row: bytes, column: str) -> list[int]:
     cells = client.store.read_row("t", row, columns=[(family, column.encode())], max_versions=1000)

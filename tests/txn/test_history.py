@@ -1,4 +1,4 @@
-"""Isolation evidence from list-append histories (percolator/history.py).
+"""Isolation evidence from list-append histories (percolator/testing/history.py).
 
 1. The checker on hand-written histories: every anomaly kind is found, write skew is
    reported as allowed, clean histories pass.
@@ -22,17 +22,24 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
 import percolator
-from percolator import failpoints, history
+from percolator import failpoints
 from percolator.committer import CommitResult, Committer
 from percolator.errors import InvalidArgumentError, PercolatorError, UndeterminedCommitError
-from percolator.history import (
+from percolator.protocol import prewrite as prewrite_module
+from percolator.protocol import read as read_module
+from percolator.protocol.cells import CellKey, RawCell, fetch_cells
+from percolator.protocol.commit import commit_cell, write_record_puts
+from percolator.records import LockCell
+from percolator.resolver import LockResolver
+from percolator.store import Store
+from percolator.testing import ManualOracle, history
+from percolator.testing.history import (
     ABORTED,
     COMMITTED,
     UNDETERMINED,
@@ -45,14 +52,6 @@ from percolator.history import (
     decode_list,
     encode_list,
 )
-from percolator.protocol import prewrite as prewrite_module
-from percolator.protocol import read as read_module
-from percolator.protocol.cells import CellKey, RawCell, fetch_cells
-from percolator.protocol.commit import commit_cell, write_record_puts
-from percolator.records import LockCell
-from percolator.resolver import LockResolver
-from percolator.store import Store, open_store
-from percolator.testing import ManualOracle
 from tests.txn._bank_worker import FailpointChaos
 
 WORKER = Path(__file__).with_name("_bank_worker.py")
@@ -367,25 +366,6 @@ def test_threads_history_has_no_anomalies(store: Store, store_url: str, faults: 
     client.close()
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("embedded", id="embedded"),
-        pytest.param("hbase", id="hbase", marks=pytest.mark.hbase),
-    ]
-)
-def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A fresh store namespace several processes can share; HBase tables dropped after."""
-    if request.param == "embedded":
-        yield f"embedded:{tmp_path / 'store'}"
-        return
-    base: str = request.getfixturevalue("hbase_url")
-    url = f"{base}{'&' if '?' in base else '?'}prefix=hist{uuid.uuid4().hex[:10]}_"
-    yield url
-    with open_store(url) as store:
-        for table in store.list_tables():
-            store.drop_table(table)
-
-
 # Failpoints for the worker processes (through PERCOLATOR_FAILPOINTS); each fires once.
 WORKER_FAILPOINTS = [
     "",
@@ -394,10 +374,10 @@ WORKER_FAILPOINTS = [
 ]
 
 
-def test_processes_history_has_no_anomalies(shared_url: str, tmp_path: Path) -> None:
+def test_processes_history_has_no_anomalies(shared_store_url: str, tmp_path: Path) -> None:
     """Three processes (two with failpoints) share one store and its oracle."""
-    count = 10 if shared_url.startswith("hbase") else 40
-    client = percolator.connect(shared_url, lock_ttl_ms=LOCK_TTL_MS, lock_wait_ms=5000)
+    count = 10 if shared_store_url.startswith("hbase") else 40
+    client = percolator.connect(shared_store_url, lock_ttl_ms=LOCK_TTL_MS, lock_wait_ms=5000)
     client.create_table(TABLE)
     procs = []
     for n, spec in enumerate(WORKER_FAILPOINTS):
@@ -409,7 +389,7 @@ def test_processes_history_has_no_anomalies(shared_url: str, tmp_path: Path) -> 
             sys.executable,
             str(WORKER),
             "append",
-            shared_url,
+            shared_store_url,
             f"--table={TABLE}",
             f"--keys={','.join(KEYS)}",
             f"--count={count}",

@@ -17,8 +17,6 @@ bound would fail it.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -27,7 +25,6 @@ from percolator.timestamps import now_ms, physical_ms
 from tests.txn._txn_client import (
     CELLS_PER_TRANSFER,
     ClientProcess,
-    hbase_namespace,
     read_every_cell,
     settle_and_judge,
     setup_bank,
@@ -100,17 +97,6 @@ def run_cleanup(store_url: str, *, pause_at: str, read_after_expiry: bool) -> fl
         return elapsed
     finally:
         client.close()
-
-
-@pytest.fixture
-def embedded_url(tmp_path: Path) -> str:
-    return f"embedded:{tmp_path / 'store'}"
-
-
-@pytest.fixture
-def hbase_store_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    with hbase_namespace(request.getfixturevalue("hbase_url"), "lc") as url:
-        yield url
 
 
 CASES = [

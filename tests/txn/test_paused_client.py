@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -35,12 +33,11 @@ from percolator.layout import LOCK
 from percolator.protocol.resolve import ALIVE
 from percolator.records import LockCell, LockInfo
 from percolator.store.memory import MemoryStore
-from percolator.testing import ProtocolHarness
+from percolator.testing import Call, FaultyStore, ProtocolHarness
 from percolator.timestamps import now_ms, physical_ms
 from tests.txn._txn_client import (
     CELLS_PER_TRANSFER,
     ClientProcess,
-    hbase_namespace,
     read_every_cell,
     settle_and_judge,
     setup_bank,
@@ -141,31 +138,22 @@ def run_paused_commit(
         client.close()
 
 
-class _HeartbeatLandsFirst(MemoryStore):
-    """Once armed, lets the lock holder's heartbeat (a compare-and-set extending the TTL by
-    a minute) reach the lock cell just before the first compare-and-set that removes a
-    lock: the race between a committer waking up and a resolver that found it expired."""
+def let_a_heartbeat_land_first(store: FaultyStore) -> None:
+    """Let the lock holder's heartbeat (a compare-and-set extending the TTL by a minute) reach
+    the lock cell just before the first compare-and-set that removes a lock: the race between
+    a committer waking up and a resolver that found it expired."""
 
-    armed = False
+    def removes_a_lock(call: Call) -> bool:
+        return bool(call["family"] == LOCK and LockCell.decode(call["new"]).lock is None)
 
-    def compare_and_set(
-        self,
-        table: str,
-        row: bytes,
-        family: str,
-        qualifier: bytes,
-        expected: bytes | None,
-        new: bytes,
-    ) -> bool:
-        if self.armed and family == LOCK and LockCell.decode(new).lock is None:
-            self.armed = False
-            cell = LockCell.decode(expected)
-            assert cell.lock is not None
-            extended = cell.with_lock(replace(cell.lock, ttl_ms=cell.lock.ttl_ms + 60_000))
-            assert super().compare_and_set(
-                table, row, family, qualifier, expected, extended.encode()
-            )
-        return super().compare_and_set(table, row, family, qualifier, expected, new)
+    def heartbeat(call: Call) -> None:
+        cell = LockCell.decode(call["expected"])
+        assert cell.lock is not None
+        extended = cell.with_lock(replace(cell.lock, ttl_ms=cell.lock.ttl_ms + 60_000))
+        args = (call["table"], call["row"], call["family"], call["qualifier"])
+        assert store.inner.compare_and_set(*args, call["expected"], extended.encode())
+
+    store.before("compare_and_set", heartbeat, when=removes_a_lock, times=1)
 
 
 def test_resolver_respects_a_heartbeat_that_lands_before_its_rollback() -> None:
@@ -173,25 +161,14 @@ def test_resolver_respects_a_heartbeat_that_lands_before_its_rollback() -> None:
     heartbeat extends the lock first, so the rollback's compare-and-set fails.  The lock is
     alive again: the resolver must look again (percolator/protocol/resolve.py says so), not
     roll back a transaction that just showed it is alive."""
-    store = _HeartbeatLandsFirst()
+    store = FaultyStore(MemoryStore())
     h = ProtocolHarness(store)
     h.must_prewrite([(b"k", "c", b"v")], primary=(b"k", "c"), start_ts=h.ts(10), ttl_ms=100)
     h.clock_ms = h.base_ms + 10 + 101  # past the first TTL, well within the extended one
-    store.armed = True
+    let_a_heartbeat_land_first(store)
     status = h.status((b"k", "c"), h.ts(10))
     assert status.state == ALIVE, f"{status}; lock cell now {h.lock_cell(b'k', 'c')}"
     h.must_locked(b"k", "c", h.ts(10))
-
-
-@pytest.fixture
-def embedded_url(tmp_path: Path) -> str:
-    return f"embedded:{tmp_path / 'store'}"
-
-
-@pytest.fixture
-def hbase_store_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    with hbase_namespace(request.getfixturevalue("hbase_url"), "pc") as url:
-        yield url
 
 
 def test_paused_before_commit_point_is_aborted(embedded_url: str) -> None:

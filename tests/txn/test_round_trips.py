@@ -9,27 +9,16 @@ the transaction read, so a commit in between fails it and the cell is re-read.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 import percolator
 from percolator.errors import ConflictError
-from percolator.testing import ManualOracle
-from tests.txn.conftest import BACKENDS, _open, backend_url
+from tests.conftest import ClientSettings
 
 
-@pytest.fixture(params=BACKENDS)
-def client(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[percolator.Client]:
-    stores = _open(backend_url(request, request.param, tmp_path))
-    store = next(stores)
-    c = percolator.connect(store, oracle=ManualOracle(), lock_ttl_ms=2000, lock_wait_ms=2000)
-    c.create_table("t")
-    yield c
-    c.close()
-    for _ in stores:
-        pass
+@pytest.fixture
+def client_settings() -> ClientSettings:
+    return ClientSettings(lock_ttl_ms=2000, lock_wait_ms=2000)
 
 
 def reads_and_writes(client: percolator.Client) -> dict[str, int]:

@@ -16,6 +16,9 @@ from percolator.errors import (
 from percolator.protocol.gc import lock_report
 from percolator.transaction import TxnStatus
 
+# The client API on every backend, and with every kind of oracle.
+pytestmark = pytest.mark.every_oracle
+
 
 def test_set_get_delete_and_commit_timestamps(client: percolator.Client) -> None:
     with client.transaction() as txn:

@@ -28,7 +28,7 @@ import socket
 import struct
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -46,13 +46,11 @@ from percolator.errors import (
 )
 from percolator.layout import WRITE
 from percolator.store import Store
-from percolator.store.base import Put
 from percolator.store.memory import MemoryStore
-from percolator.testing import ManualOracle
+from percolator.testing import FaultyStore, ManualOracle
 from percolator.timestamps import TimestampOracle
 from tests.txn._txn_client import (
     ClientProcess,
-    hbase_namespace,
     run_transfers,
     settle_and_judge,
     setup_bank,
@@ -333,28 +331,21 @@ def test_run_does_not_reapply_a_transaction_committed_before_a_later_error() -> 
         client.close()
 
 
-class _InterruptedAfterCommitPoint(MemoryStore):
-    """A memory store that raises KeyboardInterrupt (Ctrl-C) on the first write-record put
-    once armed: the committer writes write records only after its commit point."""
-
-    armed = False
-
-    def put(self, table: str, puts: Sequence[Put]) -> None:
-        if self.armed and any(p.family == WRITE for p in puts):
-            self.armed = False
-            raise KeyboardInterrupt
-        super().put(table, puts)
-
-
 def test_interrupt_after_commit_point_is_not_reported_as_rollback() -> None:
     """An exception that is not a store error (Ctrl-C, a bug) after the commit point must not
     make a committed transaction claim it was rolled back."""
-    store = _InterruptedAfterCommitPoint()
+    store = FaultyStore(MemoryStore())
     client = make_client(store, ManualOracle())
     try:
         cells = fresh_cells()
         txn = start_commit(client, cells)
-        store.armed = True
+        # Ctrl-C on the first write-record put: the committer writes write records only
+        # after its commit point.
+        store.fail(
+            "put",
+            when=lambda call: any(p.family == WRITE for p in call["puts"]),
+            error=KeyboardInterrupt,
+        )
         with pytest.raises(KeyboardInterrupt):
             txn.commit()
         check_outcome(client, cells, txn.start_ts, committed=True)
@@ -487,32 +478,30 @@ def primary_commit_request(primary_row: bytes, start_ts: int) -> Callable[[bytes
 
 @pytest.mark.hbase
 @pytest.mark.parametrize("applied", [False, True], ids=["request-lost", "reply-lost"])
-def test_cut_connection_during_primary_commit(
-    request: pytest.FixtureRequest, applied: bool
-) -> None:
-    with hbase_namespace(request.getfixturevalue("hbase_url"), "ud") as direct_url:
-        parts = urlsplit(direct_url)
-        assert parts.hostname is not None and parts.port is not None
-        oracle = ManualOracle()
-        reader = make_client(direct_url, oracle)
-        proxy = CuttingProxy((parts.hostname, parts.port), drop_reply=applied)
-        # The transaction that gets cut runs on a client connected through the proxy.
-        proxied_url = parts._replace(netloc=f"127.0.0.1:{proxy.port}").geturl()
-        client: percolator.Client | None = None
-        try:
-            client = make_client(proxied_url, oracle)
-            cells = fresh_cells()
-            txn = start_commit(client, cells)
-            proxy.arm(primary_commit_request(min(cells)[1], txn.start_ts))
-            with pytest.raises(PercolatorError) as caught:
-                txn.commit()
-            assert proxy.cut.is_set(), "the proxy never saw the primary's commit"
-            assert proxy.reply_swallowed.is_set() is applied
-            assert isinstance(caught.value.__cause__, StoreUnavailableError)
-            check_undetermined(caught.value, txn)
-            check_outcome(reader, cells, txn.start_ts, committed=applied)
-        finally:
-            if client is not None:
-                client.close()
-            proxy.close()
-            reader.close()
+def test_cut_connection_during_primary_commit(hbase_store_url: str, applied: bool) -> None:
+    direct_url = hbase_store_url
+    parts = urlsplit(direct_url)
+    assert parts.hostname is not None and parts.port is not None
+    oracle = ManualOracle()
+    reader = make_client(direct_url, oracle)
+    proxy = CuttingProxy((parts.hostname, parts.port), drop_reply=applied)
+    # The transaction that gets cut runs on a client connected through the proxy.
+    proxied_url = parts._replace(netloc=f"127.0.0.1:{proxy.port}").geturl()
+    client: percolator.Client | None = None
+    try:
+        client = make_client(proxied_url, oracle)
+        cells = fresh_cells()
+        txn = start_commit(client, cells)
+        proxy.arm(primary_commit_request(min(cells)[1], txn.start_ts))
+        with pytest.raises(PercolatorError) as caught:
+            txn.commit()
+        assert proxy.cut.is_set(), "the proxy never saw the primary's commit"
+        assert proxy.reply_swallowed.is_set() is applied
+        assert isinstance(caught.value.__cause__, StoreUnavailableError)
+        check_undetermined(caught.value, txn)
+        check_outcome(reader, cells, txn.start_ts, committed=applied)
+    finally:
+        if client is not None:
+            client.close()
+        proxy.close()
+        reader.close()

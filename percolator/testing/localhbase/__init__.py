@@ -1,10 +1,10 @@
 """A real standalone HBase with its Thrift-1 gateway on this machine, from Maven Central's
 jars and without Docker: for development (``percolator hbase start``) and for the test suite.
 
-See :mod:`percolator.localhbase.launcher` and docs/hbase-local.md.
+See :mod:`percolator.testing.localhbase.launcher` and docs/hbase-local.md.
 """
 
-from percolator.localhbase.launcher import (
+from percolator.testing.localhbase.launcher import (
     HBaseLauncherError,
     HBaseStartError,
     HBaseStatus,

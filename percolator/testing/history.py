@@ -11,7 +11,7 @@ writes it contains.  Every attempt is recorded with its outcome: ``committed``, 
 (the engine said nothing was committed) or ``undetermined`` (the outcome is unknown), and with
 its ``start_ts`` and ``commit_ts`` when known.  :func:`run_list_append` runs this workload on a
 :class:`~percolator.Client`; :func:`check` needs nothing but the records, so any history in
-this format can be checked (``python -m percolator.history check FILE.jsonl``).
+this format can be checked (``python -m percolator.testing.history check FILE.jsonl``).
 
 The check (offline, deterministic)
 ----------------------------------
@@ -1093,9 +1093,9 @@ def settle_undetermined(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m percolator.history check FILE...``: check JSON-lines histories together;
+    """``python -m percolator.testing.history check FILE...``: check JSON-lines histories together;
     exit status 0 when no anomaly was found, 1 otherwise."""
-    parser = argparse.ArgumentParser(prog="python -m percolator.history")
+    parser = argparse.ArgumentParser(prog="python -m percolator.testing.history")
     sub = parser.add_subparsers(dest="command", required=True)
     check_parser = sub.add_parser("check", help="check list-append histories (JSON lines)")
     check_parser.add_argument("files", nargs="+", type=Path)

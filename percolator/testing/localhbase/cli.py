@@ -20,7 +20,7 @@ import json
 import shlex
 from pathlib import Path
 
-from percolator.localhbase.launcher import (
+from percolator.testing.localhbase.launcher import (
     DEFAULT_START_TIMEOUT_S,
     DEFAULT_STOP_GRACE_S,
     HBaseLauncherError,

@@ -9,7 +9,7 @@ manual clock, so a scenario reads like the protocol itself and needs no sleeps::
     h.must_commit_primary((b"k", "c"), h.ts(10), h.ts(11))
     h.must_get(b"k", "c", h.ts(12), b"v")
 
-Observer authors can use :class:`ManualOracle` and :func:`memory_client` in their own tests.
+Observer authors can use :class:`ManualOracle` with the ``memory:`` store in their own tests.
 """
 
 from __future__ import annotations

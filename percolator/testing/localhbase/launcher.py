@@ -275,13 +275,13 @@ def check_classpath(entries: list[str]) -> None:
     if len(bindings) != 1:
         raise HBaseLauncherError(
             f"the HBase classpath must hold exactly one slf4j binding, found {bindings}; "
-            "fix the exclusions in percolator/localhbase/pom.xml"
+            "fix the exclusions in percolator/testing/localhbase/pom.xml"
         )
     log4j1 = [name for name in names if _LOG4J1_IMPLEMENTATIONS.match(name)]
     if log4j1:
         raise HBaseLauncherError(
             f"the HBase classpath holds a log4j 1.x implementation {log4j1} next to "
-            "log4j-1.2-api; fix the exclusions in percolator/localhbase/pom.xml"
+            "log4j-1.2-api; fix the exclusions in percolator/testing/localhbase/pom.xml"
         )
 
 
