@@ -12,7 +12,13 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from percolator.protocol.cells import CellKey, RawCell
-from percolator.protocol.resolve import TxnStatus, check_txn_status, primary_of, resolve_lock
+from percolator.protocol.resolve import (
+    TxnOutcome,
+    TxnState,
+    check_txn_status,
+    primary_of,
+    resolve_lock,
+)
 from percolator.store.base import Store
 from percolator.timestamps import now_ms
 
@@ -28,7 +34,7 @@ class LockResolver:
         clock_ms: Callable[[], int] = now_ms,
     ) -> None:
         self._store = store
-        self._cache: OrderedDict[int, TxnStatus] = OrderedDict()
+        self._cache: OrderedDict[int, TxnOutcome] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
         self._clock_ms = clock_ms
@@ -36,14 +42,14 @@ class LockResolver:
         self.rolled_back = 0
         self.status_checks = 0
 
-    def cached_status(self, start_ts: int) -> TxnStatus | None:
+    def cached_status(self, start_ts: int) -> TxnOutcome | None:
         with self._lock:
             status = self._cache.get(start_ts)
             if status is not None:
                 self._cache.move_to_end(start_ts)
             return status
 
-    def remember(self, start_ts: int, status: TxnStatus) -> None:
+    def remember(self, start_ts: int, status: TxnOutcome) -> None:
         if not status.final:
             return
         with self._lock:
@@ -52,7 +58,7 @@ class LockResolver:
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
 
-    def status(self, primary: CellKey, start_ts: int) -> TxnStatus:
+    def status(self, primary: CellKey, start_ts: int) -> TxnOutcome:
         """The status of transaction ``start_ts`` (rolling its primary back if expired)."""
         cached = self.cached_status(start_ts)
         if cached is not None:
@@ -63,17 +69,17 @@ class LockResolver:
         self.remember(start_ts, status)
         return status
 
-    def resolve(self, raw: RawCell) -> TxnStatus:
+    def resolve(self, raw: RawCell) -> TxnOutcome:
         """Resolve the lock held in ``raw`` if its transaction is finished (or dead).
 
-        Returns the transaction's status; ``alive`` means the lock is still there and the
+        Returns the transaction's outcome; ALIVE means the lock is still there and the
         caller must wait (reader) or give up (writer)."""
         lock = raw.lock_cell.lock
         assert lock is not None
         status = self.status(primary_of(lock), lock.start_ts)
         if resolve_lock(self._store, raw.key, lock, raw.lock_bytes, status):
             with self._lock:
-                if status.state == "committed":
+                if status.state is TxnState.COMMITTED:
                     self.rolled_forward += 1
                 else:
                     self.rolled_back += 1

@@ -22,6 +22,7 @@ Every function here may be called concurrently by any number of clients and is i
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from percolator import failpoints
@@ -31,32 +32,35 @@ from percolator.protocol.commit import commit_cell
 from percolator.protocol.rollback import rollback_cell, try_rollback_cell
 from percolator.records import LockInfo, WriteRecord
 from percolator.store.base import Store
-from percolator.timestamps import now_ms, physical_ms
+from percolator.timestamps import now_ms
 
 # How many versions of the primary's write history a status check reads at most.
 _HISTORY_LIMIT = 100_000
 
 
-@dataclass(frozen=True)
-class TxnStatus:
-    """``state`` is "committed", "rolled_back" or "alive"."""
+class TxnState(enum.Enum):
+    """Where another transaction stands, as its primary records it."""
 
-    state: str
+    ALIVE = enum.auto()  # its lock is there and not expired: wait (reader) or conflict
+    COMMITTED = enum.auto()  # final
+    ROLLED_BACK = enum.auto()  # final
+
+
+@dataclass(frozen=True)
+class TxnOutcome:
+    """The answer of a status check of transaction ``start_ts`` (not to be confused with
+    :class:`percolator.TxnStatus`, the state of one's own :class:`~percolator.Transaction`).
+
+    ``commit_ts`` is set when COMMITTED, ``expires_at_ms`` when ALIVE."""
+
+    state: TxnState
     commit_ts: int = 0
     expires_at_ms: int = 0
 
     @property
     def final(self) -> bool:
-        return self.state != "alive"
-
-
-ALIVE = "alive"
-COMMITTED = "committed"
-ROLLED_BACK = "rolled_back"
-
-
-def lock_expires_at_ms(lock: LockInfo) -> int:
-    return physical_ms(lock.start_ts) + lock.ttl_ms
+        """COMMITTED and ROLLED_BACK never change again (and may be cached)."""
+        return self.state is not TxnState.ALIVE
 
 
 def check_txn_status(
@@ -66,7 +70,7 @@ def check_txn_status(
     *,
     rollback_if_expired: bool = True,
     clock_ms: int | None = None,
-) -> TxnStatus:
+) -> TxnOutcome:
     """The status of transaction ``start_ts`` as recorded by its primary cell.
 
     With ``rollback_if_expired`` an expired primary lock is rolled back (and reported as
@@ -76,25 +80,25 @@ def check_txn_status(
         raw = fetch_cells(store, [primary], before=None, with_data=False)[primary]
         cell = raw.lock_cell
         if cell.lock is not None and cell.lock.start_ts == start_ts:
-            expires = lock_expires_at_ms(cell.lock)
+            expires = cell.lock.expires_at_ms
             now = now_ms() if clock_ms is None else clock_ms
             if now < expires or not rollback_if_expired:
-                return TxnStatus(ALIVE, expires_at_ms=expires)
+                return TxnOutcome(TxnState.ALIVE, expires_at_ms=expires)
             failpoints.failpoint("resolve.before_roll_back")
             assert raw.lock_bytes is not None
             # One attempt only: if the primary changed (a heartbeat extended the lock, or
             # the transaction committed), its expiry must be judged again from scratch.
             if try_rollback_cell(store, primary, start_ts, raw.lock_bytes):
-                return TxnStatus(ROLLED_BACK)
+                return TxnOutcome(TxnState.ROLLED_BACK)
             continue
         if cell.last_commit is not None and cell.last_commit.start_ts == start_ts:
-            return TxnStatus(COMMITTED, commit_ts=cell.last_commit.commit_ts)
+            return TxnOutcome(TxnState.COMMITTED, commit_ts=cell.last_commit.commit_ts)
         if cell.rolled_back == start_ts:
-            return TxnStatus(ROLLED_BACK)
+            return TxnOutcome(TxnState.ROLLED_BACK)
         commit_ts = find_commit_in_history(store, primary, start_ts)
         if commit_ts is not None:
-            return TxnStatus(COMMITTED, commit_ts=commit_ts)
-        return TxnStatus(ROLLED_BACK)
+            return TxnOutcome(TxnState.COMMITTED, commit_ts=commit_ts)
+        return TxnOutcome(TxnState.ROLLED_BACK)
     raise RuntimeError(f"status of transaction {start_ts} at {primary} did not settle")
 
 
@@ -120,18 +124,18 @@ def resolve_lock(
     key: CellKey,
     lock: LockInfo,
     lock_bytes: bytes | None,
-    status: TxnStatus,
+    outcome: TxnOutcome,
 ) -> bool:
-    """Apply a final ``status`` of ``lock``'s transaction to the lock on ``key``.
+    """Apply a final ``outcome`` of ``lock``'s transaction to the lock on ``key``.
 
-    Returns True when the lock is gone (rolled forward or back).  A non-final status does
+    Returns True when the lock is gone (rolled forward or back).  A non-final outcome does
     nothing and returns False.
     """
-    if status.state == COMMITTED:
+    if outcome.state is TxnState.COMMITTED:
         failpoints.failpoint("resolve.before_roll_forward")
-        commit_cell(store, key, lock.start_ts, status.commit_ts, lock_bytes)
+        commit_cell(store, key, lock.start_ts, outcome.commit_ts, lock_bytes)
         return True
-    if status.state == ROLLED_BACK:
+    if outcome.state is TxnState.ROLLED_BACK:
         rollback_cell(store, key, lock.start_ts, lock_bytes)
         return True
     return False

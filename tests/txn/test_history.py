@@ -498,12 +498,14 @@ PLANTED = [pytest.param(False, id="control"), pytest.param(True, id="planted")]
 _real_check = prewrite_module._check
 
 
-def check_without_newer_write(raw: RawCell, start_ts: int, resolver: LockResolver) -> str:
+def check_without_newer_write(
+    raw: RawCell, start_ts: int, resolver: LockResolver
+) -> prewrite_module._Verdict:
     """prewrite's _check with the write-write conflict on a newer commit removed."""
     cell = raw.lock_cell
     if cell.rolled_back == start_ts or cell.lock is not None:
         return _real_check(raw, start_ts, resolver)
-    return "lock"
+    return prewrite_module._Verdict.LOCK
 
 
 @pytest.mark.parametrize("planted", PLANTED)
