@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import random
 import threading
 import time
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from percolator.observers.api import Observer, encode_ack, observer_transaction,
 from percolator import failpoints
 from percolator.errors import PercolatorError, StoreError, UndeterminedCommitError
 from percolator.layout import NOTIFY, ack_column
+from percolator.retry import Backoff
 from percolator.store.base import Delete
 from percolator.timestamps import physical_ms
 from percolator.transaction import Transaction, TxnStatus
@@ -183,7 +183,7 @@ def process_notification(
     whether the ack was written.  ``abort``: when set, the run rolls back instead of
     committing (raises :class:`RunAbortedError`)."""
     conflicts = 0
-    delay = 0.005
+    backoff = Backoff(0.005, multiplier=4)
     for attempt in range(1, attempts + 1):
         try:
             outcome, observed, start_ts, commit_ts = _attempt(client, observer, notification, abort)
@@ -200,8 +200,7 @@ def process_notification(
                     f"run of {observer.name} on {notification} failed {attempts} attempts: {exc}",
                     conflicts,
                 ) from exc
-            time.sleep(delay * (0.5 + random.random()))
-            delay *= 4
+            backoff.sleep()
             continue
         cleaned = True
         try:

@@ -66,6 +66,7 @@ from percolator.observers.runner import (
 
 from percolator.errors import ConfigError, PercolatorError, UndeterminedCommitError
 from percolator.layout import META_FAMILY, META_TABLE, NOTIFY
+from percolator.retry import Backoff, jittered
 from percolator.store.base import Delete, Put, ScanOptions
 
 if TYPE_CHECKING:
@@ -452,7 +453,7 @@ class Worker:
 
     def _scan_loop(self, index: int) -> None:
         rng = random.Random()
-        delay = 0.1
+        backoff = Backoff(0.1, 5.0, jitter=0)
         while not self._stopping.is_set():
             submitted = 0
             try:
@@ -460,14 +461,14 @@ class Worker:
                     submitted += self._scan_table(index, table, rng)
                     if self._stopping.is_set():
                         return
-                delay = 0.1
+                backoff.reset()
             except PercolatorError as exc:
+                delay = backoff.next()
                 log.warning("scanner %d: %s; retrying in %.1f s", index, exc, delay)
                 self._stopping.wait(delay)
-                delay = min(delay * 2, 5.0)
                 continue
             if submitted == 0:
-                self._stopping.wait(self.options.idle_sleep_s * (0.5 + rng.random()))
+                self._stopping.wait(jittered(self.options.idle_sleep_s, rng=rng))
 
     def _scan_table(self, index: int, table: str, rng: random.Random) -> int:
         """One pass over ``table``'s notifications from a random row, wrapping around.
@@ -589,8 +590,8 @@ class Worker:
         with self._lock:
             state = self._states.setdefault(cell, _CellState())
             state.conflicts += 1
-            delay = min(self.options.conflict_backoff_s * 2 ** min(state.conflicts, 10), 5.0)
-            state.not_before = time.monotonic() + delay * (0.5 + random.random())
+            delay = Backoff(self.options.conflict_backoff_s, 5.0).delay(min(state.conflicts, 10))
+            state.not_before = time.monotonic() + delay
 
     def _failed(self, observer: Observer, notification: Notification, exc: Exception) -> None:
         self.metrics.failures.inc(observer=observer.name)
@@ -629,10 +630,10 @@ class Worker:
                     self._parked_here[notification.cell] = time.monotonic()
                     self._states.pop(notification.cell, None)
                 return
-        delay = min(self.options.backoff_base_s * 2 ** (failures - 1), self.options.backoff_max_s)
+        delay = Backoff(self.options.backoff_base_s, self.options.backoff_max_s).delay(failures - 1)
         with self._lock:
             state = self._states.setdefault(notification.cell, _CellState())
-            state.not_before = time.monotonic() + delay * (0.5 + random.random())
+            state.not_before = time.monotonic() + delay
 
     # ---------------------------------------------------------------- housekeeping
 

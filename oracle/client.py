@@ -35,6 +35,7 @@ from percolator.errors import (
     OracleError,
     OracleUnavailableError,
 )
+from percolator.retry import Backoff
 from percolator.timestamps import TimestampOracle, now_ms
 
 DEFAULT_MAX_BATCH = 1 << 16
@@ -169,7 +170,7 @@ class GrpcOracleClient(TimestampOracle):
         Called by one thread at a time (the coalescer's leader)."""
         deadline = time.monotonic() + self._timeout_s
         errors: dict[str, str] = {}
-        backoff_s = 0.02
+        backoff = Backoff(0.02, 0.5, jitter=0)
         while True:
             for offset in range(len(self.addresses)):
                 remaining = deadline - time.monotonic()
@@ -205,8 +206,7 @@ class GrpcOracleClient(TimestampOracle):
                     f"no timestamp oracle among {self.addresses} answered within "
                     f"{self._timeout_s:g} s ({detail}); {_HINT}"
                 )
-            time.sleep(min(backoff_s, remaining))
-            backoff_s = min(backoff_s * 2, 0.5)
+            backoff.sleep(deadline)
 
     def _check(self, response: oracle_pb2.AllocateResponse, total: int) -> str | None:
         """Why a response must be discarded (None: accept it)."""
