@@ -36,7 +36,7 @@ from percolator.layout import (
 )
 from percolator.protocol.cells import CellKey
 from percolator.protocol.gc import CLIENTS_PREFIX, GcReport, read_safe_point, run_gc
-from percolator.resolver import LockResolver
+from percolator.protocol.resolve import LockResolver
 from percolator.retry import Backoff, retry_transaction
 from percolator.store.base import Put, ScanOptions, Store
 from percolator.store.url import open_store

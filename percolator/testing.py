@@ -24,10 +24,9 @@ from percolator.protocol.commit import commit_cell
 from percolator.protocol.lock import commit_lock
 from percolator.protocol.prewrite import prewrite
 from percolator.protocol.read import read_cells
-from percolator.protocol.resolve import TxnOutcome, TxnState, check_txn_status
+from percolator.protocol.resolve import LockResolver, TxnOutcome, TxnState, check_txn_status
 from percolator.protocol.rollback import rollback_cell
 from percolator.records import Kind, LockCell, LockInfo
-from percolator.resolver import LockResolver
 from percolator.store.base import Store
 from percolator.timestamps import TimestampOracle, compose, now_ms
 

@@ -40,8 +40,8 @@ from percolator.errors import ConflictError, StoreUnavailableError, TransactionA
 from percolator.layout import DATA, WRITE
 from percolator.protocol.cells import CellKey, Mutation, RawCell, fetch_cells
 from percolator.protocol.lock import place_lock
+from percolator.protocol.resolve import LockResolver
 from percolator.records import Kind, LockInfo, WriteRecord
-from percolator.resolver import LockResolver
 from percolator.store.base import Put, Store
 
 _MAX_ROUNDS = 20

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from percolator.errors import LockWaitTimeoutError, StoreError
 from percolator.layout import DATA
 from percolator.protocol.cells import CellKey, RawCell, fetch_cells
+from percolator.protocol.resolve import LockResolver
 from percolator.records import CommitInfo, Kind
-from percolator.resolver import LockResolver
 from percolator.retry import Backoff
 from percolator.store.base import Store
 

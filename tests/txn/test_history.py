@@ -49,8 +49,8 @@ from percolator.protocol import prewrite as prewrite_module
 from percolator.protocol import read as read_module
 from percolator.protocol.cells import CellKey, RawCell, fetch_cells
 from percolator.protocol.commit import commit_cell, write_record_puts
+from percolator.protocol.resolve import LockResolver
 from percolator.records import LockCell
-from percolator.resolver import LockResolver
 from percolator.store import Store, open_store
 from percolator.testing import ManualOracle
 from tests.txn._bank_worker import FailpointChaos
