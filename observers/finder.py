@@ -26,6 +26,7 @@ from percolator.observers.worker_metrics import WorkerMetrics
 from percolator.errors import PercolatorError
 from percolator.layout import META_FAMILY, META_TABLE
 from percolator.notifications import Notification, scan_notifications
+from percolator.retry import Backoff, jittered
 from percolator.store.base import Delete, Put, ScanOptions, Store
 
 if TYPE_CHECKING:
@@ -183,7 +184,7 @@ class NotificationFinder:
         """Scanner ``index``: pass after pass over every table, in random order, until the
         worker stops.  A store error backs off (doubling up to 5 s) and starts over."""
         rng = random.Random()
-        delay = 0.1
+        backoff = Backoff(0.1, 5.0, jitter=0)
         while not self._stopping.is_set():
             submitted = 0
             try:
@@ -191,14 +192,14 @@ class NotificationFinder:
                     submitted += self.scan_table(index, table, rng)
                     if self._stopping.is_set():
                         return
-                delay = 0.1
+                backoff.reset()
             except PercolatorError as exc:
+                delay = backoff.next()
                 log.warning("scanner %d: %s; retrying in %.1f s", index, exc, delay)
                 self._stopping.wait(delay)
-                delay = min(delay * 2, 5.0)
                 continue
             if submitted == 0:
-                self._stopping.wait(self._idle_sleep_s * (0.5 + rng.random()))
+                self._stopping.wait(jittered(self._idle_sleep_s, rng=rng))
 
     def scan_table(self, index: int, table: str, rng: random.Random) -> int:
         """One pass over ``table``'s notifications from a random row, wrapping around.

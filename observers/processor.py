@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import random
 import threading
 import time
 import traceback
@@ -40,6 +39,7 @@ from percolator.observers.worker_metrics import WorkerMetrics
 
 from percolator.errors import PercolatorError, UndeterminedCommitError
 from percolator.notifications import Notification
+from percolator.retry import Backoff
 
 if TYPE_CHECKING:
     from percolator.client import Client
@@ -198,8 +198,8 @@ class NotificationProcessor:
         with self._lock:
             state = self._states.setdefault(cell, CellState())
             state.conflicts += 1
-            delay = min(self._options.conflict_backoff_s * 2 ** min(state.conflicts, 10), 5.0)
-            state.not_before = time.monotonic() + delay * (0.5 + random.random())
+            delay = Backoff(self._options.conflict_backoff_s, 5.0).delay(min(state.conflicts, 10))
+            state.not_before = time.monotonic() + delay
 
     def failed(self, observer: Observer, notification: Notification, exc: Exception) -> None:
         """Count a failure of ``observer`` on ``notification``: back off, or park the cell
@@ -240,10 +240,11 @@ class NotificationProcessor:
                     self._parked_here[notification.cell] = time.monotonic()
                     self._states.pop(notification.cell, None)
                 return
-        delay = min(self._options.backoff_base_s * 2 ** (failures - 1), self._options.backoff_max_s)
+        backoff = Backoff(self._options.backoff_base_s, self._options.backoff_max_s)
+        delay = backoff.delay(failures - 1)
         with self._lock:
             state = self._states.setdefault(notification.cell, CellState())
-            state.not_before = time.monotonic() + delay * (0.5 + random.random())
+            state.not_before = time.monotonic() + delay
 
     # ---------------------------------------------------------------- parked set
 

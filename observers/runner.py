@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import random
 import threading
 import time
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from percolator.notifications import (
     read_ack,
     write_ack,
 )
+from percolator.retry import Backoff
 from percolator.timestamps import physical_ms
 from percolator.transaction import Transaction, TxnStatus
 
@@ -177,7 +177,7 @@ def process_notification(
     whether the ack was written.  ``abort``: when set, the run rolls back instead of
     committing (raises :class:`RunAbortedError`)."""
     conflicts = 0
-    delay = 0.005
+    backoff = Backoff(0.005, multiplier=4)
     for attempt in range(1, attempts + 1):
         try:
             outcome, observed, start_ts, commit_ts = _attempt(client, observer, notification, abort)
@@ -194,8 +194,7 @@ def process_notification(
                     f"run of {observer.name} on {notification} failed {attempts} attempts: {exc}",
                     conflicts,
                 ) from exc
-            time.sleep(delay * (0.5 + random.random()))
-            delay *= 4
+            backoff.sleep()
             continue
         cleaned = True
         try:

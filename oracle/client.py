@@ -43,6 +43,7 @@ from percolator.errors import (
     OracleError,
     OracleUnavailableError,
 )
+from percolator.retry import Backoff
 from percolator.store.base import Store
 from percolator.timestamps import TimestampOracle, now_ms
 from percolator.timestamps.coalesce import Coalescer, CoalescerStats
@@ -189,7 +190,7 @@ class GrpcOracleClient(TimestampOracle):
         Called by one thread at a time (the coalescer's leader)."""
         deadline = time.monotonic() + self._timeout_s
         errors: dict[str, str] = {}
-        backoff_s = 0.02
+        backoff = Backoff(0.02, 0.5, jitter=0)
         while True:
             for offset in range(len(self.addresses)):
                 remaining = deadline - time.monotonic()
@@ -225,8 +226,7 @@ class GrpcOracleClient(TimestampOracle):
                     f"no timestamp oracle among {self.addresses} answered within "
                     f"{self._timeout_s:g} s ({detail}); {_HINT}"
                 )
-            time.sleep(min(backoff_s, remaining))
-            backoff_s = min(backoff_s * 2, 0.5)
+            backoff.sleep(deadline)
 
     def _check(self, response: oracle_pb2.AllocateResponse, total: int) -> str | None:
         """Why a response must be discarded (None: accept it)."""

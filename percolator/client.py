@@ -8,7 +8,6 @@ are not (one thread per transaction).
 from __future__ import annotations
 
 import logging
-import random
 import struct
 import threading
 import time
@@ -37,7 +36,8 @@ from percolator.notifications import (
 )
 from percolator.notifications import ObservedColumns
 from percolator.protocol.gc import CLIENTS_PREFIX, GcReport, read_safe_point, run_gc
-from percolator.resolver import LockResolver
+from percolator.protocol.resolve import LockResolver
+from percolator.retry import Backoff, retry_transaction
 from percolator.store.base import Put, Store
 from percolator.store.url import open_store
 from percolator.timestamps import TimestampOracle, describe, now_ms
@@ -148,32 +148,26 @@ class Client:
         backoff_ms: int = 5,
     ) -> T:
         """Run ``fn`` in a transaction and commit; on a retryable error re-run the **whole
-        function** in a new transaction (never re-apply a buffered write set).
+        function** in a new transaction (never re-apply a buffered write set), after a
+        jittered backoff from ``backoff_ms`` (doubling, at most 1 s), ``max_attempts`` times
+        at most.  ``fn`` may commit the transaction itself; if it leaves it active, it is
+        committed when ``fn`` returns (rolled back when ``fn`` raises).
 
-        UndeterminedCommitError and non-retryable errors propagate at once."""
+        UndeterminedCommitError and non-retryable errors propagate at once (the rule of
+        :func:`percolator.retry.retry_transaction`)."""
         if not isinstance(max_attempts, int) or max_attempts < 1:
             raise InvalidArgumentError(f"max_attempts must be a positive int, got {max_attempts!r}")
-        delay = backoff_ms / 1000
-        for attempt in range(1, max_attempts + 1):
-            txn = self.transaction()
-            try:
-                result = fn(txn)
-                if txn.status.value == "active":
-                    txn.commit()
-                return result
-            except PercolatorError as exc:
-                if txn.status.value == "active":
-                    txn.rollback()
-                if not exc.retryable or attempt == max_attempts:
-                    raise
-                log.debug("attempt %d of %d failed (%s); retrying", attempt, max_attempts, exc)
-                time.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 1.0)
-            except BaseException:
-                if txn.status.value == "active":
-                    txn.rollback()
-                raise
-        raise AssertionError("unreachable")
+
+        def on_retry(n: int, exc: PercolatorError) -> None:
+            log.debug("attempt %d of %d failed (%s); retrying", n, max_attempts, exc)
+
+        return retry_transaction(
+            self.transaction,
+            fn,
+            attempts=max_attempts,
+            backoff=Backoff(backoff_ms / 1000, 1.0),
+            on_retry=on_retry,
+        )
 
     # ---------------------------------------------------------------- safe point
 

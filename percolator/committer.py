@@ -11,10 +11,11 @@ Order of steps, each marked with its failpoint:
 3. get ``commit_ts``; put notifications at ``commit_ts`` (``commit.before_notify``) - before the
    commit point, so a crash cannot lose them (a spurious one for an aborted transaction
    is harmless);
-4. **commit point**: compare-and-set the primary's lock cell from our exact lock bytes to
-   ``Committed{commit_ts}`` (``commit.before_primary``, ``commit.primary_cas``,
-   ``commit.primary_cas_applied``).  Failure means someone rolled us back: abort.  An unknown
-   outcome raises :class:`UndeterminedCommitError`, never a guess;
+4. **commit point** (``commit.before_primary``, then
+   :func:`percolator.protocol.commit.commit_primary` with ``commit.primary_cas`` and
+   ``commit.primary_cas_applied``): compare-and-set the primary's lock cell from our exact
+   lock bytes to ``Committed{commit_ts}``.  Failure means someone rolled us back: abort.  An
+   unknown outcome raises :class:`UndeterminedCommitError`, never a guess;
 5. write records of every cell at ``commit_ts`` in one batch per table, concurrently with
    the compare-and-sets of each secondary to ``Committed`` (``commit.after_write_records``
    once both are done, ``commit.after_secondaries``).  Failures after the commit point are
@@ -23,6 +24,11 @@ Order of steps, each marked with its failpoint:
 While the locks are held, a heartbeat extends the primary's TTL so a long commit is not
 rolled back by others.  On any error before the commit point, every lock this transaction
 placed is rolled back, the primary first.
+
+This module orchestrates: the phases, the heartbeat thread, the failpoints between steps and
+the bookkeeping of which locks it holds.  Every step on the store is a protocol action
+(percolator/protocol/prewrite.py, commit.py, rollback.py), and every change of a lock cell
+goes through percolator/protocol/lock.py.
 """
 
 from __future__ import annotations
@@ -38,18 +44,16 @@ from percolator.concurrency import run_all
 from percolator.context import EngineContext
 from percolator.errors import (
     PercolatorError,
-    StoreUnavailableError,
-    TransactionAbortedError,
     UndeterminedCommitError,
 )
-from percolator.layout import LOCK
 from percolator.notifications import put_notifications
 from percolator.protocol.cells import CellKey, Mutation, RawCell
-from percolator.protocol.commit import commit_cell, write_record_puts
+from percolator.protocol.commit import commit_cell, commit_primary, write_record_puts
+from percolator.protocol.lock import extend_lock
 from percolator.protocol.prewrite import prewrite
 from percolator.protocol.rollback import rollback_cell
-from percolator.records import Kind, LockCell, LockInfo
-from percolator.timestamps import now_ms, physical_ms
+from percolator.records import Kind, LockInfo
+from percolator.timestamps import now_ms
 
 log = logging.getLogger(__name__)
 
@@ -104,10 +108,7 @@ class Committer:
         return LockInfo(self.start_ts, ttl, mutation.kind, key.table, key.row, key.column)
 
     def _ttl_ms(self) -> int:
-        # The TTL counts from start_ts: a transaction that ran its user code for a while
-        # before committing must not find its fresh locks already expired.
-        age = max(0, now_ms() - physical_ms(self.start_ts))
-        return age + self._ctx.options.lock_ttl_ms
+        return LockInfo.ttl_from(self.start_ts, now_ms(), self._ctx.options.lock_ttl_ms)
 
     def _on_locked(self, key: CellKey, lock_bytes: bytes) -> None:
         with self._locked_guard:
@@ -168,21 +169,8 @@ class Committer:
         with self._primary_guard:
             if self._committing or self._primary_bytes is None:
                 return
-            cell = LockCell.decode(self._primary_bytes)
-            assert cell.lock is not None
-            lock = cell.lock
-            extended = LockInfo(
-                lock.start_ts,
-                self._ttl_ms(),
-                lock.kind,
-                lock.primary_table,
-                lock.primary_row,
-                lock.primary_column,
-            )
-            new = cell.with_lock(extended).encode()
-            if self._ctx.store.compare_and_set(
-                key.table, key.row, LOCK, key.qualifier, self._primary_bytes, new
-            ):
+            new = extend_lock(self._ctx.store, key, self._primary_bytes, self._ttl_ms())
+            if new is not None:
                 self._primary_bytes = new
             else:
                 self._heartbeat_stop.set()  # rolled back by someone: commit will fail
@@ -234,31 +222,24 @@ class Committer:
         put_notifications(self._ctx.store, self._notify, commit_ts)
 
     def _commit_primary(self, commit_ts: int) -> None:
-        key = self.primary.key
+        # Under the primary guard: the heartbeat must not replace the lock bytes the commit
+        # point expects, and must stop extending once the commit is under way.
         with self._primary_guard:
             self._committing = True
             expected = self._primary_bytes
             assert expected is not None
-            new = LockCell.decode(expected).committed(commit_ts).encode()
-            try:
-                failpoints.failpoint("commit.primary_cas")
-                ok = self._ctx.store.compare_and_set(
-                    key.table, key.row, LOCK, key.qualifier, expected, new
-                )
-                self.primary_committed = ok
-                failpoints.failpoint("commit.primary_cas_applied")
-            except StoreUnavailableError as exc:
-                raise UndeterminedCommitError(
-                    f"transaction {self.start_ts}: the commit of primary {key} at "
-                    f"{commit_ts} has an unknown outcome ({exc}); a later read shows "
-                    "whether it committed"
-                ) from exc
-        self._stop_heartbeat()
-        if not ok:
-            raise TransactionAbortedError(
-                f"transaction {self.start_ts} was rolled back by another client before "
-                f"its commit point (primary {key})"
+            commit_primary(
+                self._ctx.store,
+                self.primary.key,
+                self.start_ts,
+                commit_ts,
+                expected,
+                on_committed=self._on_primary_committed,
             )
+        self._stop_heartbeat()
+
+    def _on_primary_committed(self) -> None:
+        self.primary_committed = True
 
     def _commit_secondaries(self, commit_ts: int) -> bool:
         """Write records, then secondary locks.  Errors are logged: the transaction is

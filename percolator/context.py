@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from percolator.protocol.cells import CellKey
-from percolator.resolver import LockResolver
+from percolator.protocol.resolve import LockResolver
 from percolator.store.base import Store
 from percolator.timestamps import TimestampOracle
 

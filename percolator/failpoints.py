@@ -34,7 +34,7 @@ POINTS = frozenset(
         "prewrite.before_lock",  # data and history written, lock CAS not yet sent
         "prewrite.after_primary",
         "prewrite.after_secondaries",
-        # commit (percolator/committer.py)
+        # commit (percolator/committer.py; the commit point in percolator/protocol/commit.py)
         "commit.before_notify",
         "commit.before_primary",
         "commit.primary_cas",  # before the primary CAS: 'unavailable' = unknown, not applied

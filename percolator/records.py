@@ -31,6 +31,8 @@ import enum
 import struct
 from dataclasses import dataclass, replace
 
+from percolator.timestamps import physical_ms
+
 FORMAT_VERSION = 1
 
 _HEADER = struct.Struct(">BBQ")
@@ -72,6 +74,19 @@ class LockInfo:
     primary_table: str
     primary_row: bytes
     primary_column: str
+
+    @property
+    def expires_at_ms(self) -> int:
+        """The wall-clock time (ms) at which the lock expires and others may roll it back."""
+        return physical_ms(self.start_ts) + self.ttl_ms
+
+    @staticmethod
+    def ttl_from(start_ts: int, now_ms: int, lifetime_ms: int) -> int:
+        """The ``ttl_ms`` of a lock of ``start_ts`` that must live ``lifetime_ms`` from
+        ``now_ms``.  The TTL counts from ``start_ts`` (see :attr:`expires_at_ms`), so the
+        time since then is added: a transaction that ran its user code for a while before
+        committing must not find its fresh locks already expired."""
+        return max(0, now_ms - physical_ms(start_ts)) + lifetime_ms
 
     def is_primary_of(self, table: str, row: bytes, column: str) -> bool:
         return (self.primary_table, self.primary_row, self.primary_column) == (

@@ -67,7 +67,6 @@ import json
 import logging
 import math
 import os
-import random
 import signal
 import threading
 import time
@@ -93,6 +92,7 @@ from percolator.errors import (
     UndeterminedCommitError,
 )
 from percolator.layout import MAX_VALUE_BYTES, check_table_name, encode_column
+from percolator.retry import Backoff, retry_transaction
 from percolator.store.base import MAX_ROW_LENGTH
 from percolator.transaction import Transaction
 
@@ -773,30 +773,29 @@ def _write_batch(
         txn.set(plan.progress_table, marker, MARKER_COLUMN, record)
         return True
 
-    delay = 0.01
-    for attempt_no in range(1, _BATCH_ATTEMPTS + 1):
-        txn = client.transaction()
+    backoff = Backoff(0.01, 2.0)
+
+    def count_conflict(n: int, exc: PercolatorError) -> None:
+        stats.conflicts += 1
+
+    for undetermined in range(1, _BATCH_ATTEMPTS + 1):
         try:
-            wrote = attempt(txn)
-            txn.commit()
-            return wrote
+            return retry_transaction(
+                client.transaction,
+                attempt,
+                attempts=_BATCH_ATTEMPTS,
+                backoff=backoff,
+                on_retry=count_conflict,
+            )
         except UndeterminedCommitError as exc:
-            # The commit may or may not have happened: the next attempt reads the marker
-            # and finds out (waiting out or resolving our own lock if need be).
+            # The commit may or may not have happened.  Re-running is safe here, and done on
+            # purpose: the next attempt reads the marker and finds out (waiting out or
+            # resolving our own lock if need be).
+            if undetermined == _BATCH_ATTEMPTS:
+                raise
             log.warning("batch %s: %s; re-checking", marker.decode(), exc)
             stats.conflicts += 1
-        except PercolatorError as exc:
-            if txn.status.value == "active":
-                txn.rollback()
-            if not exc.retryable or attempt_no == _BATCH_ATTEMPTS:
-                raise
-            stats.conflicts += 1
-        except BaseException:
-            if txn.status.value == "active":
-                txn.rollback()
-            raise
-        time.sleep(delay * (0.5 + random.random()))
-        delay = min(delay * 2, 2.0)
+        backoff.sleep()
     raise AssertionError("unreachable")
 
 

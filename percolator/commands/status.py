@@ -122,7 +122,7 @@ def scan_locks(store: Store, tables: list[str], *, oldest: int, scan_limit: int)
                 if lock is None:
                     continue
                 age = max(0, now - physical_ms(lock.start_ts))
-                expired = age > lock.ttl_ms
+                expired = now > lock.expires_at_ms
                 report.count += 1
                 report.expired += expired
                 report.by_age[_bucket(age)] += 1

@@ -1,6 +1,24 @@
-"""Commit: turn one cell's lock into a commit at ``commit_ts``.
+"""Commit: the commit point of a transaction, and turning one cell's lock into a commit.
 
-For a secondary cell (and for lazy roll-forward by a resolver) the order is fixed:
+**The commit point** (:func:`commit_primary`) is one compare-and-set of the transaction's
+primary lock cell from the exact lock bytes the transaction holds to
+``Committed{commit_ts}``.  Before it, nothing of the transaction is visible and any client may
+roll it back; after it, the transaction is committed whatever happens next.  Its outcome is
+one of three:
+
+* applied -> committed;
+* not applied -> the lock is no longer ours (a resolver rolled the transaction back after it
+  found the lock expired): :class:`TransactionAbortedError`;
+* the store could not say (connection broken mid-call) ->
+  :class:`UndeterminedCommitError`, never a guess: the compare-and-set may have been applied.
+  A later read of the primary shows the truth; re-running the transaction could apply it
+  twice, so nothing retries it automatically.
+
+The primary's write record is put after the commit point, with those of the secondaries:
+until it lands, the primary's ``Committed{commit_ts}`` carries the commit by itself.
+
+For a secondary cell (and for lazy roll-forward by a resolver, :func:`commit_cell`) the order
+is fixed:
 
 1. blind-put the write record ``{kind, start_ts}`` at ``commit_ts`` in family ``w``;
 2. compare-and-set the lock cell from ``Locked{start_ts}`` to ``Committed{commit_ts}``.
@@ -8,17 +26,21 @@ For a secondary cell (and for lazy roll-forward by a resolver) the order is fixe
 Step 1 before step 2 keeps the invariant that a commit's write record exists before the
 lock cell can forget it.  Both steps are idempotent, so any number of clients may roll the
 same cell forward concurrently.
-
-The **primary** is different: its compare-and-set is the commit point of the whole
-transaction and is done by the committer (percolator/committer.py) before any write record.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from percolator.layout import LOCK, WRITE
+from percolator import failpoints
+from percolator.errors import (
+    StoreUnavailableError,
+    TransactionAbortedError,
+    UndeterminedCommitError,
+)
+from percolator.layout import WRITE
 from percolator.protocol.cells import CellKey, fetch_cells
+from percolator.protocol.lock import commit_lock
 from percolator.records import Kind, LockCell, WriteRecord
 from percolator.store.base import Put, Store
 
@@ -33,6 +55,42 @@ def write_record_puts(
     ]
 
 
+def commit_primary(
+    store: Store,
+    primary: CellKey,
+    start_ts: int,
+    commit_ts: int,
+    lock_bytes: bytes,
+    *,
+    on_committed: Callable[[], None] | None = None,
+) -> None:
+    """The commit point: compare-and-set ``primary`` from ``lock_bytes`` (the exact bytes of
+    ``start_ts``'s lock there) to ``Committed{commit_ts}``.
+
+    Returns once the transaction is committed.  ``on_committed`` is called the moment the
+    compare-and-set applied, before anything else can fail, so a caller interrupted right
+    after still knows the transaction committed.  Raises TransactionAbortedError (the lock
+    was rolled back by another client: nothing is committed) or UndeterminedCommitError (the
+    outcome is unknown).  Failpoints ``commit.primary_cas`` (before the compare-and-set) and
+    ``commit.primary_cas_applied`` (after it, whatever its result)."""
+    try:
+        failpoints.failpoint("commit.primary_cas")
+        applied = commit_lock(store, primary, lock_bytes, commit_ts)
+        if applied and on_committed is not None:
+            on_committed()
+        failpoints.failpoint("commit.primary_cas_applied")
+    except StoreUnavailableError as exc:
+        raise UndeterminedCommitError(
+            f"transaction {start_ts}: the commit of primary {primary} at {commit_ts} has an "
+            f"unknown outcome ({exc}); a later read shows whether it committed"
+        ) from exc
+    if not applied:
+        raise TransactionAbortedError(
+            f"transaction {start_ts} was rolled back by another client before its commit "
+            f"point (primary {primary})"
+        )
+
+
 def commit_cell(
     store: Store,
     key: CellKey,
@@ -42,17 +100,20 @@ def commit_cell(
     *,
     write_record_done: bool = False,
 ) -> bool:
-    """Roll ``start_ts``'s lock on ``key`` forward to ``commit_ts``.
+    """Roll ``start_ts``'s lock on ``key`` forward to ``commit_ts`` (a secondary, or any cell
+    of a transaction known to be committed).
 
-    Returns True if the cell now shows the commit (by this call or an earlier one), False
-    if the cell holds no lock of ``start_ts`` and no commit of it (it was rolled back).
+    ``lock_bytes``: the lock cell bytes the caller just read (saves a read); if they are
+    stale, the cell is re-read.  Returns True if the cell now shows the commit (by this call
+    or an earlier one), False if the cell holds no lock of ``start_ts`` and no commit of it
+    (it was rolled back).
     """
     for _ in range(100):
         if lock_bytes is None:
             raw = fetch_cells(store, [key], before=None, with_data=False)[key]
             lock_bytes = raw.lock_bytes
         cell = LockCell.decode(lock_bytes)
-        if not cell.locked_by(start_ts):
+        if not cell.locked_by(start_ts) or lock_bytes is None:
             # Already rolled forward (by us or a resolver), possibly overwritten since by later
             # commits.  A rollback of a committed transaction's cell cannot happen (resolvers
             # decide from the primary), so only an explicit rollback marker means "no".
@@ -61,8 +122,7 @@ def commit_cell(
             assert cell.lock is not None
             store.put(key.table, write_record_puts([(key, cell.lock.kind)], start_ts, commit_ts))
             write_record_done = True
-        new = cell.committed(commit_ts).encode()
-        if store.compare_and_set(key.table, key.row, LOCK, key.qualifier, lock_bytes, new):
+        if commit_lock(store, key, lock_bytes, commit_ts):
             return True
         lock_bytes = None  # changed under us (another resolver): re-read and re-check
     raise RuntimeError(f"roll-forward of {key} did not settle after 100 attempts")

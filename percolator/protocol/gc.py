@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from percolator import failpoints
 from percolator.layout import DATA, LOCK, META_FAMILY, META_TABLE, WRITE
 from percolator.protocol.cells import CellKey, RawCell
+from percolator.protocol.resolve import LockResolver
 from percolator.records import LockCell, WriteRecord
-from percolator.resolver import LockResolver
 from percolator.store.base import Delete, ScanOptions, Store
 from percolator.timestamps import compose, describe, physical_ms
 

@@ -30,16 +30,18 @@ Idempotent per cell: a cell already locked by ``start_ts`` is left as it is.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, wait
 
 from percolator import failpoints
 from percolator.concurrency import run_all
 from percolator.errors import ConflictError, StoreUnavailableError, TransactionAbortedError
-from percolator.layout import DATA, LOCK, WRITE
+from percolator.layout import DATA, WRITE
 from percolator.protocol.cells import CellKey, Mutation, RawCell, fetch_cells
+from percolator.protocol.lock import place_lock
+from percolator.protocol.resolve import LockResolver
 from percolator.records import Kind, LockInfo, WriteRecord
-from percolator.resolver import LockResolver
 from percolator.store.base import Put, Store
 
 _MAX_ROUNDS = 20
@@ -82,10 +84,10 @@ def prewrite(
         for key in pending:
             raw = raws[key]
             verdict = _check(raw, start_ts, resolver)
-            if verdict == "done":
+            if verdict is _Verdict.DONE:
                 if on_locked is not None and raw.lock_bytes is not None:
                     on_locked(key, raw.lock_bytes)
-            elif verdict == "retry":
+            elif verdict is _Verdict.RETRY:
                 retry.append(key)
             else:
                 ready.append(raw)
@@ -119,8 +121,13 @@ def prewrite(
         )
 
 
-def _check(raw: RawCell, start_ts: int, resolver: LockResolver) -> str:
-    """'lock' (go ahead), 'done' (already ours), 'retry' (resolved something; re-read)."""
+class _Verdict(enum.Enum):
+    LOCK = enum.auto()  # go ahead
+    DONE = enum.auto()  # already ours
+    RETRY = enum.auto()  # resolved another transaction's lock: re-read
+
+
+def _check(raw: RawCell, start_ts: int, resolver: LockResolver) -> _Verdict:
     key = raw.key
     cell = raw.lock_cell
     if cell.rolled_back == start_ts:
@@ -129,7 +136,7 @@ def _check(raw: RawCell, start_ts: int, resolver: LockResolver) -> str:
         )
     if cell.lock is not None:
         if cell.lock.start_ts == start_ts:
-            return "done"
+            return _Verdict.DONE
         status = resolver.resolve(raw)
         if not status.final:
             raise ConflictError(
@@ -140,7 +147,7 @@ def _check(raw: RawCell, start_ts: int, resolver: LockResolver) -> str:
                 start_ts=start_ts,
                 conflict_ts=cell.lock.start_ts,
             )
-        return "retry"
+        return _Verdict.RETRY
     latest = raw.latest_commit()
     if latest is not None and latest.commit_ts >= start_ts:
         raise ConflictError(
@@ -151,7 +158,7 @@ def _check(raw: RawCell, start_ts: int, resolver: LockResolver) -> str:
             start_ts=start_ts,
             conflict_ts=latest.commit_ts,
         )
-    return "lock"
+    return _Verdict.LOCK
 
 
 def _puts(
@@ -205,9 +212,8 @@ def _lock(
     on_locked: Callable[[CellKey, bytes], None] | None,
 ) -> bool:
     key = raw.key
-    new = raw.lock_cell.with_lock(make_lock(mutation)).encode()
     try:
-        locked = store.compare_and_set(key.table, key.row, LOCK, key.qualifier, raw.lock_bytes, new)
+        new = place_lock(store, raw, make_lock(mutation))
     except StoreUnavailableError:
         # Unknown outcome: never re-issue.  Re-read; the lock is ours or we abort.
         again = fetch_cells(store, [key], before=None, with_data=False)[key]
@@ -215,7 +221,7 @@ def _lock(
             raise TransactionAbortedError(
                 f"prewrite of {key} had an unknown outcome and the lock is not ours"
             ) from None
-        locked, new = True, again.lock_bytes
-    if locked and on_locked is not None:
+        new = again.lock_bytes
+    if new is not None and on_locked is not None:
         on_locked(key, new)
-    return locked
+    return new is not None

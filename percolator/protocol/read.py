@@ -19,7 +19,6 @@ Reads never write anything except when resolving locks of finished transactions.
 
 from __future__ import annotations
 
-import random
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -27,8 +26,9 @@ from collections.abc import Sequence
 from percolator.errors import LockWaitTimeoutError, StoreError
 from percolator.layout import DATA
 from percolator.protocol.cells import CellKey, RawCell, fetch_cells
+from percolator.protocol.resolve import LockResolver
 from percolator.records import CommitInfo, Kind
-from percolator.resolver import LockResolver
+from percolator.retry import Backoff
 from percolator.store.base import Store
 
 
@@ -64,7 +64,8 @@ def read_commits(
     results: dict[CellKey, tuple[bytes | None, CommitInfo | None]] = {}
     pending = list(dict.fromkeys(keys))
     deadline = time.monotonic() + lock_wait_ms / 1000
-    backoff = 0.002
+    # Jittered so readers piling onto one lock do not retry in lockstep.
+    backoff = Backoff(0.002, 0.2)
     while pending:
         raws = fetch_cells(store, pending, before=read_ts + 1)
         blocked: list[RawCell] = []
@@ -109,9 +110,7 @@ def read_commits(
                     start_ts=read_ts,
                     conflict_ts=raw.lock_cell.lock.start_ts,
                 )
-            # Back off with jitter so readers piling onto one lock do not retry in lockstep.
-            time.sleep(backoff * (0.5 + random.random()))
-            backoff = min(backoff * 2, 0.2)
+            backoff.sleep()
     return results
 
 

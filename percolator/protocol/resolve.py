@@ -18,45 +18,58 @@ primary with no trace of ``start_ts`` was rolled back, and any late compare-and-
 transaction fails because the primary's bytes have changed.
 
 Every function here may be called concurrently by any number of clients and is idempotent.
+
+:class:`LockResolver` is what the other actions call when they meet another transaction's
+lock: it checks the transaction's outcome and resolves the lock, with a cache.  Many readers
+tripping over the locks of one dead transaction would each read its primary; the resolver
+remembers final outcomes (committed at ``commit_ts`` / rolled back), which never change, so
+each client asks the primary about a dead transaction once.
 """
 
 from __future__ import annotations
 
+import enum
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from percolator import failpoints
 from percolator.layout import WRITE
-from percolator.protocol.cells import CellKey, fetch_cells
+from percolator.protocol.cells import CellKey, RawCell, fetch_cells
 from percolator.protocol.commit import commit_cell
 from percolator.protocol.rollback import rollback_cell, try_rollback_cell
 from percolator.records import LockInfo, WriteRecord
 from percolator.store.base import Store
-from percolator.timestamps import now_ms, physical_ms
+from percolator.timestamps import now_ms
 
 # How many versions of the primary's write history a status check reads at most.
 _HISTORY_LIMIT = 100_000
 
 
-@dataclass(frozen=True)
-class TxnStatus:
-    """``state`` is "committed", "rolled_back" or "alive"."""
+class TxnState(enum.Enum):
+    """Where another transaction stands, as its primary records it."""
 
-    state: str
+    ALIVE = enum.auto()  # its lock is there and not expired: wait (reader) or conflict
+    COMMITTED = enum.auto()  # final
+    ROLLED_BACK = enum.auto()  # final
+
+
+@dataclass(frozen=True)
+class TxnOutcome:
+    """The answer of a status check of transaction ``start_ts`` (not to be confused with
+    :class:`percolator.TxnStatus`, the state of one's own :class:`~percolator.Transaction`).
+
+    ``commit_ts`` is set when COMMITTED, ``expires_at_ms`` when ALIVE."""
+
+    state: TxnState
     commit_ts: int = 0
     expires_at_ms: int = 0
 
     @property
     def final(self) -> bool:
-        return self.state != "alive"
-
-
-ALIVE = "alive"
-COMMITTED = "committed"
-ROLLED_BACK = "rolled_back"
-
-
-def lock_expires_at_ms(lock: LockInfo) -> int:
-    return physical_ms(lock.start_ts) + lock.ttl_ms
+        """COMMITTED and ROLLED_BACK never change again (and may be cached)."""
+        return self.state is not TxnState.ALIVE
 
 
 def check_txn_status(
@@ -66,7 +79,7 @@ def check_txn_status(
     *,
     rollback_if_expired: bool = True,
     clock_ms: int | None = None,
-) -> TxnStatus:
+) -> TxnOutcome:
     """The status of transaction ``start_ts`` as recorded by its primary cell.
 
     With ``rollback_if_expired`` an expired primary lock is rolled back (and reported as
@@ -76,25 +89,25 @@ def check_txn_status(
         raw = fetch_cells(store, [primary], before=None, with_data=False)[primary]
         cell = raw.lock_cell
         if cell.lock is not None and cell.lock.start_ts == start_ts:
-            expires = lock_expires_at_ms(cell.lock)
+            expires = cell.lock.expires_at_ms
             now = now_ms() if clock_ms is None else clock_ms
             if now < expires or not rollback_if_expired:
-                return TxnStatus(ALIVE, expires_at_ms=expires)
+                return TxnOutcome(TxnState.ALIVE, expires_at_ms=expires)
             failpoints.failpoint("resolve.before_roll_back")
             assert raw.lock_bytes is not None
             # One attempt only: if the primary changed (a heartbeat extended the lock, or
             # the transaction committed), its expiry must be judged again from scratch.
             if try_rollback_cell(store, primary, start_ts, raw.lock_bytes):
-                return TxnStatus(ROLLED_BACK)
+                return TxnOutcome(TxnState.ROLLED_BACK)
             continue
         if cell.last_commit is not None and cell.last_commit.start_ts == start_ts:
-            return TxnStatus(COMMITTED, commit_ts=cell.last_commit.commit_ts)
+            return TxnOutcome(TxnState.COMMITTED, commit_ts=cell.last_commit.commit_ts)
         if cell.rolled_back == start_ts:
-            return TxnStatus(ROLLED_BACK)
+            return TxnOutcome(TxnState.ROLLED_BACK)
         commit_ts = find_commit_in_history(store, primary, start_ts)
         if commit_ts is not None:
-            return TxnStatus(COMMITTED, commit_ts=commit_ts)
-        return TxnStatus(ROLLED_BACK)
+            return TxnOutcome(TxnState.COMMITTED, commit_ts=commit_ts)
+        return TxnOutcome(TxnState.ROLLED_BACK)
     raise RuntimeError(f"status of transaction {start_ts} at {primary} did not settle")
 
 
@@ -120,18 +133,18 @@ def resolve_lock(
     key: CellKey,
     lock: LockInfo,
     lock_bytes: bytes | None,
-    status: TxnStatus,
+    outcome: TxnOutcome,
 ) -> bool:
-    """Apply a final ``status`` of ``lock``'s transaction to the lock on ``key``.
+    """Apply a final ``outcome`` of ``lock``'s transaction to the lock on ``key``.
 
-    Returns True when the lock is gone (rolled forward or back).  A non-final status does
+    Returns True when the lock is gone (rolled forward or back).  A non-final outcome does
     nothing and returns False.
     """
-    if status.state == COMMITTED:
+    if outcome.state is TxnState.COMMITTED:
         failpoints.failpoint("resolve.before_roll_forward")
-        commit_cell(store, key, lock.start_ts, status.commit_ts, lock_bytes)
+        commit_cell(store, key, lock.start_ts, outcome.commit_ts, lock_bytes)
         return True
-    if status.state == ROLLED_BACK:
+    if outcome.state is TxnState.ROLLED_BACK:
         rollback_cell(store, key, lock.start_ts, lock_bytes)
         return True
     return False
@@ -139,3 +152,66 @@ def resolve_lock(
 
 def primary_of(lock: LockInfo) -> CellKey:
     return CellKey(lock.primary_table, lock.primary_row, lock.primary_column)
+
+
+class LockResolver:
+    """Thread-safe.  ``clock_ms`` is injectable so tests control lock expiry."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        cache_size: int = 100_000,
+        clock_ms: Callable[[], int] = now_ms,
+    ) -> None:
+        self._store = store
+        self._cache: OrderedDict[int, TxnOutcome] = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+        self._clock_ms = clock_ms
+        self.rolled_forward = 0
+        self.rolled_back = 0
+        self.status_checks = 0
+
+    def cached_status(self, start_ts: int) -> TxnOutcome | None:
+        with self._lock:
+            status = self._cache.get(start_ts)
+            if status is not None:
+                self._cache.move_to_end(start_ts)
+            return status
+
+    def remember(self, start_ts: int, status: TxnOutcome) -> None:
+        if not status.final:
+            return
+        with self._lock:
+            self._cache[start_ts] = status
+            self._cache.move_to_end(start_ts)
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+
+    def status(self, primary: CellKey, start_ts: int) -> TxnOutcome:
+        """The status of transaction ``start_ts`` (rolling its primary back if expired)."""
+        cached = self.cached_status(start_ts)
+        if cached is not None:
+            return cached
+        with self._lock:
+            self.status_checks += 1
+        status = check_txn_status(self._store, primary, start_ts, clock_ms=self._clock_ms())
+        self.remember(start_ts, status)
+        return status
+
+    def resolve(self, raw: RawCell) -> TxnOutcome:
+        """Resolve the lock held in ``raw`` if its transaction is finished (or dead).
+
+        Returns the transaction's outcome; ALIVE means the lock is still there and the
+        caller must wait (reader) or give up (writer)."""
+        lock = raw.lock_cell.lock
+        assert lock is not None
+        status = self.status(primary_of(lock), lock.start_ts)
+        if resolve_lock(self._store, raw.key, lock, raw.lock_bytes, status):
+            with self._lock:
+                if status.state is TxnState.COMMITTED:
+                    self.rolled_forward += 1
+                else:
+                    self.rolled_back += 1
+        return status

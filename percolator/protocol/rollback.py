@@ -13,8 +13,9 @@ Idempotent: rolling back a cell that no longer holds the transaction's lock does
 
 from __future__ import annotations
 
-from percolator.layout import LOCK
 from percolator.protocol.cells import CellKey, fetch_cells
+from percolator.protocol.lock import roll_back_lock
+from percolator.records import LockCell
 from percolator.store.base import Store
 
 
@@ -28,17 +29,14 @@ def rollback_cell(
     earlier one) left the cell rolled back for ``start_ts``, False if the cell is not locked by
     ``start_ts`` for another reason (it was committed, or never locked).
     """
-    from percolator.records import LockCell
-
     for _ in range(100):
         if lock_bytes is None:
             raw = fetch_cells(store, [key], before=None, with_data=False)[key]
             lock_bytes = raw.lock_bytes
         cell = LockCell.decode(lock_bytes)
-        if not cell.locked_by(start_ts):
+        if not cell.locked_by(start_ts) or lock_bytes is None:
             return cell.rolled_back == start_ts
-        new = cell.rolled_back_state().encode()
-        if store.compare_and_set(key.table, key.row, LOCK, key.qualifier, lock_bytes, new):
+        if roll_back_lock(store, key, lock_bytes):
             return True
         # The lock cell changed under us (a heartbeat, or someone else resolving): re-read.
         lock_bytes = None
@@ -49,10 +47,6 @@ def try_rollback_cell(store: Store, key: CellKey, start_ts: int, lock_bytes: byt
     """One compare-and-set from exactly ``lock_bytes`` (which must hold ``start_ts``'s lock)
     to the rolled-back state.  False if the cell changed since those bytes were read: the
     caller re-reads and decides again (the lock may have been extended by a heartbeat)."""
-    from percolator.records import LockCell
-
-    cell = LockCell.decode(lock_bytes)
-    if not cell.locked_by(start_ts):
+    if not LockCell.decode(lock_bytes).locked_by(start_ts):
         raise ValueError(f"{key}: the given lock bytes are not a lock of {start_ts}")
-    new = cell.rolled_back_state().encode()
-    return store.compare_and_set(key.table, key.row, LOCK, key.qualifier, lock_bytes, new)
+    return roll_back_lock(store, key, lock_bytes)

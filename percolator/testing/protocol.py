@@ -18,15 +18,15 @@ import threading
 from collections.abc import Sequence
 
 from percolator.errors import ConflictError, PercolatorError
-from percolator.layout import LOCK, TABLE_FAMILIES
+from percolator.layout import TABLE_FAMILIES
 from percolator.protocol.cells import CellKey, Mutation, fetch_cells
 from percolator.protocol.commit import commit_cell
+from percolator.protocol.lock import commit_lock
 from percolator.protocol.prewrite import prewrite
 from percolator.protocol.read import read_cells
-from percolator.protocol.resolve import TxnStatus, check_txn_status
+from percolator.protocol.resolve import LockResolver, TxnOutcome, TxnState, check_txn_status
 from percolator.protocol.rollback import rollback_cell
 from percolator.records import Kind, LockCell, LockInfo
-from percolator.resolver import LockResolver
 from percolator.store.base import Store
 from percolator.timestamps import TimestampOracle, compose, now_ms
 
@@ -120,10 +120,8 @@ class ProtocolHarness:
         key = self.key(*primary)
         raw = fetch_cells(self.store, [key], before=None, with_data=False)[key]
         assert raw.lock_cell.locked_by(start_ts), f"{key} is not locked by {start_ts}"
-        new = raw.lock_cell.committed(commit_ts).encode()
-        ok = self.store.compare_and_set(
-            self.table, key.row, LOCK, key.qualifier, raw.lock_bytes, new
-        )
+        assert raw.lock_bytes is not None
+        ok = commit_lock(self.store, key, raw.lock_bytes, commit_ts)
         assert ok, f"commit of primary {key} at {commit_ts} lost its compare-and-set"
 
     def must_commit(self, cell: Cell, start_ts: int, commit_ts: int) -> None:
@@ -169,7 +167,7 @@ class ProtocolHarness:
 
     def status(
         self, primary: Cell, start_ts: int, *, rollback_if_expired: bool = True
-    ) -> TxnStatus:
+    ) -> TxnOutcome:
         return check_txn_status(
             self.store,
             self.key(*primary),
@@ -178,8 +176,10 @@ class ProtocolHarness:
             clock_ms=self.clock_ms,
         )
 
-    def must_status(self, primary: Cell, start_ts: int, state: str, commit_ts: int = 0) -> None:
+    def must_status(
+        self, primary: Cell, start_ts: int, state: TxnState, commit_ts: int = 0
+    ) -> None:
         status = self.status(primary, start_ts)
-        assert status.state == state, f"status of {start_ts}: {status} (expected {state})"
+        assert status.state is state, f"status of {start_ts}: {status} (expected {state})"
         if commit_ts:
             assert status.commit_ts == commit_ts, f"{status} (expected commit_ts {commit_ts})"

@@ -35,8 +35,8 @@ from percolator.protocol import prewrite as prewrite_module
 from percolator.protocol import read as read_module
 from percolator.protocol.cells import CellKey, RawCell, fetch_cells
 from percolator.protocol.commit import commit_cell, write_record_puts
+from percolator.protocol.resolve import LockResolver
 from percolator.records import LockCell
-from percolator.resolver import LockResolver
 from percolator.store import Store
 from percolator.testing import ManualOracle, history
 from percolator.testing.history import (
@@ -478,12 +478,14 @@ PLANTED = [pytest.param(False, id="control"), pytest.param(True, id="planted")]
 _real_check = prewrite_module._check
 
 
-def check_without_newer_write(raw: RawCell, start_ts: int, resolver: LockResolver) -> str:
+def check_without_newer_write(
+    raw: RawCell, start_ts: int, resolver: LockResolver
+) -> prewrite_module._Verdict:
     """prewrite's _check with the write-write conflict on a newer commit removed."""
     cell = raw.lock_cell
     if cell.rolled_back == start_ts or cell.lock is not None:
         return _real_check(raw, start_ts, resolver)
-    return "lock"
+    return prewrite_module._Verdict.LOCK
 
 
 @pytest.mark.parametrize("planted", PLANTED)

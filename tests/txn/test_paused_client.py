@@ -30,7 +30,7 @@ import pytest
 
 import percolator
 from percolator.layout import LOCK
-from percolator.protocol.resolve import ALIVE
+from percolator.protocol.resolve import TxnState
 from percolator.records import LockCell, LockInfo
 from percolator.store.memory import MemoryStore
 from percolator.testing import Call, FaultyStore, ProtocolHarness
@@ -167,7 +167,7 @@ def test_resolver_respects_a_heartbeat_that_lands_before_its_rollback() -> None:
     h.clock_ms = h.base_ms + 10 + 101  # past the first TTL, well within the extended one
     let_a_heartbeat_land_first(store)
     status = h.status((b"k", "c"), h.ts(10))
-    assert status.state == ALIVE, f"{status}; lock cell now {h.lock_cell(b'k', 'c')}"
+    assert status.state is TxnState.ALIVE, f"{status}; lock cell now {h.lock_cell(b'k', 'c')}"
     h.must_locked(b"k", "c", h.ts(10))
 
 

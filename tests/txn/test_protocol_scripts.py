@@ -9,9 +9,10 @@ from __future__ import annotations
 import pytest
 
 from percolator.errors import ConflictError, LockWaitTimeoutError, TransactionAbortedError
-from percolator.layout import DATA, LOCK, WRITE
-from percolator.protocol.resolve import COMMITTED, ROLLED_BACK, find_commit_in_history
-from percolator.records import Kind, LockCell, WriteRecord
+from percolator.layout import DATA, WRITE
+from percolator.protocol.lock import commit_lock
+from percolator.protocol.resolve import TxnState, find_commit_in_history
+from percolator.records import Kind, WriteRecord
 from percolator.store import Store
 from percolator.testing import ProtocolHarness
 
@@ -78,7 +79,7 @@ def test_expired_lock_is_rolled_back_by_reader(h: ProtocolHarness) -> None:
     h.must_unlocked(K, C)
     cell = h.lock_cell(K, C)
     assert cell.rolled_back == h.ts(10)
-    h.must_status((K, C), h.ts(10), ROLLED_BACK)
+    h.must_status((K, C), h.ts(10), TxnState.ROLLED_BACK)
 
 
 def test_expired_lock_is_rolled_back_by_writer(h: ProtocolHarness) -> None:
@@ -93,13 +94,9 @@ def test_delayed_commit_after_rollback_fails(h: ProtocolHarness) -> None:
     h.must_prewrite([(K, C, b"a")], primary=(K, C), start_ts=h.ts(10), ttl_ms=100)
     before = h.lock_cell(K, C).encode()
     h.clock_ms = h.base_ms + 500
-    h.must_status((K, C), h.ts(10), ROLLED_BACK)
+    h.must_status((K, C), h.ts(10), TxnState.ROLLED_BACK)
     # The commit compare-and-set of the paused transaction expects its lock bytes: gone.
-    locked = LockCell.decode(before)
-    ok = h.store.compare_and_set(
-        h.table, K, LOCK, C.encode(), before, locked.committed(h.ts(20)).encode()
-    )
-    assert not ok
+    assert not commit_lock(h.store, h.key(K, C), before, h.ts(20))
     h.must_get(K, C, h.ts(30), None)
 
 
@@ -107,7 +104,7 @@ def test_delayed_prewrite_after_rollback_sees_its_rollback(h: ProtocolHarness) -
     # T10 prewrites the primary p; its secondary s is delayed.  p is rolled back.
     h.must_prewrite([(b"p", C, b"a")], primary=(b"p", C), start_ts=h.ts(10), ttl_ms=100)
     h.clock_ms = h.base_ms + 500
-    h.must_status((b"p", C), h.ts(10), ROLLED_BACK)
+    h.must_status((b"p", C), h.ts(10), TxnState.ROLLED_BACK)
     # Re-prewriting the primary (a delayed retry of the same transaction) aborts.
     with pytest.raises(TransactionAbortedError):
         h.prewrite([(b"p", C, b"a")], primary=(b"p", C), start_ts=h.ts(10))
@@ -150,7 +147,7 @@ def test_secondary_whose_primary_was_never_written_is_resolvable(h: ProtocolHarn
     h.clock_ms = h.base_ms + 1000
     h.must_get(b"s", C, h.ts(100), None)
     h.must_unlocked(b"s", C)
-    h.must_status((b"never-written", C), h.ts(10), ROLLED_BACK)
+    h.must_status((b"never-written", C), h.ts(10), TxnState.ROLLED_BACK)
 
 
 def test_primary_rolled_back_then_overwritten_keeps_secondary_rolled_back(
@@ -159,7 +156,7 @@ def test_primary_rolled_back_then_overwritten_keeps_secondary_rolled_back(
     p = (b"p", C)
     h.must_prewrite([(b"p", C, b"P"), (b"s", C, b"S")], primary=p, start_ts=h.ts(10), ttl_ms=50)
     h.clock_ms = h.base_ms + 1000
-    h.must_status(p, h.ts(10), ROLLED_BACK)
+    h.must_status(p, h.ts(10), TxnState.ROLLED_BACK)
     # Later transactions commit on the primary: the rollback marker disappears.
     for n in (100, 200):
         h.must_prewrite([(b"p", C, b"x")], primary=p, start_ts=h.ts(n))
@@ -180,7 +177,7 @@ def test_committed_primary_overwritten_later_still_rolls_secondary_forward(
     h.must_commit_primary(p, h.ts(20), h.ts(21))
     # The lock cell now holds T20's commit; T10's is found in the write history.
     assert find_commit_in_history(h.store, h.key(*p), h.ts(10)) == h.ts(11)
-    h.must_status(p, h.ts(10), COMMITTED, commit_ts=h.ts(11))
+    h.must_status(p, h.ts(10), TxnState.COMMITTED, commit_ts=h.ts(11))
     h.must_get(b"s", C, h.ts(30), b"S")
 
 
@@ -201,7 +198,7 @@ def test_reads_pick_the_version_the_commit_points_at(h: ProtocolHarness) -> None
     # A rolled-back transaction leaves a newer orphan data version behind.
     h.must_prewrite([(K, C, b"orphan")], primary=(K, C), start_ts=h.ts(20), ttl_ms=10)
     h.clock_ms = h.base_ms + 1000
-    h.must_status((K, C), h.ts(20), ROLLED_BACK)
+    h.must_status((K, C), h.ts(20), TxnState.ROLLED_BACK)
     assert h.store.read_row(h.table, K, columns=[(DATA, C.encode())])[(DATA, C.encode())][0] == (
         h.ts(20),
         b"orphan",
@@ -246,7 +243,7 @@ def test_rollback_and_commit_are_idempotent(h: ProtocolHarness) -> None:
 def test_status_of_alive_transaction_does_not_roll_back(h: ProtocolHarness) -> None:
     h.must_prewrite([(K, C, b"a")], primary=(K, C), start_ts=h.ts(10), ttl_ms=1000)
     status = h.status((K, C), h.ts(10))
-    assert status.state == "alive"
+    assert status.state is TxnState.ALIVE
     h.must_locked(K, C, h.ts(10))
 
 

@@ -1,0 +1,84 @@
+"""Every transition of a lock cell: the one module that compare-and-sets the lock family.
+
+A lock cell (family ``l``, format in percolator/records.py) always holds the latest commit of
+its user cell and, while a transaction has the cell prewritten, that transaction's lock.  It
+moves only along these edges, each one compare-and-set from the **exact bytes** the caller
+read::
+
+    latest commit     --place_lock-->      Locked{start_ts}                 prewrite
+    Locked{start_ts}  --extend_lock-->     Locked{start_ts}, later expiry   heartbeat
+    Locked{start_ts}  --commit_lock-->     Committed{commit_ts}             commit point (on
+                                                                            the primary), roll
+                                                                            forward (elsewhere)
+    Locked{start_ts}  --roll_back_lock-->  latest commit + a marker naming  rollback
+                                           the rolled-back start_ts
+
+Expecting exact bytes is what makes each edge safe: lock bytes never repeat (a lock carries
+its unique ``start_ts``, a commit its unique ``commit_ts``, a rollback the marker), so a
+compare-and-set succeeds only if nothing happened to the cell since it was read (no ABA).
+
+Each function is **one** compare-and-set and says whether it applied; none of them reads,
+retries or decides what a failure means.  That is the job of the protocol actions that call
+them (percolator/protocol/prewrite.py, commit.py, rollback.py, resolve.py, and the heartbeat
+in percolator/committer.py): the action decides idempotency ("already ours", "already
+committed by a resolver", "rolled back by someone else").
+
+A :class:`~percolator.errors.StoreUnavailableError` from any function here means the outcome
+is **unknown**: the compare-and-set may or may not have been applied.  It is never re-issued
+blindly; each action says how it settles the doubt (the commit point turns it into an
+:class:`~percolator.errors.UndeterminedCommitError`, see commit.commit_primary).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from percolator.layout import LOCK
+from percolator.protocol.cells import CellKey, RawCell
+from percolator.records import LockCell, LockInfo
+from percolator.store.base import Store
+
+
+def _cas(store: Store, key: CellKey, expected: bytes | None, new: bytes) -> bool:
+    return store.compare_and_set(key.table, key.row, LOCK, key.qualifier, expected, new)
+
+
+def _held(key: CellKey, lock_bytes: bytes) -> LockCell:
+    cell = LockCell.decode(lock_bytes)
+    if cell.lock is None:
+        raise ValueError(f"{key}: the given lock cell bytes hold no lock")
+    return cell
+
+
+def place_lock(store: Store, raw: RawCell, lock: LockInfo) -> bytes | None:
+    """Prewrite's compare-and-set: from the bytes in ``raw`` (the cell's latest commit, as
+    read) to the same state holding ``lock``.  Returns the new bytes if it applied, ``None``
+    if the cell changed since it was read."""
+    new = raw.lock_cell.with_lock(lock).encode()
+    return new if _cas(store, raw.key, raw.lock_bytes, new) else None
+
+
+def extend_lock(store: Store, key: CellKey, lock_bytes: bytes, ttl_ms: int) -> bytes | None:
+    """The heartbeat: the lock held in ``lock_bytes`` with ``ttl_ms`` instead of its TTL.
+    Returns the new bytes if it applied, ``None`` if the cell changed (the lock was rolled
+    back by a resolver, or committed)."""
+    cell = _held(key, lock_bytes)
+    assert cell.lock is not None
+    new = cell.with_lock(replace(cell.lock, ttl_ms=ttl_ms)).encode()
+    return new if _cas(store, key, lock_bytes, new) else None
+
+
+def commit_lock(store: Store, key: CellKey, lock_bytes: bytes, commit_ts: int) -> bool:
+    """The lock held in ``lock_bytes`` becomes ``Committed{commit_ts}``.  On a primary this
+    is the commit point of the whole transaction; on any other cell it is the roll-forward
+    and needs the cell's write record first (commit.commit_cell puts it)."""
+    new = _held(key, lock_bytes).committed(commit_ts).encode()
+    return _cas(store, key, lock_bytes, new)
+
+
+def roll_back_lock(store: Store, key: CellKey, lock_bytes: bytes) -> bool:
+    """The lock held in ``lock_bytes`` is dropped: the cell returns to its latest commit plus
+    a marker naming the rolled-back ``start_ts``, so the new bytes differ from those the
+    transaction read before locking and a delayed prewrite of it fails (design notes §3)."""
+    new = _held(key, lock_bytes).rolled_back_state().encode()
+    return _cas(store, key, lock_bytes, new)
