@@ -40,7 +40,6 @@ from percolator.errors import PercolatorError, StoreError, UndeterminedCommitErr
 from percolator.notifications import (
     Notification,
     delete_notifications,
-    observer_transaction,
     read_ack,
     write_ack,
 )
@@ -117,7 +116,7 @@ def _attempt(
 ) -> tuple[Outcome, int | None, int, int | None]:
     """One transaction; returns ``(outcome, C, start_ts, commit_ts)``."""
     table, row, column = notification.cell
-    txn = observer_transaction(client)
+    txn = client.observer_transaction()
     try:
         _, observed = txn.get_with_commit_ts(table, row, column)
         if observed is None:

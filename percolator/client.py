@@ -276,9 +276,11 @@ class Client:
         loaded more than one refresh interval ago."""
         return self._observed.current()
 
-    def _reserved_transaction(self) -> Transaction:
-        """A transaction that may write reserved columns: only for
-        :func:`percolator.notifications.observer_transaction` (observer acks)."""
+    def observer_transaction(self) -> Transaction:
+        """A transaction at a fresh timestamp that may also write the engine's reserved
+        columns: the observer runs' (percolator.observers.runner), which write their acks
+        (:func:`percolator.notifications.write_ack`) in the same transaction as the user
+        code.  User code never needs one."""
         self._check_open()
         return Transaction(self, self.oracle.get_timestamp(), allow_reserved=True)
 

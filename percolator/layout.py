@@ -21,9 +21,9 @@ see percolator/notifications.py); user code cannot write them through the public
 from __future__ import annotations
 
 import contextlib
-import re
 
 from percolator.errors import InvalidArgumentError, TableExistsError
+from percolator.store import checks as store_checks
 from percolator.store.base import MAX_ROW_LENGTH, FamilySpec, Store
 
 DATA = "d"
@@ -58,23 +58,17 @@ def ensure_meta_table(store: Store) -> None:
 
 
 # \Z, not $: a name must not end in a newline.
-_TABLE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}\Z")
 MAX_COLUMN_BYTES = 1024
 MAX_VALUE_BYTES = 64 * 1024 * 1024
 
 
 def check_table_name(name: object, *, allow_system: bool = False) -> str:
-    """The one table-name rule, for users' tables and every store backend: portable HBase
-    table qualifiers, 1 to 200 of ``A-Z a-z 0-9 _ . -`` starting with a letter or digit.
-    Names starting with ``percolator_`` belong to the engine (``allow_system`` lets the
-    engine and the stores create them).  Returns ``name``."""
-    if not isinstance(name, str):
-        raise InvalidArgumentError(f"table name must be a str, got {type(name).__name__}")
-    if not _TABLE_NAME.match(name):
-        raise InvalidArgumentError(
-            f"table name {name!r} is invalid: use letters, digits, '_', '-', '.', "
-            "starting with a letter or digit (at most 200 characters)"
-        )
+    """The table-name rule of users' tables: the stores' rule
+    (:func:`percolator.store.checks.check_table_name`), and names starting with
+    ``percolator_`` belong to the engine (``allow_system`` lets the engine use them).
+    Returns ``name``."""
+    store_checks.check_table_name(name)
+    assert isinstance(name, str)
     if name.startswith(SYSTEM_TABLE_PREFIX) and not allow_system:
         raise InvalidArgumentError(
             f"table name {name!r} is reserved: names starting with {SYSTEM_TABLE_PREFIX!r} "

@@ -50,7 +50,8 @@ A strong observer's acknowledgement of ``column`` is an ordinary transactional c
 same row, under the reserved column :func:`ack_column` (``!ack/<observer>/<column>``),
 holding the ``commit_ts`` of the change it covers (8 bytes big-endian, :func:`encode_ack`).
 Two runs for the same change both write it, so they conflict like any other writers and at
-most one commits.  Only an :func:`observer_transaction` may write it.
+most one commits.  Only an observer transaction
+(:meth:`percolator.Client.observer_transaction`) may write it.
 """
 
 from __future__ import annotations
@@ -62,16 +63,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from percolator.errors import ConfigError
 from percolator.layout import META_FAMILY, META_TABLE, NOTIFY, RESERVED_PREFIX
 from percolator.protocol.cells import CellKey, group_by_table
 from percolator.store.base import Delete, Put, ScanOptions, Store
-
-if TYPE_CHECKING:
-    from percolator.client import Client
-    from percolator.transaction import Transaction
 
 # --------------------------------------------------------------------------- notify family
 
@@ -393,13 +390,16 @@ def decode_ack(value: bytes | None, *, where: str = "") -> int | None:
     return ack
 
 
-def observer_transaction(client: Client) -> Transaction:
-    """A transaction allowed to write reserved columns (the acks), at a fresh timestamp.
-    Observer runs use it; user code never gets one to write reserved columns with."""
-    return client._reserved_transaction()
+class AckTransaction(Protocol):
+    """What reading and writing an ack needs of a transaction: an observer transaction
+    (:meth:`percolator.Client.observer_transaction`), allowed to use reserved columns."""
+
+    def get(self, table: str, row: bytes | str, column: str) -> bytes | None: ...
+
+    def set(self, table: str, row: bytes | str, column: str, value: bytes) -> None: ...
 
 
-def read_ack(txn: Transaction, observer: str, table: str, row: bytes, column: str) -> int | None:
+def read_ack(txn: AckTransaction, observer: str, table: str, row: bytes, column: str) -> int | None:
     """The ``commit_ts`` that ``observer`` acknowledged for ``(table, row, column)``, as
     ``txn`` sees it (``txn`` must be allowed reserved columns: an observer transaction)."""
     name = ack_column(observer, column)
@@ -407,7 +407,7 @@ def read_ack(txn: Transaction, observer: str, table: str, row: bytes, column: st
 
 
 def write_ack(
-    txn: Transaction, observer: str, table: str, row: bytes, column: str, commit_ts: int
+    txn: AckTransaction, observer: str, table: str, row: bytes, column: str, commit_ts: int
 ) -> None:
     """Buffer ``observer``'s acknowledgement of the change committed at ``commit_ts`` in
     ``txn`` (an observer transaction): it commits with the run, or not at all."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from percolator import layout
 from percolator.errors import InvalidArgumentError
 from percolator.store.base import (
     MAX_ROW_LENGTH,
@@ -31,10 +30,23 @@ UNLIMITED_VERSIONS = 2**31 - 1
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
 
 
-def check_table_name(name: object) -> None:
-    """The engine's one table-name rule (:func:`percolator.layout.check_table_name`); a store
-    also accepts the names the engine reserves for its own tables (``percolator_meta``)."""
-    layout.check_table_name(name, allow_system=True)
+_TABLE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}\Z")
+
+
+def check_table_name(name: object) -> str:
+    """The one table-name rule, for every store backend and (through
+    :func:`percolator.layout.check_table_name`, which adds the engine's reserved prefix) for
+    users' tables: portable HBase table qualifiers, 1 to 200 of ``A-Z a-z 0-9 _ . -``
+    starting with a letter or digit (``\\Z``, not ``$``: no trailing newline).  Returns
+    ``name``."""
+    if not isinstance(name, str):
+        raise InvalidArgumentError(f"table name must be a str, got {type(name).__name__}")
+    if not _TABLE_NAME.match(name):
+        raise InvalidArgumentError(
+            f"table name {name!r} is invalid: use letters, digits, '_', '-', '.', "
+            "starting with a letter or digit (at most 200 characters)"
+        )
+    return name
 
 
 def check_family_specs(families: object) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from percolator.observers.api import Observer
 
 from percolator.client import Client
-from percolator.notifications import observer_transaction, read_ack
+from percolator.notifications import read_ack
 from percolator.transaction import Snapshot, Transaction
 
 EVENTS = "obs_events"
@@ -191,7 +191,7 @@ def uncovered(
 ) -> list[str]:
     """Cells whose ack does not cover their latest write (read at a fresh timestamp)."""
     problems = []
-    txn = observer_transaction(client)
+    txn = client.observer_transaction()
     try:
         for row in rows:
             _, latest = txn.get_with_commit_ts(table, row, column)

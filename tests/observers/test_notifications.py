@@ -27,7 +27,6 @@ from percolator.notifications import (
     load_observed_columns,
     observed_refresh_ms,
     observed_row,
-    observer_transaction,
     parse_observed_row,
     pending,
     put_notifications,
@@ -218,11 +217,11 @@ def test_only_an_observer_transaction_writes_acks(memory_client: percolator.Clie
     client = memory_client
     with client.transaction() as txn, pytest.raises(InvalidArgumentError, match="reserved"):
         write_ack(txn, "obs", EVENTS, b"r", "value", 5)
-    txn = observer_transaction(client)
+    txn = client.observer_transaction()
     assert read_ack(txn, "obs", EVENTS, b"r", "value") is None
     write_ack(txn, "obs", EVENTS, b"r", "value", 5)
     assert txn.commit() is not None
-    reader = observer_transaction(client)
+    reader = client.observer_transaction()
     assert read_ack(reader, "obs", EVENTS, b"r", "value") == 5
     reader.rollback()
 
@@ -231,4 +230,4 @@ def test_a_closed_client_gives_no_observer_transaction(memory_url: str) -> None:
     client = percolator.connect(memory_url)
     client.close()
     with pytest.raises(PercolatorError, match="closed"):
-        observer_transaction(client)
+        client.observer_transaction()

@@ -24,7 +24,7 @@ from percolator import failpoints
 from percolator.errors import InvalidArgumentError, PercolatorError
 from percolator.failpoints import FailpointError
 from percolator.layout import NOTIFY
-from percolator.notifications import observer_transaction, put_notifications, read_ack
+from percolator.notifications import put_notifications, read_ack
 from percolator.protocol.cells import CellKey
 from percolator.transaction import Transaction
 from tests.observers import helpers
@@ -55,7 +55,7 @@ def write(client: percolator.Client, row: bytes, value: bytes, column: str = "va
 def ack_of(
     client: percolator.Client, observer: str, row: bytes, column: str = "value"
 ) -> int | None:
-    txn = observer_transaction(client)
+    txn = client.observer_transaction()
     try:
         return read_ack(txn, observer, EVENTS, row, column)
     finally:
