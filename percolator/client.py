@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import struct
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -18,15 +17,13 @@ from typing import TypeVar
 
 from percolator.context import ClientOptions, EngineContext
 from percolator.errors import (
+    ConflictError,
     InvalidArgumentError,
     PercolatorError,
-    SafePointError,
     TableExistsError,
     TableNotFoundError,
 )
 from percolator.layout import (
-    META_FAMILY,
-    META_TABLE,
     TABLE_FAMILIES,
     check_table_name,
     ensure_meta_table,
@@ -35,12 +32,13 @@ from percolator.notifications import (
     OBSERVED_REFRESH_ENV as OBSERVED_REFRESH_ENV,  # re-exported: test fixtures import it here
 )
 from percolator.notifications import ObservedColumns
-from percolator.protocol.gc import CLIENTS_PREFIX, GcReport, read_safe_point, run_gc
+from percolator.protocol.gc import GcReport, forget_table_progress, lock_report, run_gc
 from percolator.protocol.resolve import LockResolver
+from percolator.readers import ReaderRegistry, release_safe_point, reserve_safe_point
 from percolator.retry import Backoff, retry_transaction
-from percolator.store.base import Put, Store
+from percolator.store.base import Store
 from percolator.store.url import open_store
-from percolator.timestamps import TimestampOracle, describe, now_ms
+from percolator.timestamps import TimestampOracle
 from percolator.timestamps.factory import open_oracle
 from percolator.transaction import Snapshot, Transaction
 
@@ -69,22 +67,21 @@ class Client:
         self.oracle = oracle
         self._owns_store = owns_store
         ensure_meta_table(store)
+        self.client_id = uuid.uuid4().hex
+        self._readers = ReaderRegistry(
+            store, self.client_id, safe_point_refresh_ms=self.options.safe_point_refresh_ms
+        )
         self._ctx = EngineContext(
             store=store,
             oracle=oracle,
             resolver=LockResolver(store),
             executor=ThreadPoolExecutor(self.options.parallelism, thread_name_prefix="percolator"),
             options=self.options,
+            readers=self._readers,
+            check_table=self._check_table,
         )
         self._tables: set[str] = set()
         self._tables_lock = threading.Lock()
-        self._safe_point = 0
-        self._safe_point_loaded_at = -1e18
-        self._active: dict[int, int] = {}  # start_ts -> count of live transactions
-        self._active_lock = threading.Lock()
-        self.client_id = uuid.uuid4().hex
-        self._publisher: threading.Thread | None = None
-        self._stop = threading.Event()
         self._closed = False
         self._init_observed()
 
@@ -95,6 +92,8 @@ class Client:
         check_table_name(name)
         try:
             self.store.create_table(name, TABLE_FAMILIES)
+            # A new table under the name of a dropped one starts uncollected.
+            forget_table_progress(self.store, name)
         except TableExistsError:
             families = {f.name for f in self.store.table_families(name)}
             expected = {f.name for f in TABLE_FAMILIES}
@@ -107,8 +106,30 @@ class Client:
             self._tables.add(name)
 
     def drop_table(self, name: str) -> None:
+        """Drop a user table.  Locks in *other* tables whose primary is in this one are
+        resolved first (their transactions' fate is recorded there, and would be lost with
+        it); if one of them is still alive, nothing is dropped and ConflictError says which.
+        Not atomic with concurrent writers of the other tables: stop them first."""
         check_table_name(name)
+        for other in self.list_tables():
+            if other == name:
+                continue
+            for raw in lock_report(self.store, other):
+                lock = raw.lock_cell.lock
+                if lock is None or lock.primary_table != name:
+                    continue
+                outcome = self._ctx.resolver.resolve(raw)
+                if not outcome.final:
+                    raise ConflictError(
+                        f"cannot drop table {name!r}: a live transaction has its primary "
+                        f"there and a lock on {raw.key}; retry when it finished",
+                        table=raw.key.table,
+                        row=raw.key.row,
+                        column=raw.key.column,
+                        conflict_ts=lock.start_ts,
+                    )
         self.store.drop_table(name)
+        forget_table_progress(self.store, name)
         with self._tables_lock:
             self._tables.discard(name)
 
@@ -133,12 +154,12 @@ class Client:
     def transaction(self) -> Transaction:
         """Begin a transaction at a fresh ``start_ts``."""
         self._check_open()
-        return Transaction(self, self.oracle.get_timestamp())
+        return Transaction(self._ctx, self.oracle.get_timestamp())
 
     def snapshot(self, read_ts: int | None = None) -> Snapshot:
         """A read-only snapshot at ``read_ts`` (default: a fresh timestamp)."""
         self._check_open()
-        return Snapshot(self, read_ts if read_ts is not None else self.oracle.get_timestamp())
+        return Snapshot(self._ctx, read_ts if read_ts is not None else self.oracle.get_timestamp())
 
     def run(
         self,
@@ -172,21 +193,8 @@ class Client:
     # ---------------------------------------------------------------- safe point
 
     def safe_point(self, *, refresh: bool = False) -> int:
-        if refresh or (
-            time.monotonic() * 1000 - self._safe_point_loaded_at
-            > self.options.safe_point_refresh_ms
-        ):
-            self._safe_point = read_safe_point(self.store)[0]
-            self._safe_point_loaded_at = time.monotonic() * 1000
-        return self._safe_point
-
-    def _check_read_ts(self, read_ts: int) -> None:
-        safe_point = self.safe_point()
-        if read_ts < safe_point:
-            raise SafePointError(
-                f"cannot read at {describe(read_ts)}: it is below the garbage-collection "
-                f"safe point {describe(safe_point)}, whose older versions may be gone"
-            )
+        """The stored GC safe point (cached for ``safe_point_refresh_ms``)."""
+        return self._readers.safe_point(refresh=refresh)
 
     def gc(
         self,
@@ -200,61 +208,44 @@ class Client:
             raise InvalidArgumentError(
                 f"life_time_ms must be a non-negative int, got {life_time_ms!r}"
             )
-        names = tables if tables is not None else self.list_tables()
+        every = self.list_tables()
+        names = tables if tables is not None else every
         for name in names:
             self._check_table(name)
         report = run_gc(
             self.store,
             self._ctx.resolver,
             names,
+            all_tables=every,
             now_ts=self.oracle.get_timestamp(),
             life_time_ms=life_time_ms,
             progress=progress,
+            own_oldest_reader=self._readers.min_active,
+            own_row=self._readers.row,
         )
         self.safe_point(refresh=True)
         return report
 
-    # ---------------------------------------------------------------- live transactions
-
-    def _register_active(self, start_ts: int) -> None:
-        with self._active_lock:
-            self._active[start_ts] = self._active.get(start_ts, 0) + 1
-            if self._publisher is None:
-                self._publisher = threading.Thread(
-                    target=self._publish_loop, daemon=True, name="percolator-min-start-ts"
-                )
-                self._publisher.start()
-
-    def _publish_loop(self) -> None:
-        # Only transactions older than GC's life time need this; publishing every
-        # PUBLISH_INTERVAL_S while any transaction is live is cheap and simple.
-        while not self._stop.wait(PUBLISH_INTERVAL_S):
-            if self.min_active_start_ts() is None:
-                continue
-            try:
-                self.publish_min_start_ts(int(PUBLISH_INTERVAL_S * 4000))
-            except PercolatorError as exc:
-                log.warning("could not publish the oldest live transaction: %s", exc)
-
-    def _unregister_active(self, start_ts: int) -> None:
-        with self._active_lock:
-            count = self._active.get(start_ts, 0) - 1
-            if count <= 0:
-                self._active.pop(start_ts, None)
-            else:
-                self._active[start_ts] = count
+    # ---------------------------------------------------------------- live readers
 
     def min_active_start_ts(self) -> int | None:
-        with self._active_lock:
-            return min(self._active) if self._active else None
+        """The oldest ``start_ts`` among this client's live transactions and snapshots."""
+        return self._readers.min_active()
 
-    def publish_min_start_ts(self, ttl_ms: int = 120_000) -> None:
-        """Tell garbage collection the oldest live transaction of this client (so the safe
-        point stays below it) until ``ttl_ms`` from now."""
-        oldest = self.min_active_start_ts()
-        row = CLIENTS_PREFIX + self.client_id.encode()
-        value = _U64.pack(oldest or 0) + _U64.pack(now_ms() + ttl_ms)
-        self.store.put(META_TABLE, [Put(row, META_FAMILY, b"min_start_ts", 1, value)])
+    def publish_min_start_ts(self) -> None:
+        """Publish this client's oldest live reader now (it is published on its own when
+        the first reader registers and renewed while readers live: percolator/readers.py)."""
+        self._readers.publish()
+
+    def reserve_safe_point(self, name: str, ts: int, ttl_ms: int) -> None:
+        """Keep GC's safe point at or below ``ts`` under ``name`` for ``ttl_ms`` (call again
+        to renew): for long jobs whose readers live in several processes (exports,
+        backfills).  ``percolator status`` lists reservations."""
+        reserve_safe_point(self.store, name, ts, ttl_ms)
+
+    def release_safe_point(self, name: str) -> None:
+        """Drop the reservation ``name`` (idempotent)."""
+        release_safe_point(self.store, name)
 
     # ---------------------------------------------------------------- observed columns
     #
@@ -282,7 +273,7 @@ class Client:
         (:func:`percolator.notifications.write_ack`) in the same transaction as the user
         code.  User code never needs one."""
         self._check_open()
-        return Transaction(self, self.oracle.get_timestamp(), allow_reserved=True)
+        return Transaction(self._ctx, self.oracle.get_timestamp(), allow_reserved=True)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -294,7 +285,7 @@ class Client:
         if self._closed:
             return
         self._closed = True
-        self._stop.set()
+        self._readers.close()
         self._ctx.executor.shutdown(wait=True)
         self.oracle.close()
         if self._owns_store:

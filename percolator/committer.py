@@ -48,7 +48,12 @@ from percolator.errors import (
 )
 from percolator.notifications import put_notifications
 from percolator.protocol.cells import CellKey, Mutation, RawCell
-from percolator.protocol.commit import commit_cell, commit_primary, write_record_puts
+from percolator.protocol.commit import (
+    commit_cell,
+    commit_index_put,
+    commit_primary,
+    write_record_puts,
+)
 from percolator.protocol.lock import extend_lock
 from percolator.protocol.prewrite import prewrite
 from percolator.protocol.rollback import rollback_cell
@@ -96,6 +101,9 @@ class Committer:
         #: set once the primary's commit compare-and-set succeeded: from then on the
         #: transaction is committed whatever happens in this process
         self.primary_committed = False
+        #: set when an interrupt struck while the commit point's compare-and-set was in
+        #: flight: the transaction may or may not have committed
+        self.undetermined = False
         self.commit_ts = 0
         self._heartbeat_stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
@@ -200,6 +208,8 @@ class Committer:
             raise
         except BaseException as exc:
             self._stop_heartbeat()
+            if self.undetermined:
+                raise  # interrupted while the commit point was in flight: touch nothing
             if not self.primary_committed:
                 self._rollback_locked()
                 raise
@@ -235,11 +245,15 @@ class Committer:
                 commit_ts,
                 expected,
                 on_committed=self._on_primary_committed,
+                on_undetermined=self._on_undetermined,
             )
         self._stop_heartbeat()
 
     def _on_primary_committed(self) -> None:
         self.primary_committed = True
+
+    def _on_undetermined(self) -> None:
+        self.undetermined = True
 
     def _commit_secondaries(self, commit_ts: int) -> bool:
         """Write records, then secondary locks.  Errors are logged: the transaction is
@@ -251,9 +265,15 @@ class Committer:
             for m in (self.primary, *self.secondaries):
                 by_table.setdefault(m.key.table, []).append((m.key, m.kind))
 
+            primary = self.primary.key
+
             def put_records() -> None:
                 for table, cells in by_table.items():
-                    ctx.store.put(table, write_record_puts(cells, self.start_ts, commit_ts))
+                    puts = write_record_puts(cells, self.start_ts, commit_ts)
+                    if table == primary.table:
+                        # Same row as the primary's record, in the same atomic row put.
+                        puts.append(commit_index_put(primary, self.start_ts, commit_ts))
+                    ctx.store.put(table, puts)
 
             with self._locked_guard:
                 lock_bytes = dict(self._locked)

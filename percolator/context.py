@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from percolator.protocol.cells import CellKey
 from percolator.protocol.resolve import LockResolver
+from percolator.readers import ReaderRegistry
 from percolator.store.base import Store
 from percolator.timestamps import TimestampOracle
 
@@ -37,12 +38,22 @@ class ClientOptions:
                 raise InvalidArgumentError(f"{name} must be a positive int, got {value!r}")
 
 
+def _any_table(name: str) -> None:
+    """The default table check: none (a context built without a client, e.g. in tests)."""
+
+
 @dataclass
 class EngineContext:
+    """What transactions and snapshots use: they hold this, never the client that made them."""
+
     store: Store
     oracle: TimestampOracle
     resolver: LockResolver
     executor: ThreadPoolExecutor
     options: ClientOptions
+    #: the live readers of this client and the safe point they read above
+    readers: ReaderRegistry
+    #: raises for an unknown or malformed table (cached by the client)
+    check_table: Callable[[str], None] = field(default=_any_table)
     #: which written cells must leave a notification (observed columns); set by observers
     is_observed: Callable[[CellKey], bool] = field(default=lambda key: False)

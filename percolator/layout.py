@@ -42,6 +42,9 @@ TABLE_FAMILIES = [
 ]
 
 RESERVED_PREFIX = "!"
+#: write-family qualifiers of commit-index entries (``!txn/`` + the column's qualifier): no
+#: user column can start with the reserved prefix, so they never collide with a column
+COMMIT_INDEX_PREFIX = b"!txn/"
 SYSTEM_TABLE_PREFIX = "percolator_"
 META_TABLE = "percolator_meta"
 META_FAMILY = "m"
@@ -122,3 +125,13 @@ def check_value(value: object, *, table: str, row: bytes, column: str) -> bytes:
             f"the limit is {MAX_VALUE_BYTES}"
         )
     return value
+
+
+def commit_index_qualifier(qualifier: bytes) -> bytes:
+    """Where the commit-index entries of a cell live in its row's write family (version =
+    a transaction's ``start_ts``, value = its ``commit_ts``; see protocol/commit.py)."""
+    return COMMIT_INDEX_PREFIX + qualifier
+
+
+def is_commit_index(qualifier: bytes) -> bool:
+    return qualifier.startswith(COMMIT_INDEX_PREFIX)

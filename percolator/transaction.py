@@ -18,9 +18,9 @@ from __future__ import annotations
 import enum
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
 
 from percolator.committer import Committer
+from percolator.context import EngineContext
 from percolator.errors import (
     InvalidArgumentError,
     TransactionStateError,
@@ -39,9 +39,6 @@ from percolator.protocol.read import read_cells, read_commits
 from percolator.records import Kind
 from percolator.store.base import ScanOptions
 
-if TYPE_CHECKING:
-    from percolator.client import Client
-
 # How many raw cell states a transaction keeps from its reads for its prewrite.
 MAX_SEEN = 10_000
 
@@ -58,17 +55,19 @@ class Snapshot:
     """Read-only view at one timestamp.  Takes no locks and writes nothing (except when it
     resolves locks of finished transactions, which any reader may do)."""
 
-    def __init__(self, client: Client, read_ts: int) -> None:
-        self._client = client
+    def __init__(self, ctx: EngineContext, read_ts: int) -> None:
+        self._ctx = ctx
         self.start_ts = read_ts
-        client._check_read_ts(read_ts)
+        # Registered before the first read, released by close()/commit/rollback or when
+        # this object is garbage-collected (percolator/readers.py: the reader contract).
+        self._release = ctx.readers.register(self, read_ts)
 
     @property
     def read_ts(self) -> int:
         return self.start_ts
 
     def _key(self, table: str, row: bytes | str, column: str, *, reserved: bool) -> CellKey:
-        self._client._check_table(table)
+        self._ctx.check_table(table)
         encode_column(column, allow_reserved=reserved)
         return CellKey(table, encode_row(row), column)
 
@@ -83,8 +82,8 @@ class Snapshot:
         return None
 
     def _read(self, keys: Sequence[CellKey]) -> dict[CellKey, bytes | None]:
-        ctx = self._client._ctx
-        return read_cells(
+        ctx = self._ctx
+        values = read_cells(
             ctx.store,
             ctx.resolver,
             keys,
@@ -92,6 +91,10 @@ class Snapshot:
             lock_wait_ms=ctx.options.lock_wait_ms,
             seen=self._seen_sink(),
         )
+        # After the read, not before: if garbage collection removed versions under it, the
+        # safe point it stored first is what this check sees (percolator/readers.py).
+        ctx.readers.check(self.start_ts)
+        return values
 
     def get(self, table: str, row: bytes | str, column: str) -> bytes | None:
         """The value of one cell (``None`` if absent).  One store round trip when no lock
@@ -108,7 +111,7 @@ class Snapshot:
         a transaction's own buffered writes: it answers "which commit is visible"."""
         self._check_usable()
         key = self._key(table, row, column, reserved=self._allow_reserved)
-        ctx = self._client._ctx
+        ctx = self._ctx
         value, commit = read_commits(
             ctx.store,
             ctx.resolver,
@@ -117,6 +120,7 @@ class Snapshot:
             lock_wait_ms=ctx.options.lock_wait_ms,
             seen=self._seen_sink(),
         )[key]
+        ctx.readers.check(self.start_ts)
         return value, (commit.commit_ts if commit is not None else None)
 
     def get_row(self, table: str, row: bytes | str, columns: Iterable[str]) -> dict[str, bytes]:
@@ -141,7 +145,7 @@ class Snapshot:
         cell), then reads them at the snapshot in batches.  Reserved engine columns are left
         out unless named in ``columns``."""
         self._check_usable()
-        self._client._check_table(table)
+        self._ctx.check_table(table)
         start_b = encode_row(start) if start not in (b"", "") else b""
         stop_b = encode_row(stop) if stop is not None else None
         wanted = None
@@ -161,7 +165,7 @@ class Snapshot:
         columns: list[str] | None,
         batch_size: int,
     ) -> Iterator[tuple[bytes, dict[str, bytes]]]:
-        store = self._client._ctx.store
+        store = self._ctx.store
         options = ScanOptions(
             start=start,
             stop=stop,
@@ -199,22 +203,26 @@ class Snapshot:
     def __enter__(self) -> Snapshot:
         return self
 
+    def close(self) -> None:
+        """End this snapshot: garbage collection no longer keeps its versions.  Idempotent;
+        also done by ``with`` and when the object is garbage-collected."""
+        self._release()
+
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        pass
+        self.close()
 
 
 class Transaction(Snapshot):
     """A snapshot-isolation transaction.  Not thread-safe: one thread uses it at a time."""
 
-    def __init__(self, client: Client, start_ts: int, *, allow_reserved: bool = False) -> None:
-        super().__init__(client, start_ts)
+    def __init__(self, ctx: EngineContext, start_ts: int, *, allow_reserved: bool = False) -> None:
+        super().__init__(ctx, start_ts)
         self._writes: dict[CellKey, Mutation] = {}
         self._seen = {}
         self._status = TxnStatus.ACTIVE
         self._allow_reserved = allow_reserved
         self.commit_ts: int | None = None
         self._guard = threading.Lock()
-        client._register_active(start_ts)
 
     @property
     def status(self) -> TxnStatus:
@@ -327,7 +335,7 @@ class Transaction(Snapshot):
             if not self._writes:
                 self._status = TxnStatus.COMMITTED
                 return None
-            ctx = self._client._ctx
+            ctx = self._ctx
             mutations = list(self._writes.values())
             notify = [m.key for m in mutations if ctx.is_observed(m.key)]
             committer = Committer(ctx, self.start_ts, mutations, notify, known=self._seen)
@@ -336,7 +344,9 @@ class Transaction(Snapshot):
             self._status = TxnStatus.UNDETERMINED
             raise
         except BaseException:
-            if committer is not None and committer.primary_committed:
+            if committer is not None and committer.undetermined:
+                self._status = TxnStatus.UNDETERMINED
+            elif committer is not None and committer.primary_committed:
                 # Interrupted after the commit point (e.g. Ctrl-C): committed all the same.
                 self.commit_ts = committer.commit_ts
                 self._status = TxnStatus.COMMITTED
@@ -344,7 +354,7 @@ class Transaction(Snapshot):
                 self._status = TxnStatus.ROLLED_BACK
             raise
         finally:
-            self._client._unregister_active(self.start_ts)
+            self._release()
         self.commit_ts = result.commit_ts
         self._status = TxnStatus.COMMITTED
         return self.commit_ts
@@ -357,7 +367,12 @@ class Transaction(Snapshot):
         self._check_usable()
         self._writes.clear()
         self._status = TxnStatus.ROLLED_BACK
-        self._client._unregister_active(self.start_ts)
+        self._release()
+
+    def close(self) -> None:
+        """Roll back if still active; after commit or rollback there is nothing to do."""
+        if self._status is TxnStatus.ACTIVE:
+            self.rollback()
 
     def __enter__(self) -> Transaction:
         return self

@@ -17,7 +17,7 @@ it is safe to run at any time against a live deployment:
 ``by_age`` {bucket: count}, ``oldest`` [..], ``truncated`` tables), ``notifications``
 (``observers`` [{observer, table, column, pending, parked}], ``unobserved`` [{table, column,
 pending}]), ``oracle`` (``record`` or null, ``servers`` [..]), ``gc`` (``safe_point``,
-``safe_point_time``, ``oldest_published_start_ts``) and ``problems`` (strings).
+``safe_point_time``, ``oldest_published_start_ts``, ``reservations``) and ``problems`` (strings).
 
 Exit code: 0 when nothing is wrong, 1 when ``problems`` is not empty (expired locks, parked
 notifications, unobserved notifications, no active oracle among ``--oracle``), 2 for a bad
@@ -235,14 +235,26 @@ def _ask_servers(oracle: str) -> list[dict[str, Any]]:
 
 
 def gc_report(store: Store) -> dict[str, Any]:
-    from percolator.protocol.gc import published_min_start_ts, read_safe_point
+    from percolator.readers import live_readers, read_safe_point, scan_reservations
 
     safe_point, _ = read_safe_point(store)
-    oldest, _ = published_min_start_ts(store, now_ms())
+    clock = now_ms()
+    oldest = live_readers(store, clock).oldest
+    reservations = [
+        {
+            "name": r.name,
+            "ts": r.ts,
+            "time": describe(r.ts),
+            "expires_in_ms": r.expires_ms - clock,
+            "expired": r.expires_ms < clock,
+        }
+        for r in scan_reservations(store)
+    ]
     return {
         "safe_point": safe_point,
         "safe_point_time": describe(safe_point) if safe_point else None,
         "oldest_published_start_ts": oldest,
+        "reservations": reservations,
     }
 
 
@@ -332,9 +344,12 @@ def format_report(report: dict[str, Any]) -> str:
     safe = gc["safe_point_time"] or "none (GC never ran)"
     oldest = gc["oldest_published_start_ts"]
     lines.append(
-        f"gc: safe point {safe}; oldest live transaction published: "
+        f"gc: safe point {safe}; oldest live reader or reservation: "
         + (describe(oldest) if oldest else "none")
     )
+    for r in gc["reservations"]:
+        state = "expired" if r["expired"] else f"expires in {r['expires_in_ms'] // 1000} s"
+        lines.append(f"  reservation {r['name']!r} at {r['time']} ({state})")
     lines.append("problems: " + ("none" if not report["problems"] else ""))
     lines += [f"  - {p}" for p in report["problems"]]
     return "\n".join(lines)

@@ -30,6 +30,7 @@ same cell forward concurrently.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Sequence
 
 from percolator import failpoints
@@ -38,11 +39,13 @@ from percolator.errors import (
     TransactionAbortedError,
     UndeterminedCommitError,
 )
-from percolator.layout import WRITE
+from percolator.layout import WRITE, commit_index_qualifier
 from percolator.protocol.cells import CellKey, fetch_cells
 from percolator.protocol.lock import commit_lock
 from percolator.records import Kind, LockCell, WriteRecord
 from percolator.store.base import Put, Store
+
+_U64 = struct.Struct(">Q")
 
 
 def write_record_puts(
@@ -55,6 +58,19 @@ def write_record_puts(
     ]
 
 
+def commit_index_put(key: CellKey, start_ts: int, commit_ts: int) -> Put:
+    """The commit-index entry of a transaction's primary: ``start_ts -> commit_ts`` (layout:
+    :func:`percolator.layout.commit_index_qualifier`).  With it a status check is one read
+    of one version however long the primary's history has grown since (protocol/resolve.py).
+
+    Written with the primary's write record after the commit point, and by a prewrite that
+    re-puts a missing record of the previous commit (it does not know whether that cell was a
+    primary, so it writes the entry anyway: one small cell, collected by GC)."""
+    return Put(
+        key.row, WRITE, commit_index_qualifier(key.qualifier), start_ts, _U64.pack(commit_ts)
+    )
+
+
 def commit_primary(
     store: Store,
     primary: CellKey,
@@ -63,6 +79,7 @@ def commit_primary(
     lock_bytes: bytes,
     *,
     on_committed: Callable[[], None] | None = None,
+    on_undetermined: Callable[[], None] | None = None,
 ) -> None:
     """The commit point: compare-and-set ``primary`` from ``lock_bytes`` (the exact bytes of
     ``start_ts``'s lock there) to ``Committed{commit_ts}``.
@@ -72,17 +89,35 @@ def commit_primary(
     after still knows the transaction committed.  Raises TransactionAbortedError (the lock
     was rolled back by another client: nothing is committed) or UndeterminedCommitError (the
     outcome is unknown).  Failpoints ``commit.primary_cas`` (before the compare-and-set) and
-    ``commit.primary_cas_applied`` (after it, whatever its result)."""
+    ``commit.primary_cas_applied`` (after it, whatever its result).
+
+    Unknown means unknown, whatever broke: a store error, a bug, or an interrupt (Ctrl-C)
+    while the compare-and-set was in flight may each have struck after the server applied it.
+    Any Exception then becomes UndeterminedCommitError; an interrupt (KeyboardInterrupt,
+    SystemExit) propagates as itself after ``on_undetermined`` told the caller."""
+    applied: bool | None = None
+    sent = False
     try:
         failpoints.failpoint("commit.primary_cas")
+        sent = True
         applied = commit_lock(store, primary, lock_bytes, commit_ts)
         if applied and on_committed is not None:
             on_committed()
         failpoints.failpoint("commit.primary_cas_applied")
-    except StoreUnavailableError as exc:
+    except BaseException as exc:
+        # A store error is unknown by definition (the failpoints simulate one before and
+        # after the compare-and-set); anything else is unknown only while the call was out.
+        unknown = isinstance(exc, StoreUnavailableError) or (sent and applied is None)
+        if not unknown:
+            raise  # the outcome is known: the caller decides
+        if not isinstance(exc, Exception):
+            if on_undetermined is not None:
+                on_undetermined()
+            raise
         raise UndeterminedCommitError(
             f"transaction {start_ts}: the commit of primary {primary} at {commit_ts} has an "
-            f"unknown outcome ({exc}); a later read shows whether it committed"
+            f"unknown outcome ({type(exc).__name__}: {exc}); a later read shows whether it "
+            "committed"
         ) from exc
     if not applied:
         raise TransactionAbortedError(

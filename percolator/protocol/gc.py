@@ -1,22 +1,36 @@
-"""Garbage collection of old versions below a safe point.
+"""Garbage collection of old versions below a safe point, without breaking any reader.
 
-1. **Safe point**: ``now - life_time``, lowered below the oldest live transaction that any
-   client has published (``Client.publish_min_start_ts``) and below any lock that is still
-   alive.  Reads below the safe point are rejected with :class:`SafePointError`.
-2. **Locks** below the candidate safe point are resolved (rolled forward or back) first, so
-   no transaction below the safe point is undecided when versions disappear.
-3. The safe point is stored (compare-and-set, only ever forward) **before** any deletion:
-   a client that sees the old safe point may still read, but only at or above it.
-4. Per cell, the newest write record ``<= safe point`` is kept with its data; older write
-   records and data versions are deleted (``delete_versions`` at ``commit_ts - 1`` and
-   ``start_ts - 1``).  Cells whose kept record is not newer than the previous safe point
-   were already collected and are skipped, so a GC run does not re-mark untouched cells.
+One pass:
 
-Known leftover: data versions of rolled-back transactions that are newer than a cell's
-kept commit stay until a later commit of that cell is collected.
+1. **Candidate**: ``now - life_time``, lowered below the oldest live reader any client has
+   published, the named reservations, and the calling client's own readers
+   (percolator/readers.py).
+2. **Locks, in every table** (whatever subset is being collected): every lock below the
+   candidate is resolved (rolled forward or back); a live one lowers the candidate below it.
+   So no transaction below the safe point is undecided when history disappears anywhere: a
+   secondary lock in table ``b`` can never outlive the history of its primary in ``a``.  A
+   lock whose primary's table is gone cannot be decided: it is counted (``locks_orphaned``)
+   and skipped, and GC of everything else goes on.
+3. The safe point is stored (compare-and-set, only ever forward) **before** any deletion.
+4. The readers are **read again**: nothing at or above the oldest live reader, reservation or
+   live lock is deleted (the deletion bound may be below the stored safe point; readers below
+   the stored safe point get SafePointError anyway).  This second read is what protects a
+   reader whose publication landed while the pass was running (percolator/readers.py).
+5. Per table: per cell, the newest write record ``<= bound`` is kept with its data; older
+   write records and data versions (including the orphans of rolled-back transactions below
+   the kept commit) are deleted, and so are the commit-index entries of transactions below the
+   bound (``protocol/commit.py``).  Each table's progress (``gc/table/<name>``) is stored only
+   after its collection finished, and a cell is skipped only when its kept record is not newer
+   than **that table's** progress: a pass killed at any step, or a pass over a subset of
+   tables, leaves nothing uncollectable.
 
-Idempotent and safe to run concurrently with transactions; two GC runs at once do no harm
-(the safe point only moves forward by compare-and-set).
+Deletes are batched (one store call per 1000 cells).  Idempotent and safe to run
+concurrently with transactions and with other GC passes.
+
+Known leftovers (the Thrift-1 gateway deletes "every version at or below", never one version
+in the middle, and has no conditional delete): data versions of rolled-back transactions that
+are **newer** than a cell's kept commit stay until a later commit of that cell is collected;
+lock cells stay (one small cell per user cell, holding its latest commit).
 """
 
 from __future__ import annotations
@@ -26,17 +40,25 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from percolator import failpoints
-from percolator.layout import DATA, LOCK, META_FAMILY, META_TABLE, WRITE
+from percolator.errors import TableNotFoundError
+from percolator.layout import DATA, LOCK, META_FAMILY, META_TABLE, WRITE, is_commit_index
 from percolator.protocol.cells import CellKey, RawCell
 from percolator.protocol.resolve import LockResolver
+from percolator.readers import (
+    CLIENT_QUALIFIER,
+    SAFE_POINT_QUALIFIER,
+    SAFE_POINT_ROW,
+    live_readers,
+    read_safe_point,
+    set_meta_cell,
+)
 from percolator.records import LockCell, WriteRecord
 from percolator.store.base import Delete, ScanOptions, Store
-from percolator.timestamps import compose, describe, physical_ms
+from percolator.timestamps import compose, describe, now_ms, physical_ms
 
 _U64 = struct.Struct(">Q")
-SAFE_POINT_ROW = b"gc"
-SAFE_POINT_QUALIFIER = b"safe_point"
-CLIENTS_PREFIX = b"clients/"
+TABLE_PROGRESS_PREFIX = b"gc/table/"
+TABLE_PROGRESS_QUALIFIER = b"collected"
 _DELETE_BATCH = 1000
 
 
@@ -44,8 +66,12 @@ _DELETE_BATCH = 1000
 class GcReport:
     safe_point: int = 0
     previous_safe_point: int = 0
+    #: versions below this were collected (at most the safe point; below live readers)
+    bound: int = 0
     locks_resolved: int = 0
     locks_alive: int = 0
+    #: locks whose primary's table no longer exists (undecidable; left in place)
+    locks_orphaned: int = 0
     cells_collected: int = 0
     clients_expired: int = 0
     tables: list[str] = field(default_factory=list)
@@ -53,20 +79,10 @@ class GcReport:
     def summary(self) -> str:
         return (
             f"safe point {describe(self.safe_point)}; {self.locks_resolved} locks resolved, "
-            f"{self.locks_alive} alive; {self.cells_collected} cells collected in "
-            f"{len(self.tables)} tables; {self.clients_expired} expired client records removed"
+            f"{self.locks_alive} alive, {self.locks_orphaned} orphaned; "
+            f"{self.cells_collected} cells collected in {len(self.tables)} tables; "
+            f"{self.clients_expired} expired client records removed"
         )
-
-
-def read_safe_point(store: Store) -> tuple[int, bytes | None]:
-    """The stored safe point and its exact bytes (for compare-and-set)."""
-    cells = store.read_row(
-        META_TABLE, SAFE_POINT_ROW, columns=[(META_FAMILY, SAFE_POINT_QUALIFIER)]
-    )
-    versions = cells.get((META_FAMILY, SAFE_POINT_QUALIFIER))
-    if not versions:
-        return 0, None
-    return _U64.unpack(versions[0][1])[0], versions[0][1]
 
 
 def advance_safe_point(store: Store, safe_point: int) -> int:
@@ -88,21 +104,22 @@ def advance_safe_point(store: Store, safe_point: int) -> int:
     raise RuntimeError("the safe point kept changing under this GC run")
 
 
-def published_min_start_ts(store: Store, now_ms: int) -> tuple[int | None, list[bytes]]:
-    """The oldest live transaction any client published, and the rows of expired records."""
-    oldest: int | None = None
-    expired: list[bytes] = []
-    options = ScanOptions(start=CLIENTS_PREFIX, stop=CLIENTS_PREFIX[:-1] + b"0")
-    for row, cells in store.scan(META_TABLE, META_FAMILY, options):
-        value = cells.get(b"min_start_ts")
-        if value is None:
-            continue
-        min_start, expires = _U64.unpack(value[1][:8])[0], _U64.unpack(value[1][8:16])[0]
-        if expires < now_ms:
-            expired.append(row)
-        elif min_start and (oldest is None or min_start < oldest):
-            oldest = min_start
-    return oldest, expired
+def table_progress(store: Store, table: str) -> int:
+    """Up to which timestamp ``table`` was last collected completely (0: never)."""
+    row = TABLE_PROGRESS_PREFIX + table.encode("utf-8")
+    versions = store.read_row(META_TABLE, row, columns=[(META_FAMILY, TABLE_PROGRESS_QUALIFIER)])
+    found = versions.get((META_FAMILY, TABLE_PROGRESS_QUALIFIER))
+    return _U64.unpack(found[0][1])[0] if found else 0
+
+
+def set_table_progress(store: Store, table: str, collected: int) -> None:
+    row = TABLE_PROGRESS_PREFIX + table.encode("utf-8")
+    set_meta_cell(store, row, TABLE_PROGRESS_QUALIFIER, _U64.pack(collected))
+
+
+def forget_table_progress(store: Store, table: str) -> None:
+    """A table created anew under an old name starts uncollected."""
+    set_table_progress(store, table, 0)
 
 
 def run_gc(
@@ -112,36 +129,53 @@ def run_gc(
     *,
     now_ts: int,
     life_time_ms: int,
+    all_tables: Sequence[str] | None = None,
+    own_oldest_reader: Callable[[], int | None] = lambda: None,
+    own_row: bytes | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> GcReport:
-    """One garbage-collection pass over ``tables``.
+    """One garbage-collection pass collecting ``tables``; locks are resolved in
+    ``all_tables`` (default: ``tables``; the client passes every user table).
 
     ``now_ts`` is a fresh timestamp from the oracle: with ``life_time_ms=0`` the safe point
-    is above every transaction that started before this call."""
+    is above every transaction that started before this call and is not a live reader."""
     say = progress or (lambda message: None)
     report = GcReport(tables=list(tables))
     candidate = max(0, now_ts - compose(life_time_ms))
-    oldest, expired = published_min_start_ts(store, physical_ms(now_ts))
-    if oldest is not None:
-        candidate = min(candidate, oldest)
+    readers = live_readers(store, physical_ms(now_ts), extra=own_oldest_reader(), own_row=own_row)
+    if readers.oldest is not None:
+        candidate = min(candidate, readers.oldest)
     previous, _ = read_safe_point(store)
     report.previous_safe_point = previous
 
-    for table in tables:
+    oldest_alive: int | None = None
+    for table in all_tables if all_tables is not None else tables:
         say(f"resolving locks below {describe(candidate)} in {table}")
-        candidate = _resolve_old_locks(store, resolver, table, candidate, report)
+        candidate, alive = _resolve_old_locks(store, resolver, table, candidate, report)
+        if alive is not None and (oldest_alive is None or alive < oldest_alive):
+            oldest_alive = alive
 
     safe_point = advance_safe_point(store, candidate)
     report.safe_point = safe_point
     failpoints.failpoint("gc.after_safe_point")
 
-    for table in tables:
-        say(f"collecting versions below {describe(safe_point)} in {table}")
-        _collect(store, table, safe_point, previous, report)
+    # Read the readers again: one that published after the first read is protected here.
+    again = live_readers(store, now_ms(), extra=own_oldest_reader(), own_row=own_row)
+    bound = min(x for x in (safe_point, again.oldest, oldest_alive) if x is not None)
+    report.bound = bound
 
+    for table in tables:
+        say(f"collecting versions below {describe(bound)} in {table}")
+        done = table_progress(store, table)
+        _collect(store, table, bound, done, report)
+        failpoints.failpoint("gc.after_table")
+        if bound > done:
+            set_table_progress(store, table, bound)
+
+    expired = sorted(set(readers.expired_rows) & set(again.expired_rows))
     if expired:
         store.delete_versions(
-            META_TABLE, [Delete(row, META_FAMILY, b"min_start_ts", 2**62) for row in expired]
+            META_TABLE, [Delete(row, META_FAMILY, CLIENT_QUALIFIER, 2**62) for row in expired]
         )
         report.clients_expired = len(expired)
     say(report.summary())
@@ -150,7 +184,10 @@ def run_gc(
 
 def _resolve_old_locks(
     store: Store, resolver: LockResolver, table: str, candidate: int, report: GcReport
-) -> int:
+) -> tuple[int, int | None]:
+    """Resolve every lock of ``table`` below ``candidate``.  Returns the candidate (lowered
+    below live locks) and the oldest live lock's start_ts."""
+    oldest_alive: int | None = None
     for row, cells in store.scan(table, LOCK, ScanOptions(batch_size=1000)):
         for qualifier, (_, value) in cells.items():
             cell = LockCell.decode(value)
@@ -158,27 +195,39 @@ def _resolve_old_locks(
             if lock is None or lock.start_ts >= candidate:
                 continue
             key = CellKey(table, row, qualifier.decode("utf-8"))
-            status = resolver.resolve(RawCell(key, value, cell, None, None))
+            try:
+                status = resolver.resolve(RawCell(key, value, cell, None, None))
+            except TableNotFoundError:
+                # Its primary's table was dropped: the transaction's fate cannot be known.
+                # Leave the lock (reads of this cell report it) and collect everything else.
+                report.locks_orphaned += 1
+                continue
             if status.final:
                 report.locks_resolved += 1
             else:
                 # A live transaction below the candidate: keep the safe point below it.
                 report.locks_alive += 1
                 candidate = min(candidate, lock.start_ts)
-    return candidate
+                if oldest_alive is None or lock.start_ts < oldest_alive:
+                    oldest_alive = lock.start_ts
+    return candidate, oldest_alive
 
 
-def _collect(store: Store, table: str, safe_point: int, previous: int, report: GcReport) -> None:
+def _collect(store: Store, table: str, bound: int, done: int, report: GcReport) -> None:
     deletes: list[Delete] = []
-    options = ScanOptions(before=safe_point + 1, batch_size=1000)
+    options = ScanOptions(before=bound + 1, batch_size=1000)
     for row, cells in store.scan(table, WRITE, options):
-        for qualifier, (commit_ts, value) in cells.items():
-            if commit_ts <= previous:
-                continue  # already the kept version of an earlier GC run
-            record = WriteRecord.decode(value)
-            deletes.append(Delete(row, WRITE, qualifier, commit_ts - 1))
-            deletes.append(Delete(row, DATA, qualifier, record.start_ts - 1))
-            report.cells_collected += 1
+        for qualifier, (version, value) in cells.items():
+            if is_commit_index(qualifier):
+                # Entries at start_ts: only locks of transactions below the bound could need
+                # them, and those were all resolved above.
+                if version < bound:
+                    deletes.append(Delete(row, WRITE, qualifier, bound - 1))
+            elif version > done:  # else: already the kept version of an earlier pass
+                record = WriteRecord.decode(value)
+                deletes.append(Delete(row, WRITE, qualifier, version - 1))
+                deletes.append(Delete(row, DATA, qualifier, record.start_ts - 1))
+                report.cells_collected += 1
             if len(deletes) >= _DELETE_BATCH:
                 store.delete_versions(table, deletes)
                 deletes = []

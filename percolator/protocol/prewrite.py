@@ -39,6 +39,7 @@ from percolator.concurrency import run_all
 from percolator.errors import ConflictError, StoreUnavailableError, TransactionAbortedError
 from percolator.layout import DATA, WRITE
 from percolator.protocol.cells import CellKey, Mutation, RawCell, fetch_cells
+from percolator.protocol.commit import commit_index_put
 from percolator.protocol.lock import place_lock
 from percolator.protocol.resolve import LockResolver
 from percolator.records import Kind, LockInfo, WriteRecord
@@ -176,6 +177,9 @@ def _puts(
         if last is not None and (raw.write is None or raw.write[0] != last.commit_ts):
             record = WriteRecord(last.kind, last.start_ts)
             puts.append(Put(key.row, WRITE, key.qualifier, last.commit_ts, record.encode()))
+            # The commit may have been a primary's whose committer died before writing its
+            # record and index: the index must exist before the lock cell forgets the commit.
+            puts.append(commit_index_put(key, last.start_ts, last.commit_ts))
             history_missing = True
     return by_table, history_missing
 

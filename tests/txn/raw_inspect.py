@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from percolator.layout import DATA, LOCK, WRITE
+from percolator.layout import DATA, LOCK, WRITE, is_commit_index
 from percolator.records import CommitInfo, Kind, LockCell, WriteRecord
 from percolator.store.base import Store
 
@@ -140,7 +140,9 @@ def _discover(store: Store, table: str) -> dict[bytes, set[bytes]]:
     cells: dict[bytes, set[bytes]] = {}
     for family in (DATA, WRITE, LOCK):
         for row, qualifiers in store.scan(table, family):
-            cells.setdefault(row, set()).update(qualifiers)
+            # Commit-index entries (protocol/commit.py) live beside the write records.
+            user = {q for q in qualifiers if not is_commit_index(q)}
+            cells.setdefault(row, set()).update(user)
     return cells
 
 

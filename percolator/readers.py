@@ -1,0 +1,374 @@
+"""Live readers and the GC safe point: what keeps garbage collection from reading under them.
+
+The reader contract: a transaction or snapshot either reads exactly its snapshot or gets
+:class:`~percolator.errors.SafePointError` on that read, whatever another client or process
+does with garbage collection.  Three things make it hold:
+
+1. **Every reader registers** with its client's :class:`ReaderRegistry` before its first
+   read (transactions and snapshots alike) and unregisters when it ends -- or when it is
+   garbage-collected, so a transaction dropped without commit or rollback does not pin GC.
+2. **Each client publishes** the oldest ``start_ts`` among its live readers in the meta table
+   (row ``clients/<client id>``) with an expiry, renewed in the background while it has
+   readers, so a dead process stops pinning GC once its record expires.  The first reader
+   after an idle spell publishes synchronously (one put) and then reloads the safe point
+   (one read); while the record stays continuously live, later readers cost nothing extra.
+3. **GC honours publications twice**: it lowers its candidate safe point below every live
+   record and named reservation, stores the safe point, then **re-reads** the records and
+   reservations and deletes nothing at or above the oldest of them.  So a reader whose record
+   was stored before GC stored its safe point is protected (GC's re-read sees the record), and
+   a reader that published later loads the safe point after GC stored it, sees it above its
+   ``start_ts`` and gets ``SafePointError`` instead of reading under the deletion.
+
+A reader whose protection may have lapsed (its client could not renew the record before it
+expired, e.g. the store was unreachable) checks the stored safe point freshly on every read.
+
+**Named reservations** ("service safe points", as TiKV calls them): a long job whose readers
+live in several processes over a long time (an export, a backfill) reserves a timestamp under
+a name with an expiry; GC keeps its safe point at or below it until it expires or is released.
+``percolator status`` lists them.
+
+Formats (meta table, family ``m``):
+
+* ``clients/<client id>``, qualifier ``min_start_ts``: u64 oldest start_ts (0: none) + u64
+  expiry in wall-clock ms;
+* ``gc/reserve/<name>``, qualifier ``ts``: u64 reserved timestamp + u64 expiry in wall ms.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from percolator.errors import InvalidArgumentError, PercolatorError, SafePointError
+from percolator.layout import META_FAMILY, META_TABLE
+from percolator.store.base import Delete, Put, ScanOptions, Store
+from percolator.timestamps import describe, now_ms
+
+log = logging.getLogger(__name__)
+
+_U64 = struct.Struct(">Q")
+CLIENTS_PREFIX = b"clients/"
+CLIENT_QUALIFIER = b"min_start_ts"
+RESERVE_PREFIX = b"gc/reserve/"
+RESERVE_QUALIFIER = b"ts"
+SAFE_POINT_ROW = b"gc"
+SAFE_POINT_QUALIFIER = b"safe_point"
+
+#: how long a client's publication stays valid without renewal
+PUBLISH_TTL_MS = 60_000
+#: how often a client with live readers renews it (well inside the TTL); also how long a
+#: record may lag behind readers that ended (GC is held back that long: never wrong)
+RENEW_INTERVAL_S = 2.0
+#: a reader counts as protected until this long before its client's record expires
+_PROTECTION_MARGIN_MS = 15_000
+
+
+def _prefix_stop(prefix: bytes) -> bytes:
+    # The scan stop that covers exactly the rows under a prefix ending in "/".
+    return prefix[:-1] + b"0"
+
+
+# ------------------------------------------------------------------------ meta cells
+
+
+def set_meta_cell(store: Store, row: bytes, qualifier: bytes, value: bytes) -> None:
+    """Replace one meta-table cell by compare-and-set.
+
+    Never a delete and a plain put: a delete marker hides every later put at or below its
+    version (HBase semantics, which every backend follows), so a cell that is cleared and set
+    again must go through compare-and-set, whose version is the store's own clock."""
+    for _ in range(100):
+        found = store.read_row(META_TABLE, row, columns=[(META_FAMILY, qualifier)])
+        versions = found.get((META_FAMILY, qualifier))
+        current = versions[0][1] if versions else None
+        if current == value:
+            return
+        if store.compare_and_set(META_TABLE, row, META_FAMILY, qualifier, current, value):
+            return
+    raise RuntimeError(f"meta cell {row!r} kept changing under this update")
+
+
+# ------------------------------------------------------------------------ safe point
+
+
+def read_safe_point(store: Store) -> tuple[int, bytes | None]:
+    """The stored safe point and its exact bytes (for compare-and-set)."""
+    cells = store.read_row(
+        META_TABLE, SAFE_POINT_ROW, columns=[(META_FAMILY, SAFE_POINT_QUALIFIER)]
+    )
+    versions = cells.get((META_FAMILY, SAFE_POINT_QUALIFIER))
+    if not versions:
+        return 0, None
+    return _U64.unpack(versions[0][1])[0], versions[0][1]
+
+
+def safe_point_error(read_ts: int, safe_point: int) -> SafePointError:
+    return SafePointError(
+        f"cannot read at {describe(read_ts)}: it is below the garbage-collection safe point "
+        f"{describe(safe_point)}, whose older versions may be gone"
+    )
+
+
+# ------------------------------------------------------------------------ publications
+
+
+@dataclass(frozen=True)
+class Publication:
+    """One client's published oldest live reader (``min_start_ts`` 0: it has none)."""
+
+    row: bytes
+    min_start_ts: int
+    expires_ms: int
+
+
+def encode_publication(min_start_ts: int, expires_ms: int) -> bytes:
+    return _U64.pack(min_start_ts) + _U64.pack(expires_ms)
+
+
+def scan_publications(store: Store) -> list[Publication]:
+    """Every client's record, expired ones included (one scan of the client rows)."""
+    found = []
+    options = ScanOptions(start=CLIENTS_PREFIX, stop=_prefix_stop(CLIENTS_PREFIX))
+    for row, cells in store.scan(META_TABLE, META_FAMILY, options):
+        value = cells.get(CLIENT_QUALIFIER)
+        if value is None or len(value[1]) < 16:
+            continue
+        found.append(Publication(row, _U64.unpack(value[1][:8])[0], _U64.unpack(value[1][8:16])[0]))
+    return found
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A named safe-point reservation: GC keeps its safe point at or below ``ts``."""
+
+    name: str
+    ts: int
+    expires_ms: int
+
+
+def scan_reservations(store: Store) -> list[Reservation]:
+    found = []
+    options = ScanOptions(start=RESERVE_PREFIX, stop=_prefix_stop(RESERVE_PREFIX))
+    for row, cells in store.scan(META_TABLE, META_FAMILY, options):
+        value = cells.get(RESERVE_QUALIFIER)
+        if value is None or len(value[1]) < 16:
+            continue
+        name = row[len(RESERVE_PREFIX) :].decode("utf-8", "replace")
+        if value[1] == encode_publication(0, 0):
+            continue  # released
+        found.append(
+            Reservation(name, _U64.unpack(value[1][:8])[0], _U64.unpack(value[1][8:16])[0])
+        )
+    return found
+
+
+def reserve_safe_point(store: Store, name: str, ts: int, ttl_ms: int) -> None:
+    """Reserve ``ts`` under ``name`` for ``ttl_ms`` (renew by calling again).  GC passes that
+    start after this returns keep their safe point at or below ``ts``; one that started
+    earlier and already stored a safe point above ``ts`` has made ``ts`` unreadable, which a
+    reader at ``ts`` learns as :class:`SafePointError` (check with :func:`read_safe_point`)."""
+    if not isinstance(name, str) or not name or "/" in name:
+        raise InvalidArgumentError(
+            f"reservation name must be a non-empty str without '/': {name!r}"
+        )
+    if not isinstance(ttl_ms, int) or ttl_ms <= 0:
+        raise InvalidArgumentError(f"ttl_ms must be a positive int, got {ttl_ms!r}")
+    row = RESERVE_PREFIX + name.encode("utf-8")
+    set_meta_cell(store, row, RESERVE_QUALIFIER, encode_publication(ts, now_ms() + ttl_ms))
+
+
+def release_safe_point(store: Store, name: str) -> None:
+    """Drop a reservation (kept as a released record: see :func:`set_meta_cell`)."""
+    row = RESERVE_PREFIX + name.encode("utf-8")
+    set_meta_cell(store, row, RESERVE_QUALIFIER, encode_publication(0, 0))
+
+
+@dataclass(frozen=True)
+class ReadersView:
+    """What GC must stay below, read from the store at one moment."""
+
+    oldest: int | None  # the oldest live reader or reservation, None if there is none
+    expired_rows: list[bytes]
+
+
+def live_readers(
+    store: Store, clock_ms: int, *, extra: int | None = None, own_row: bytes | None = None
+) -> ReadersView:
+    """The oldest ``start_ts`` of any live published reader or unexpired reservation (and
+    ``extra``, the caller's own in-memory readers, whose record ``own_row`` is skipped: the
+    caller knows them exactly), plus the rows of expired client records."""
+    oldest = extra
+    expired = []
+    for pub in scan_publications(store):
+        if pub.row == own_row:
+            continue
+        if pub.expires_ms < clock_ms:
+            expired.append(pub.row)
+        elif pub.min_start_ts and (oldest is None or pub.min_start_ts < oldest):
+            oldest = pub.min_start_ts
+    for reservation in scan_reservations(store):
+        if reservation.expires_ms >= clock_ms and (oldest is None or reservation.ts < oldest):
+            oldest = reservation.ts
+    return ReadersView(oldest, expired)
+
+
+# ------------------------------------------------------------------------ the registry
+
+
+class ReaderRegistry:
+    """The live readers of one client and its publication of the oldest one.  Thread-safe.
+
+    ``register`` is called before a reader's first read, ``check`` on each read."""
+
+    def __init__(
+        self,
+        store: Store,
+        client_id: str,
+        *,
+        safe_point_refresh_ms: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._store = store
+        #: this client's record in the meta table
+        self.row = CLIENTS_PREFIX + client_id.encode()
+        self._refresh_ms = safe_point_refresh_ms
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._active: dict[int, int] = {}  # start_ts -> count of live readers
+        self._next_token = 0
+        # The record in the store covers every live reader from this monotonic time until
+        # _protected_until (None: no record this client can rely on).
+        self._published_since: float | None = None
+        self._protected_until = 0.0
+        self._published_min = 0
+        self._safe_point = 0
+        self._safe_point_loaded_at = float("-inf")
+        self._publish_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    # ---------------------------------------------------------------- readers
+
+    def register(self, owner: object, start_ts: int) -> Callable[[], None]:
+        """Register a reader at ``start_ts`` owned by ``owner``; returns its release function
+        (idempotent).  The reader is also released when ``owner`` is garbage-collected.
+        Raises SafePointError if ``start_ts`` is already below the safe point."""
+        with self._lock:
+            self._active[start_ts] = self._active.get(start_ts, 0) + 1
+        finalizer = weakref.finalize(owner, self._release, start_ts)
+        try:
+            self._ensure_published()
+            self.check(start_ts)
+        except BaseException:
+            finalizer()
+            raise
+        return finalizer
+
+    def _release(self, start_ts: int) -> None:
+        with self._lock:
+            count = self._active.get(start_ts, 0) - 1
+            if count <= 0:
+                self._active.pop(start_ts, None)
+            else:
+                self._active[start_ts] = count
+
+    def min_active(self) -> int | None:
+        with self._lock:
+            return min(self._active) if self._active else None
+
+    # ---------------------------------------------------------------- publication
+
+    def _ensure_published(self) -> None:
+        """Make sure a live record covering every registered reader is in the store."""
+        if self._clock() < self._protected_until and self._published_since is not None:
+            with self._lock:
+                oldest = min(self._active) if self._active else 0
+            if self._published_min and self._published_min <= oldest:
+                return
+        self.publish()
+        self._start_renewer()
+
+    def publish(self) -> None:
+        """Store this client's oldest live reader now (synchronously)."""
+        with self._publish_lock:
+            # Computed under the lock after every reader registered so far was added, so the
+            # last record written always covers every reader that relies on it.
+            oldest = self.min_active() or 0
+            lapsed = not (self._clock() < self._protected_until)
+            value = encode_publication(oldest, now_ms() + PUBLISH_TTL_MS)
+            issued = self._clock()
+            self._store.put(META_TABLE, [Put(self.row, META_FAMILY, CLIENT_QUALIFIER, 1, value)])
+            if oldest == 0:
+                self._published_since = None
+                self._protected_until = 0.0
+            else:
+                # A new protection starts when none was in force or the record now covers
+                # older readers than before; moving the minimum forward keeps it going.
+                if self._published_since is None or lapsed or oldest < self._published_min:
+                    self._published_since = self._clock()
+                self._protected_until = issued + (PUBLISH_TTL_MS - _PROTECTION_MARGIN_MS) / 1000
+            self._published_min = oldest
+
+    def _start_renewer(self) -> None:
+        with self._lock:
+            if self._renewer is not None:
+                return
+            self._renewer = threading.Thread(
+                target=self._renew_loop, daemon=True, name="percolator-readers"
+            )
+            self._renewer.start()
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(RENEW_INTERVAL_S):
+            if self.min_active() is None and self._published_min == 0:
+                continue
+            try:
+                self.publish()
+            except PercolatorError as exc:
+                log.warning("could not publish the oldest live reader: %s", exc)
+
+    # ---------------------------------------------------------------- safe point
+
+    def safe_point(self, *, refresh: bool = False) -> int:
+        """The stored safe point, cached for at most the refresh interval."""
+        now = self._clock()
+        if refresh or (now - self._safe_point_loaded_at) * 1000 > self._refresh_ms:
+            self._safe_point = read_safe_point(self._store)[0]
+            self._safe_point_loaded_at = now
+        return self._safe_point
+
+    def check(self, read_ts: int) -> None:
+        """Raise SafePointError if a read at ``read_ts`` may see collected versions.
+
+        Cheap while this client's record is live and the cached safe point was loaded after
+        the record was established (GC's re-read of the records then protects the reader);
+        otherwise the safe point is read from the store first."""
+        now = self._clock()
+        protected = (
+            self._published_since is not None
+            and now < self._protected_until
+            and self._safe_point_loaded_at > self._published_since
+            and self._published_min != 0
+            and self._published_min <= read_ts
+        )
+        safe_point = self.safe_point(refresh=not protected)
+        if read_ts < safe_point:
+            raise safe_point_error(read_ts, safe_point)
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def close(self) -> None:
+        """Stop renewing and withdraw the record (best effort: it expires anyway)."""
+        self._stop.set()
+        if self._published_min:
+            try:
+                self._store.delete_versions(
+                    META_TABLE, [Delete(self.row, META_FAMILY, CLIENT_QUALIFIER, 2**62)]
+                )
+            except PercolatorError as exc:
+                log.debug("could not withdraw the reader record: %s", exc)

@@ -1,0 +1,264 @@
+"""Garbage collection never causes a silent wrong read, whatever another client collects.
+
+Each test reproduces one failure class seen when an operator ran ``gc`` beside a live
+application: committed data rolled back by a GC of a subset of tables, live transactions and
+snapshots reading ``None`` where they read a value before, status checks that lose a commit
+in a long history, an interrupt at the commit point reported as a rollback, a dropped table
+that stops GC store-wide, versions that are never collected, and an abandoned transaction
+that pins GC for ever.  A reader must read exactly its snapshot or get ``SafePointError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc as python_gc
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import percolator
+from percolator import failpoints
+from percolator.errors import SafePointError, UndeterminedCommitError
+from percolator.store import Store, open_store
+
+BACKENDS = [
+    pytest.param("memory", id="memory"),
+    pytest.param("embedded", id="embedded"),
+    pytest.param("hbase", id="hbase", marks=pytest.mark.hbase),
+]
+
+
+@pytest.fixture(params=BACKENDS)
+def shared_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """One store that two clients (the application and an operator's GC) share."""
+    if request.param == "memory":
+        url = f"memory:{uuid.uuid4().hex}"
+    elif request.param == "embedded":
+        url = f"embedded:{tmp_path / 'store'}"
+    else:
+        url = f"{request.getfixturevalue('hbase_url')}?prefix=g{uuid.uuid4().hex[:10]}_"
+    store = open_store(url)
+    yield store
+    if url.startswith("hbase"):
+        for table in store.list_tables():
+            store.drop_table(table)
+    store.close()
+
+
+@pytest.fixture
+def app(shared_store: Store) -> Iterator[percolator.Client]:
+    client = percolator.connect(shared_store, lock_ttl_ms=500, lock_wait_ms=3000)
+    for table in ("a", "b"):
+        client.create_table(table)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def operator(shared_store: Store, app: percolator.Client) -> Iterator[percolator.Client]:
+    """A second client on the same store, as `percolator gc` run by an operator would be."""
+    client = percolator.connect(shared_store)
+    yield client
+    client.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_failpoints() -> Iterator[None]:
+    yield
+    failpoints.disable()
+
+
+def _commit_leaving_secondary_locked(app: percolator.Client) -> int:
+    """Commit a transaction whose primary is a/k and whose secondary b/k stays locked (the
+    client dies right after the commit point, before it commits the secondary)."""
+    failpoints.enable("commit.after_primary", "raise")
+    txn = app.transaction()
+    txn.set("a", b"k", "c", b"committed-a")
+    txn.set("b", b"k", "c", b"committed-b")
+    commit_ts = txn.commit()
+    failpoints.disable()
+    assert commit_ts is not None
+    return commit_ts
+
+
+# ---------------------------------------------------------------- 1. gc of a subset of tables
+
+
+def test_gc_of_one_table_never_rolls_back_a_committed_secondary_elsewhere(
+    app: percolator.Client, operator: percolator.Client
+) -> None:
+    _commit_leaving_secondary_locked(app)
+    # Later commits of the primary cell push the transaction out of its lock cell.
+    app.run(lambda t: t.set("a", b"k", "c", b"later-1"))
+    app.run(lambda t: t.set("a", b"k", "c", b"later-2"))
+
+    operator.gc(life_time_ms=0, tables=["a"])
+
+    with operator.snapshot() as snap:
+        assert snap.get("b", b"k", "c") == b"committed-b"
+
+
+# ---------------------------------------------------------------- 2. live readers
+
+
+def test_live_transaction_reads_its_snapshot_or_gets_safe_point_error(
+    app: percolator.Client, operator: percolator.Client
+) -> None:
+    app.run(lambda t: t.set("a", b"k", "c", b"v1"))
+    txn = app.transaction()
+    assert txn.get("a", b"k", "c") == b"v1"
+    app.run(lambda t: t.set("a", b"k", "c", b"v2"))
+
+    operator.gc(life_time_ms=0)
+
+    try:
+        value = txn.get("a", b"k", "c")
+    except SafePointError:
+        return
+    assert value == b"v1"
+    txn.rollback()
+
+
+def test_live_snapshot_reads_its_snapshot_or_gets_safe_point_error(
+    app: percolator.Client, operator: percolator.Client
+) -> None:
+    app.run(lambda t: t.set("a", b"k", "c", b"v1"))
+    snap = app.snapshot()
+    assert snap.get("a", b"k", "c") == b"v1"
+    app.run(lambda t: t.set("a", b"k", "c", b"v2"))
+
+    operator.gc(life_time_ms=0)
+
+    try:
+        value = snap.get("a", b"k", "c")
+    except SafePointError:
+        return
+    assert value == b"v1"
+
+
+def test_own_gc_protects_the_clients_live_transactions(app: percolator.Client) -> None:
+    app.run(lambda t: t.set("a", b"k", "c", b"v1"))
+    txn = app.transaction()
+    assert txn.get("a", b"k", "c") == b"v1"
+    app.run(lambda t: t.set("a", b"k", "c", b"v2"))
+
+    report = app.gc(life_time_ms=0)
+
+    assert report.safe_point <= txn.start_ts
+    assert txn.get("a", b"k", "c") == b"v1"
+    txn.rollback()
+
+
+# ---------------------------------------------------------------- 3. long primary history
+
+
+def test_status_check_finds_a_commit_behind_a_long_history(
+    app: percolator.Client, operator: percolator.Client
+) -> None:
+    from percolator.layout import WRITE
+    from percolator.records import Kind, WriteRecord
+    from percolator.store.base import Put
+
+    commit_ts = _commit_leaving_secondary_locked(app)
+    # 100,001 later commits of the primary cell (written raw: what matters is the history
+    # a status check has to look through, not how it got there).
+    record = WriteRecord(Kind.PUT, commit_ts).encode()
+    puts = [Put(b"k", WRITE, b"c", commit_ts + 1 + i, record) for i in range(100_001)]
+    for start in range(0, len(puts), 10_000):
+        app.store.put("a", puts[start : start + 10_000])
+    app.run(lambda t: t.set("a", b"k", "c", b"later"))
+
+    with operator.snapshot() as snap:
+        assert snap.get("b", b"k", "c") == b"committed-b"
+
+
+# ---------------------------------------------------------------- 4. interrupt at the commit point
+
+
+@pytest.mark.parametrize("applied", [True, False], ids=["applied", "not-applied"])
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_interrupt_during_the_primary_commit_is_undetermined(
+    shared_store: Store, applied: bool, error: type[BaseException]
+) -> None:
+    """Anything that breaks while the commit point's compare-and-set is out -- here a bug or
+    a Ctrl-C raised after (or before) the server applied it -- leaves the outcome unknown:
+    the transaction reports UNDETERMINED, never ROLLED_BACK, and a later read shows it."""
+    from percolator.layout import LOCK
+    from percolator.testing import Call, FaultyStore
+
+    store = FaultyStore(shared_store)
+    client = percolator.connect(store)
+    try:
+        client.create_table("a")
+        txn = client.transaction()
+        txn.set("a", b"k", "c", b"v")
+        # The first compare-and-set on the lock family is the primary's prewrite; the
+        # second is the commit point.
+        lock_cas = [0]
+
+        def second_lock_cas(call: Call) -> bool:
+            if call["family"] != LOCK:
+                return False
+            lock_cas[0] += 1
+            return lock_cas[0] == 2
+
+        store.fail("compare_and_set", when=second_lock_cas, applied=applied, error=error)
+        expected = UndeterminedCommitError if error is RuntimeError else KeyboardInterrupt
+        with pytest.raises(expected):
+            txn.commit()
+        assert txn.status is percolator.TxnStatus.UNDETERMINED
+        store.clear()
+        with client.snapshot() as snap:
+            assert snap.get("a", b"k", "c") == (b"v" if applied else None)
+    finally:
+        client.close()
+
+
+# ---------------------------------------------------------------- 5. dropped tables
+
+
+def test_drop_table_holding_primaries_of_locked_secondaries_is_refused_or_resolved(
+    app: percolator.Client, operator: percolator.Client
+) -> None:
+    _commit_leaving_secondary_locked(app)
+    with contextlib.suppress(percolator.errors.PercolatorError):
+        app.drop_table("a")  # refused while b holds locks whose primary is in a
+    # Either way b stays readable, and GC of b goes on.
+    with operator.snapshot() as snap:
+        assert snap.get("b", b"k", "c") == b"committed-b"
+    operator.gc(life_time_ms=0, tables=["b"])
+
+
+# ---------------------------------------------------------------- 6. nothing uncollectable
+
+
+def test_gc_of_one_table_does_not_leave_other_tables_uncollected(
+    app: percolator.Client, operator: percolator.Client
+) -> None:
+    from percolator.layout import WRITE
+
+    for value in (b"1", b"2", b"3"):
+        app.run(lambda t, v=value: t.set("b", b"k", "c", v))
+    app.run(lambda t: t.set("a", b"k", "c", b"x"))
+    app.publish_min_start_ts()  # its record says "no live reader" now, not in 2 s
+
+    operator.gc(life_time_ms=0, tables=["a"])  # moves the safe point past b's history
+    operator.gc(life_time_ms=0)
+
+    versions = app.store.read_row("b", b"k", columns=[(WRITE, b"c")], max_versions=100)
+    assert len(versions[(WRITE, b"c")]) == 1
+
+
+# ---------------------------------------------------------------- 7. abandoned transactions
+
+
+def test_dropped_transaction_does_not_pin_gc(app: percolator.Client) -> None:
+    txn = app.transaction()
+    txn.get("a", b"k", "c")
+    start_ts = txn.start_ts
+    del txn
+    python_gc.collect()
+    app.run(lambda t: t.set("a", b"k", "c", b"v"))
+    assert app.gc(life_time_ms=0).safe_point > start_ts
