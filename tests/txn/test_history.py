@@ -723,3 +723,72 @@ def test_primary_cas_applied_raise_keeps_atomicity() -> None:
     raw, settled = finish(client, recorder)
     assert raw.valid, raw.summary()
     assert settled.valid, settled.summary()
+
+
+# ============================================================================ 4. with GC
+
+GC_LOOP = """
+import os, sys, percolator
+client = percolator.connect(sys.argv[1])
+passes = 0
+while not os.path.exists(sys.argv[2]):
+    client.gc(life_time_ms=0)
+    passes += 1
+client.close()
+print(passes)
+"""
+
+
+def test_history_has_no_anomalies_while_another_process_collects_garbage(
+    tmp_path: Path,
+) -> None:
+    """Long transactions (every read waits a little) and snapshots on hot keys while another
+    process runs GC with life time 0 in a loop: whatever GC removes, every transaction and
+    snapshot read exactly its snapshot or was refused (SafePointError counts as an abort)."""
+    from percolator.errors import SafePointError
+    from percolator.store import open_store
+    from percolator.testing import FaultyStore
+
+    url = f"embedded:{tmp_path / 'store'}"
+    store = FaultyStore(open_store(url))
+    # Every read takes 3 ms longer: transactions stay open while GC passes go by.
+    store.before("read_rows", lambda call: time.sleep(0.003), times=None)
+    client = percolator.connect(store, lock_ttl_ms=LOCK_TTL_MS, lock_wait_ms=5000)
+    client.create_table(TABLE)
+    stop = tmp_path / "stop"
+    gc_proc = subprocess.Popen(
+        [sys.executable, "-c", GC_LOOP, url, str(stop)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    recorder = Recorder()
+    refused = [0]
+    done = threading.Event()
+
+    def snapshots() -> None:
+        while not done.is_set():
+            try:
+                history.read_all(client, recorder, table=TABLE, keys=KEYS, column=COLUMN)
+            except SafePointError:
+                refused[0] += 1
+
+    reader = threading.Thread(target=snapshots)
+    reader.start()
+    try:
+        errors = run_threads(client, recorder, threads=4, count=25, seed=7)
+    finally:
+        done.set()
+        reader.join()
+        stop.touch()
+        out, err = gc_proc.communicate(timeout=120)
+    assert gc_proc.returncode == 0, err[-3000:]
+    passes = int(out.strip())
+    raw, settled = finish(client, recorder)
+    print(f"GC passes {passes}; errors {errors}; snapshots refused {refused[0]}")
+    assert passes >= 3, f"GC ran only {passes} passes: the test checked too little"
+    assert raw.valid, raw.summary()
+    assert settled.valid, settled.summary()
+    assert settled.stats["committed"] >= 4 * 25 * 0.3, settled.summary()
+    client.close()
