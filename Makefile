@@ -9,7 +9,7 @@ PYTEST_ARGS ?= -m "not slow"
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint venv bench clean
+.PHONY: demo test test-slow lint imports venv bench clean
 
 venv: $(STAMP)
 
@@ -28,7 +28,7 @@ demo: $(STAMP)
 # Resolves HBase's jars through Maven (cached in ~/.m2) before pytest starts, so a fresh
 # machine shows the download as its own step; the test session then starts HBase itself
 # and stops it at the end.  pytest's exit code 5 ("no tests collected") is a failure here.
-test: $(STAMP)
+test: imports
 	$(BIN)/percolator hbase classpath
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests - treating as failure" >&2; exit 1; fi; \
@@ -40,10 +40,14 @@ test-slow: $(STAMP)
 # mypy cannot read pyproject's package-dir mapping: it checks the installed layout, staged
 # by tools/layout.py (oracle/ becomes percolator/oracle/, and so on).  The example package
 # is checked from its folder (pyproject's mypy_path finds it for bench's imports).
-lint: $(STAMP)
+lint: imports
 	$(BIN)/ruff check .
-	$(BIN)/python tools/layout.py build/layout
 	$(BIN)/mypy build/layout/percolator bench tools examples/docpipeline/docpipeline
+
+# The layering and no-cycle contracts (pyproject's [tool.importlinter]) on the staged layout.
+imports: $(STAMP)
+	$(BIN)/python tools/layout.py build/layout
+	cd build/layout && PYTHONPATH=. ../../$(BIN)/lint-imports --config ../../pyproject.toml
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all $(BENCH_ARGS)
