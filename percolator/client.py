@@ -31,7 +31,7 @@ from percolator.layout import (
 from percolator.notifications import (
     OBSERVED_REFRESH_ENV as OBSERVED_REFRESH_ENV,  # re-exported: test fixtures import it here
 )
-from percolator.notifications import ObservedColumns
+from percolator.notifications import ObservedColumns, collect_unobserved
 from percolator.protocol.gc import GcReport, forget_table_progress, lock_report, run_gc
 from percolator.protocol.resolve import LockResolver
 from percolator.readers import ReaderRegistry, release_safe_point, reserve_safe_point
@@ -223,6 +223,7 @@ class Client:
             own_oldest_reader=self._readers.min_active,
             own_row=self._readers.row,
         )
+        report.notifications_collected = collect_unobserved(self.store, names, report.bound)
         self.safe_point(refresh=True)
         return report
 

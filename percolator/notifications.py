@@ -166,6 +166,32 @@ def delete_notifications(store: Store, notification: Notification) -> None:
     )
 
 
+def collect_unobserved(store: Store, tables: Iterable[str], bound: int) -> int:
+    """Garbage collection of the notify family: delete the notify versions ``<= bound`` of
+    cells whose column no observer watches (nobody will ever clean them up), in batches.
+    Returns how many cells were cleaned.
+
+    Safe because no notify put at or below ``bound`` can still arrive (GC's bound is below
+    every transaction that could still commit there), and a column registered later catches
+    up from the data, not from old notifications."""
+    observed = load_observed_columns(store)
+    cleaned = 0
+    for table in tables:
+        deletes: list[Delete] = []
+        for row, cells in store.scan(table, NOTIFY, ScanOptions(before=bound + 1, batch_size=1000)):
+            for qualifier in cells:
+                if (table, qualifier.decode("utf-8")) not in observed:
+                    deletes.append(Delete(row, NOTIFY, qualifier, bound))
+            if len(deletes) >= 1000:
+                store.delete_versions(table, deletes)
+                cleaned += len(deletes)
+                deletes = []
+        if deletes:
+            store.delete_versions(table, deletes)
+            cleaned += len(deletes)
+    return cleaned
+
+
 # --------------------------------------------------------------------------- registry
 
 OBSERVED_ROW_PREFIX = b"observed/"

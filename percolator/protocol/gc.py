@@ -73,6 +73,8 @@ class GcReport:
     #: locks whose primary's table no longer exists (undecidable; left in place)
     locks_orphaned: int = 0
     cells_collected: int = 0
+    #: notify cells of columns no observer watches, cleaned (by the client, see gc())
+    notifications_collected: int = 0
     clients_expired: int = 0
     tables: list[str] = field(default_factory=list)
 

@@ -264,3 +264,23 @@ def test_dropped_transaction_does_not_pin_gc(app: percolator.Client) -> None:
     python_gc.collect()
     app.run(lambda t: t.set("a", b"k", "c", b"v"))
     assert app.gc(life_time_ms=0).safe_point > start_ts
+
+
+# ---------------------------------------------------------------- storage
+
+
+def test_gc_cleans_notifications_of_columns_nobody_observes(app: percolator.Client) -> None:
+    from percolator.layout import NOTIFY
+    from percolator.notifications import Registration, claim_column, put_notifications
+    from percolator.protocol.cells import CellKey
+
+    claimed, _ = claim_column(app.store, Registration("a", "watched", "o", False))
+    assert claimed
+    stamp = app.oracle.get_timestamp()
+    put_notifications(app.store, [CellKey("a", b"r", "watched"), CellKey("a", b"r", "gone")], stamp)
+
+    report = app.gc(life_time_ms=0)
+
+    assert report.notifications_collected == 1
+    left = app.store.read_row("a", b"r", families=[NOTIFY])
+    assert set(left) == {(NOTIFY, b"watched")}
