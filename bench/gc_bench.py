@@ -15,6 +15,7 @@ against a raw batched delete of the same number of cells in the same run.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import tempfile
@@ -89,12 +90,15 @@ def main() -> int:
     stop = threading.Event()
     commits = [0]
 
+    def write(txn: percolator.Transaction, row: bytes, payload: bytes) -> None:
+        txn.set(TABLE, row, "c", payload)
+
     def writer() -> None:
         i = 0
         while not stop.is_set():
             row = rows[i % len(rows)]
             payload = value + str(i).encode()
-            app.run(lambda t, r=row, v=payload: t.set(TABLE, r, "c", v))
+            app.run(functools.partial(write, row=row, payload=payload))
             commits[0] += 1
             i += 1
 
