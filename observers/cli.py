@@ -6,16 +6,19 @@ each an entry point of the ``percolator.commands`` group (see pyproject.toml).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
-from percolator.command_options import add_oracle_option, add_store_option
-from percolator.errors import ConfigError
+import percolator
+from percolator.command_options import add_oracle_option, add_store_option, connect_existing
+from percolator.errors import ConfigError, StoreNotFoundError
 
 
 def register_worker(subparsers: Any) -> None:
@@ -34,6 +37,12 @@ def register_worker(subparsers: Any) -> None:
         metavar="NAME",
         help="run this observer plugin (repeatable; default: every installed one, and none "
         "installed is an error)",
+    )
+    worker.add_argument(
+        "--create",
+        action="store_true",
+        help="create the store if it does not exist yet (default: the store must already "
+        "hold a deployment, so a mistyped path or HBase prefix is an error, not a new store)",
     )
     worker.add_argument("--threads", type=int, default=4, help="observer runs in parallel")
     worker.add_argument("--scanners", type=int, default=1, help="scanner threads")
@@ -118,10 +127,24 @@ def register_observers(subparsers: Any) -> None:
     register_cmd.add_argument(
         "--observer", action="append", metavar="NAME", required=True, help="(repeatable)"
     )
+    register_cmd.add_argument(
+        "--create", action="store_true", help="create the store if it does not exist yet"
+    )
     unregister_cmd.add_argument("name", help="the observer's name")
     registered.set_defaults(func=run_observers_list)
     register_cmd.set_defaults(func=run_observers_register)
     unregister_cmd.set_defaults(func=run_observers_unregister)
+
+
+@contextlib.contextmanager
+def _connect_existing_or_hint(store: str, oracle: str | None) -> Iterator[percolator.Client]:
+    """:func:`connect_existing`, its error saying how to create a store on purpose."""
+    with contextlib.ExitStack() as stack:
+        try:
+            client = stack.enter_context(connect_existing(store, oracle))
+        except StoreNotFoundError as exc:
+            raise StoreNotFoundError(f"{exc} (pass --create to make a new store)") from None
+        yield client
 
 
 def _print_ready(message: str) -> None:
@@ -166,7 +189,14 @@ def run_worker(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    with percolator.connect(args.store, oracle=args.oracle) as client:
+    # Without --create the store must already hold a deployment: a typo in a path or an
+    # HBase prefix would otherwise make a new, empty one that the worker watches forever.
+    opened = (
+        percolator.connect(args.store, oracle=args.oracle)
+        if args.create
+        else _connect_existing_or_hint(args.store, args.oracle)
+    )
+    with opened as client:
         # Fail fast on a wrong store or oracle address: an idle worker would otherwise
         # only notice at its first notification, maybe hours later.
         with client.snapshot():
@@ -198,9 +228,8 @@ def _select(args: argparse.Namespace) -> tuple[str | None, str | None]:
 def run_list(args: argparse.Namespace) -> int:
     from percolator.observers.parking import ParkingLot, pending
 
-    import percolator
 
-    with percolator.connect(args.store, oracle=args.oracle) as client:
+    with connect_existing(args.store, args.oracle) as client:
         if args.pending:
             if not args.table:
                 raise ConfigError("--pending needs --table")
@@ -243,7 +272,6 @@ def run_list(args: argparse.Namespace) -> int:
 def run_retry(args: argparse.Namespace) -> int:
     from percolator.observers.parking import ParkingLot
 
-    import percolator
 
     if args.row is not None and args.row_hex is not None:
         raise ConfigError("give --row or --row-hex, not both")
@@ -257,7 +285,7 @@ def run_retry(args: argparse.Namespace) -> int:
             raise ConfigError(f"--row-hex {args.row_hex!r} is not hexadecimal") from None
     if not args.all and row is None:
         raise ConfigError("name the notification (--row/--row-hex [--column]) or pass --all")
-    with percolator.connect(args.store, oracle=args.oracle) as client:
+    with connect_existing(args.store, args.oracle) as client:
         lot = ParkingLot(client)
         observer, table = _select(args)
         chosen = [
@@ -283,9 +311,8 @@ def run_retry(args: argparse.Namespace) -> int:
 def run_observers_list(args: argparse.Namespace) -> int:
     from percolator.observers.api import registrations
 
-    import percolator
 
-    with percolator.connect(args.store, oracle=args.oracle) as client:
+    with connect_existing(args.store, args.oracle) as client:
         found = registrations(client.store)
     for (table, column), reg in sorted(found.items()):
         if args.json:
@@ -305,7 +332,12 @@ def run_observers_register(args: argparse.Namespace) -> int:
     loaded = load_observers(args.observer)
     if loaded.errors:
         raise ConfigError("; ".join(str(e) for e in loaded.errors))
-    with percolator.connect(args.store, oracle=args.oracle) as client:
+    opened = (
+        percolator.connect(args.store, oracle=args.oracle)
+        if args.create
+        else _connect_existing_or_hint(args.store, args.oracle)
+    )
+    with opened as client:
         for observer in loaded.observers:
             observer.setup(client)
         register_observers(client, loaded.observers)
@@ -317,9 +349,8 @@ def run_observers_register(args: argparse.Namespace) -> int:
 def run_observers_unregister(args: argparse.Namespace) -> int:
     from percolator.observers.api import unregister_observer
 
-    import percolator
 
-    with percolator.connect(args.store, oracle=args.oracle) as client:
+    with connect_existing(args.store, args.oracle) as client:
         removed = unregister_observer(client, args.name)
     for table, column in removed:
         print(f"unregistered {args.name}: {table} {column}")
