@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import signal
 import sys
 import threading
@@ -66,8 +65,9 @@ def register_worker(subparsers: Any) -> None:
         help="serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port)",
     )
     worker.add_argument("--metrics-host", default="127.0.0.1")
-    worker.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
-    worker.set_defaults(func=run_worker)
+    # --log-level and --log-format are the command line's global options (percolator.cli);
+    # a worker logs at INFO unless told otherwise.
+    worker.set_defaults(func=run_worker, default_log_level="INFO")
 
 
 def register_notifications(subparsers: Any) -> None:
@@ -158,10 +158,6 @@ def run_worker(args: argparse.Namespace) -> int:
 
     import percolator
 
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     options = WorkerOptions(
         threads=args.threads,
         scanners=args.scanners,

@@ -160,7 +160,10 @@ class Committer:
             try:
                 self._extend_ttl()
             except PercolatorError as exc:  # the commit path will notice on its own
-                log.warning("heartbeat of transaction %d failed: %s", self.start_ts, exc)
+                log.warning(
+                    "heartbeat of transaction %d failed: %s", self.start_ts, exc,
+                    extra={"start_ts": self.start_ts},
+                )
                 return
 
     def _extend_ttl(self) -> None:
@@ -226,6 +229,7 @@ class Committer:
                 self.start_ts,
                 self.commit_ts,
                 exc,
+                extra={"start_ts": self.start_ts, "commit_ts": self.commit_ts},
             )
         done = self._commit_secondaries(self.commit_ts)
         return CommitResult(self.commit_ts, done)
@@ -311,6 +315,7 @@ class Committer:
                 self.start_ts,
                 commit_ts,
                 exc,
+                extra={"start_ts": self.start_ts, "commit_ts": commit_ts},
             )
             return False
 
@@ -332,6 +337,7 @@ class Committer:
                         "transaction %d: primary is not rolled back; leaving its secondaries "
                         "to lazy roll-forward",
                         self.start_ts,
+                        extra={"start_ts": self.start_ts},
                     )
                     return
                 failpoints.failpoint("rollback.after_primary")
@@ -347,4 +353,5 @@ class Committer:
                 "rolled back by readers",
                 self.start_ts,
                 exc,
+                extra={"start_ts": self.start_ts},
             )

@@ -6,14 +6,15 @@ Every option of every sub-command can be set three ways.  Precedence, highest fi
 2. an environment variable:
 
    - ``PERCOLATOR_STORE`` and ``PERCOLATOR_ORACLE`` set ``--store`` / ``--oracle`` of every
-     command that has them (the usual wiring of a deployment);
+     command that has them (the usual wiring of a deployment); ``PERCOLATOR_LOG_LEVEL``
+     and ``PERCOLATOR_LOG_FORMAT`` set ``--log-level`` / ``--log-format`` of every command;
    - ``PERCOLATOR_<COMMAND>_<OPTION>`` sets one command's option, with the command path and
      the option name upper-cased and ``-`` written ``_``: ``PERCOLATOR_WORKER_THREADS=8``,
      ``PERCOLATOR_ORACLE_SERVE_LISTEN=0.0.0.0:7070``;
 
-3. the config file, TOML: ``store`` and ``oracle`` in the ``[defaults]`` table apply to
-   every command that has them, and a table per command holds that command's options under
-   their flag names::
+3. the config file, TOML: ``store``, ``oracle``, ``log-level`` and ``log-format`` in the
+   ``[defaults]`` table apply to every command that has them, and a table per command holds
+   that command's options under their flag names::
 
        [defaults]
        store = "hbase://hbase:9090"
@@ -61,7 +62,7 @@ ENV_PREFIX = "PERCOLATOR_"
 DEFAULTS_TABLE = "defaults"
 # Options that the [defaults] table of the file, or an environment variable without a command
 # part, sets for every command that has them.
-SHARED_OPTIONS = ("store", "oracle")
+SHARED_OPTIONS = ("store", "oracle", "log-level", "log-format")
 # Options of the command line itself, accepted on every command's parser (``--config``
 # after the command) but never set from the file or the environment.
 GLOBAL_OPTIONS = ("config",)
@@ -282,14 +283,14 @@ def resolve(
         value = _convert(options[key], value, source)
         settings[key] = Setting(options[key].dest, value, source)
     for key in SHARED_OPTIONS:
-        name = ENV_PREFIX + key.upper()
+        name = env_name((), key)  # PERCOLATOR_STORE, PERCOLATOR_LOG_LEVEL, ...
         if key in options and environ.get(name):
             settings[key] = Setting(
                 options[key].dest, _convert(options[key], environ[name], name), name
             )
     for key, action in options.items():
         name = env_name(command, key)
-        if name in environ and not (key in SHARED_OPTIONS and name == ENV_PREFIX + key.upper()):
+        if name in environ and not (key in SHARED_OPTIONS and name == env_name((), key)):
             settings[key] = Setting(action.dest, _convert(action, environ[name], name), name)
     return list(settings.values())
 
