@@ -43,6 +43,14 @@ def register_worker(subparsers: Any) -> None:
         help="create the store if it does not exist yet (default: the store must already "
         "hold a deployment, so a mistyped path or HBase prefix is an error, not a new store)",
     )
+    worker.add_argument(
+        "--observers-from",
+        action="append",
+        metavar="MODULE:ATTR",
+        help="run the observers MODULE:ATTR names (an observer, @observer function, class, "
+        "factory, or a list of them), imported with the current directory on the path; "
+        "repeatable; with it, installed plugins run only if named with --observer",
+    )
     worker.add_argument("--threads", type=int, default=4, help="observer runs in parallel")
     worker.add_argument("--scanners", type=int, default=1, help="scanner threads")
     worker.add_argument(
@@ -153,7 +161,7 @@ def _print_ready(message: str) -> None:
 
 def run_worker(args: argparse.Namespace) -> int:
     from percolator.observers.plugins import GROUP as PLUGIN_GROUP
-    from percolator.observers.plugins import load_observers
+    from percolator.observers.plugins import LoadResult, load_from_path, load_observers
     from percolator.observers.worker import Worker, WorkerOptions
 
     import percolator
@@ -166,18 +174,30 @@ def run_worker(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
     )
-    loaded = load_observers(args.observer)
-    if args.observer is None and not loaded.observers and not loaded.errors:
+    # --observers-from: observers imported from a module path, to try code without
+    # packaging it; then only the plugins named with --observer run beside them.
+    from_paths = [o for spec in args.observers_from or [] for o in load_from_path(spec)]
+    if args.observers_from and args.observer is None:
+        loaded = LoadResult()
+    else:
+        loaded = load_observers(args.observer)
+    if args.observer is None and not from_paths and not loaded.observers and not loaded.errors:
         # Nothing is installed: the engine ships no observers (the example pipeline is a
         # package of its own), and a worker with nothing to run is a deployment mistake.
         raise ConfigError(
             f"no observer plugin is installed (entry-point group {PLUGIN_GROUP!r}); install a "
-            "package that declares some, e.g. pip install -e examples/docpipeline"
+            "package that declares some, e.g. pip install -e examples/docpipeline, or name "
+            "a module with --observers-from MODULE:ATTR"
         )
     for plugin_error in loaded.errors:
         print(f"percolator worker: {plugin_error}", file=sys.stderr, flush=True)
-    if not loaded.observers:
+    observers = [*from_paths, *loaded.observers]
+    if not observers:
         raise ConfigError("no observer plugin could be loaded; nothing to run")
+    given = [o.name for o in observers]
+    twice = sorted({n for n in given if given.count(n) > 1})
+    if twice:
+        raise ConfigError(f"observer name(s) {twice} given twice (--observers-from, --observer)")
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -197,7 +217,7 @@ def run_worker(args: argparse.Namespace) -> int:
         # only notice at its first notification, maybe hours later.
         with client.snapshot():
             pass
-        worker = Worker(client, loaded.observers, options)
+        worker = Worker(client, observers, options)
         worker.start()
         for name, message in worker.errors:
             print(f"percolator worker: observer {name!r} left out: {message}", file=sys.stderr)

@@ -9,6 +9,11 @@ A package makes observers available to every worker by declaring them in its
 The entry point's name is the observer's name.  Its object is an :class:`Observer` subclass
 (instantiated without arguments), an observer instance, or a callable returning one.
 
+To try observers without packaging them, ``percolator worker --observers-from MODULE:ATTR``
+imports them from a module path (:func:`load_from_path`): ``ATTR`` is an observer (class,
+instance, ``@observer`` function or factory) or a list or tuple of them; the current
+directory is searched first, as ``python -m`` does.
+
 Loading happens in three steps, each of which can fail for one plugin without affecting the
 others (flake8's finder does the same): **find** the entry points, **load** each one (import
 the module, get the object), **validate** it (an observer, well declared, named like its
@@ -18,9 +23,13 @@ saying what went wrong; the worker reports it and runs the others.
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
+import os
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from percolator.observers.api import Observer, check_observer
 
@@ -68,29 +77,7 @@ def load(entry_point: importlib.metadata.EntryPoint) -> Observer:
         raise PluginError(
             name, f"cannot load {entry_point.value!r}: {type(exc).__name__}: {exc}"
         ) from exc
-    if isinstance(target, Observer):
-        observer = target
-    elif callable(target):
-        try:
-            made = target()
-        except Exception as exc:
-            raise PluginError(
-                name,
-                f"{entry_point.value!r} raised while creating the observer: "
-                f"{type(exc).__name__}: {exc}",
-            ) from exc
-        if not isinstance(made, Observer):
-            raise PluginError(
-                name,
-                f"{entry_point.value!r} gave {made!r}, not a percolator.observers.api.Observer",
-            )
-        observer = made
-    else:
-        raise PluginError(
-            name,
-            f"{entry_point.value!r} is {target!r}: expected an Observer subclass, "
-            "instance or factory",
-        )
+    observer = _instantiate(name, entry_point.value, target)
     try:
         check_observer(observer)
     except InvalidArgumentError as exc:
@@ -126,3 +113,64 @@ def load_observers(
         except PluginError as exc:
             result.errors.append(exc)
     return result
+
+
+def _instantiate(name: str, where: str, target: Any) -> Observer:
+    """An observer from what a plugin or a module path names: an instance, a class or a
+    factory.  Raises :class:`PluginError` naming ``name`` and ``where``."""
+    if isinstance(target, Observer):
+        return target
+    if callable(target):
+        try:
+            made = target()
+        except Exception as exc:
+            raise PluginError(
+                name,
+                f"{where!r} raised while creating the observer: {type(exc).__name__}: {exc}",
+            ) from exc
+        if not isinstance(made, Observer):
+            raise PluginError(
+                name, f"{where!r} gave {made!r}, not a percolator.observers.api.Observer"
+            )
+        return made
+    raise PluginError(
+        name, f"{where!r} is {target!r}: expected an Observer subclass, instance or factory"
+    )
+
+
+def load_from_path(spec: str) -> list[Observer]:
+    """The observers ``MODULE:ATTR`` names (see the module docstring), validated.
+
+    The current directory goes first on ``sys.path`` for the import, so a module beside
+    the caller is found without installing it.  Raises :class:`PluginError` (named after
+    ``spec``) for a malformed spec, an import error, a missing attribute or an invalid
+    observer."""
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise PluginError(spec, "expected MODULE:ATTR, e.g. myobservers:word_count")
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # any import-time failure of the user's code
+        raise PluginError(
+            spec, f"cannot import {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    target: Any = module
+    for part in attribute.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise PluginError(spec, f"module {module_name!r} has no {attribute!r}") from None
+    items = list(target) if isinstance(target, (list, tuple)) else [target]
+    if not items:
+        raise PluginError(spec, f"{attribute!r} is an empty sequence: no observer to run")
+    observers = []
+    for item in items:
+        observer = _instantiate(spec, spec, item)
+        try:
+            observers.append(check_observer(observer))
+        except InvalidArgumentError as exc:
+            raise PluginError(spec, str(exc)) from None
+    return observers
