@@ -16,6 +16,7 @@ from types import FrameType
 from typing import Any
 
 import percolator
+from percolator import config
 from percolator.command_options import add_oracle_option, add_store_option, connect_existing
 from percolator.errors import ConfigError, StoreNotFoundError
 
@@ -176,11 +177,14 @@ def run_worker(args: argparse.Namespace) -> int:
     )
     # --observers-from: observers imported from a module path, to try code without
     # packaging it; then only the plugins named with --observer run beside them.
-    from_paths = [o for spec in args.observers_from or [] for o in load_from_path(spec)]
+    tables = config.observer_tables(getattr(args, "config_path", None))
+    from_paths = [
+        o for spec in args.observers_from or [] for o in load_from_path(spec, tables)
+    ]
     if args.observers_from and args.observer is None:
         loaded = LoadResult()
     else:
-        loaded = load_observers(args.observer)
+        loaded = load_observers(args.observer, configs=tables)
     if args.observer is None and not from_paths and not loaded.observers and not loaded.errors:
         # Nothing is installed: the engine ships no observers (the example pipeline is a
         # package of its own), and a worker with nothing to run is a deployment mistake.
@@ -195,6 +199,9 @@ def run_worker(args: argparse.Namespace) -> int:
     if not observers:
         raise ConfigError("no observer plugin could be loaded; nothing to run")
     given = [o.name for o in observers]
+    for name in sorted(set(tables) - set(given)):
+        print(f"percolator worker: [worker.observers.{name}] configures no observer this "
+              "worker runs; ignored", file=sys.stderr, flush=True)
     twice = sorted({n for n in given if given.count(n) > 1})
     if twice:
         raise ConfigError(f"observer name(s) {twice} given twice (--observers-from, --observer)")

@@ -9,6 +9,12 @@ A package makes observers available to every worker by declaring them in its
 The entry point's name is the observer's name.  Its object is an :class:`Observer` subclass
 (instantiated without arguments), an observer instance, or a callable returning one.
 
+Configuration: the worker's config file may hold one table per observer,
+``[worker.observers.NAME]``; the class or factory of observer ``NAME`` is then called with
+that table as its one argument (a dict), e.g. ``WordCount({"min_length": 3})``.  An
+observer given a table that it cannot take (an instance, or a factory without a parameter)
+is a :class:`PluginError` naming the table.
+
 To try observers without packaging them, ``percolator worker --observers-from MODULE:ATTR``
 imports them from a module path (:func:`load_from_path`): ``ATTR`` is an observer (class,
 instance, ``@observer`` function or factory) or a list or tuple of them; the current
@@ -25,9 +31,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import inspect
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,8 +75,15 @@ def find(
     return found
 
 
-def load(entry_point: importlib.metadata.EntryPoint) -> Observer:
-    """Import, instantiate and validate one plugin.  Raises :class:`PluginError`."""
+#: observer name -> its configuration table (``[worker.observers.NAME]``)
+Configs = Mapping[str, Mapping[str, Any]]
+
+
+def load(
+    entry_point: importlib.metadata.EntryPoint, config: Mapping[str, Any] | None = None
+) -> Observer:
+    """Import, instantiate (with ``config``, if given) and validate one plugin.  Raises
+    :class:`PluginError`."""
     name = entry_point.name
     try:
         target = entry_point.load()
@@ -77,7 +91,7 @@ def load(entry_point: importlib.metadata.EntryPoint) -> Observer:
         raise PluginError(
             name, f"cannot load {entry_point.value!r}: {type(exc).__name__}: {exc}"
         ) from exc
-    observer = _instantiate(name, entry_point.value, target)
+    observer = _instantiate(name, entry_point.value, target, config)
     try:
         check_observer(observer)
     except InvalidArgumentError as exc:
@@ -94,9 +108,12 @@ def load(entry_point: importlib.metadata.EntryPoint) -> Observer:
 def load_observers(
     names: Sequence[str] | None = None,
     entry_points: Iterable[importlib.metadata.EntryPoint] | None = None,
+    configs: Configs | None = None,
 ) -> LoadResult:
-    """Load the plugins named (all installed ones if ``names`` is None).  Never raises for
-    one plugin: failures are collected in :attr:`LoadResult.errors`."""
+    """Load the plugins named (all installed ones if ``names`` is None), each with its
+    table of ``configs`` if there is one.  Never raises for one plugin: failures are
+    collected in :attr:`LoadResult.errors`."""
+    configs = configs or {}
     available = find(entry_points)
     result = LoadResult()
     wanted = list(dict.fromkeys(names)) if names is not None else sorted(available)
@@ -109,20 +126,41 @@ def load_observers(
             )
             continue
         try:
-            result.observers.append(load(entry_point))
+            result.observers.append(load(entry_point, configs.get(name)))
         except PluginError as exc:
             result.errors.append(exc)
     return result
 
 
-def _instantiate(name: str, where: str, target: Any) -> Observer:
+def _instantiate(
+    name: str, where: str, target: Any, config: Mapping[str, Any] | None = None
+) -> Observer:
     """An observer from what a plugin or a module path names: an instance, a class or a
-    factory.  Raises :class:`PluginError` naming ``name`` and ``where``."""
+    factory, called with ``config`` when there is one.  Raises :class:`PluginError` naming
+    ``name`` and ``where``."""
+    args: tuple[Any, ...] = ()
+    if config is not None:
+        table = f"[worker.observers.{name}]"
+        if isinstance(target, Observer) or not callable(target):
+            raise PluginError(
+                name, f"{where!r} is an observer instance, which cannot take the config "
+                f"table {table}; point at a class or factory with one parameter"
+            )
+        try:
+            inspect.signature(target).bind(dict(config))
+        except TypeError:
+            raise PluginError(
+                name, f"{where!r} takes no configuration, but the config file has {table}; "
+                "give its class or factory one parameter (a dict)"
+            ) from None
+        except ValueError:  # no signature to look at (a builtin): the call will tell
+            pass
+        args = (dict(config),)
     if isinstance(target, Observer):
         return target
     if callable(target):
         try:
-            made = target()
+            made = target(*args)
         except Exception as exc:
             raise PluginError(
                 name,
@@ -138,8 +176,9 @@ def _instantiate(name: str, where: str, target: Any) -> Observer:
     )
 
 
-def load_from_path(spec: str) -> list[Observer]:
-    """The observers ``MODULE:ATTR`` names (see the module docstring), validated.
+def load_from_path(spec: str, configs: Configs | None = None) -> list[Observer]:
+    """The observers ``MODULE:ATTR`` names (see the module docstring), validated; a class
+    whose ``name`` has a table in ``configs`` is created with it.
 
     The current directory goes first on ``sys.path`` for the import, so a module beside
     the caller is found without installing it.  Raises :class:`PluginError` (named after
@@ -168,7 +207,10 @@ def load_from_path(spec: str) -> list[Observer]:
         raise PluginError(spec, f"{attribute!r} is an empty sequence: no observer to run")
     observers = []
     for item in items:
-        observer = _instantiate(spec, spec, item)
+        declared = getattr(item, "name", None)
+        name = declared if isinstance(declared, str) else spec
+        config = (configs or {}).get(name)
+        observer = _instantiate(name if config is not None else spec, spec, item, config)
         try:
             observers.append(check_observer(observer))
         except InvalidArgumentError as exc:

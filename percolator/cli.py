@@ -369,6 +369,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _error(exc)
     args = parser.parse_args(argv)
     fill(args)
+    # The file the settings came from, for commands that read more of it (the worker's
+    # [worker.observers.NAME] tables).
+    args.config_path = config_path
     try:
         _setup_logging(args, argv)
         code = args.func(args)

@@ -131,6 +131,20 @@ MODULE = textwrap.dedent(
         def process(self, txn, row, column):
             pass
 
+    class Suffixer(Observer):
+        name = "suffixer"
+        table = "docs"
+        columns = ("title",)
+
+        def __init__(self, config):
+            self.suffix = config["suffix"].encode()
+
+        def setup(self, client):
+            _tables(client)
+
+        def process(self, txn, row, column):
+            txn.set("lengths", row, "title", (txn.get("docs", row, "title") or b"") + self.suffix)
+
     ALL = [doc_length, Other]
     NOT_AN_OBSERVER = 42
     '''
@@ -164,8 +178,10 @@ def test_observers_from_a_module_path(module_dir: Path) -> None:
             load_from_path(spec)
 
 
-def test_a_worker_runs_observers_from_a_module_path(module_dir: Path) -> None:
-    name = (module_dir / "name").read_text()
+def run_worker_until(
+    module_dir: Path, extra: list[str], write: tuple[str, str, bytes], want: tuple[str, str, bytes]
+) -> str:
+    """Start a worker in ``module_dir``, write one cell, wait for the derived one; its log."""
     url = f"embedded:{module_dir / 'store'}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PERCOLATOR_")}
     env["PERCOLATOR_OBSERVED_REFRESH_MS"] = "200"
@@ -173,7 +189,7 @@ def test_a_worker_runs_observers_from_a_module_path(module_dir: Path) -> None:
     with log.open("wb") as out:
         worker = subprocess.Popen(
             [sys.executable, "-m", "percolator", "worker", "--store", url, "--create",
-             "--observers-from", f"{name}:doc_length", "--threads", "1"],
+             "--threads", "1", *extra],
             cwd=module_dir, env=env, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
@@ -183,13 +199,12 @@ def test_a_worker_runs_observers_from_a_module_path(module_dir: Path) -> None:
             assert worker.poll() is None, log.read_text()
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)
-        assert "observers=doc-length" in log.read_text()
         with percolator.connect(url) as client:
             with client.transaction() as txn:
-                txn.set("docs", b"d1", "body", b"four")
+                txn.set("docs", b"d1", write[0], write[2])
             while True:
                 with client.snapshot() as snapshot:
-                    if snapshot.get("lengths", b"d1", "n") == b"4":
+                    if snapshot.get(want[0], b"d1", want[1]) == want[2]:
                         break
                 assert time.monotonic() < deadline, log.read_text()
                 time.sleep(0.1)
@@ -197,6 +212,30 @@ def test_a_worker_runs_observers_from_a_module_path(module_dir: Path) -> None:
         if worker.poll() is None:
             worker.send_signal(signal.SIGTERM)
         assert worker.wait(timeout=60) == 0, log.read_text()
+    return log.read_text()
+
+
+def test_a_worker_runs_observers_from_a_module_path(module_dir: Path) -> None:
+    name = (module_dir / "name").read_text()
+    output = run_worker_until(
+        module_dir, ["--observers-from", f"{name}:doc_length"],
+        write=("body", "", b"four"), want=("lengths", "n", b"4"),
+    )
+    assert "observers=doc-length" in output
+
+
+def test_a_worker_hands_each_observer_its_config_table(module_dir: Path) -> None:
+    name = (module_dir / "name").read_text()
+    (module_dir / "worker.toml").write_text(
+        '[worker]\nthreads = 1\n\n[worker.observers.suffixer]\nsuffix = "!?"\n\n'
+        '[worker.observers.typo]\nx = 1\n'
+    )
+    output = run_worker_until(
+        module_dir, ["--config", "worker.toml", "--observers-from", f"{name}:Suffixer"],
+        write=("title", "", b"hi"), want=("lengths", "title", b"hi!?"),
+    )
+    assert "observers=suffixer" in output
+    assert "[worker.observers.typo] configures no observer this worker runs" in output
 
 
 def test_a_bad_module_path_stops_the_worker_with_one_line(
@@ -222,3 +261,65 @@ def test_one_observer_given_twice_is_refused(
             "--observers-from", f"{name}:ALL"]
     assert main(argv) == 2
     assert "observer name(s) ['doc-length'] given twice" in capsys.readouterr().err
+
+
+class NeedsConfig(Observer):
+    name = "needs-config"
+    table = "docs"
+    columns = ("c",)
+
+    def __init__(self, config: dict[str, object]) -> None:
+        self.config = config
+
+    def process(self, txn: Transaction, row: bytes, column: str) -> None:
+        pass
+
+
+class TakesNothing(Observer):
+    name = "takes-nothing"
+    table = "docs"
+    columns = ("c",)
+
+    def process(self, txn: Transaction, row: bytes, column: str) -> None:
+        pass
+
+
+def test_plugins_get_their_config_table() -> None:
+    from importlib.metadata import EntryPoint
+
+    from percolator.observers.plugins import load_observers
+
+    here = __name__
+    points = [
+        EntryPoint("needs-config", f"{here}:NeedsConfig", "percolator.observers"),
+        EntryPoint("takes-nothing", f"{here}:TakesNothing", "percolator.observers"),
+        EntryPoint("doc-length", f"{here}:doc_length", "percolator.observers"),
+    ]
+    loaded = load_observers(None, points, configs={"needs-config": {"n": 1}})
+    assert loaded.errors == []
+    (configured,) = [o for o in loaded.observers if isinstance(o, NeedsConfig)]
+    assert configured.config == {"n": 1}
+    refused = load_observers(
+        ["takes-nothing", "doc-length"], points, configs={"takes-nothing": {}, "doc-length": {}}
+    )
+    messages = sorted(str(e) for e in refused.errors)
+    assert "an observer instance, which cannot take the config table" in messages[0]
+    assert "[worker.observers.doc-length]" in messages[0]
+    assert "takes no configuration, but the config file has " in messages[1]
+    assert "[worker.observers.takes-nothing]" in messages[1]
+
+
+def test_the_config_file_accepts_observer_tables_and_checks_their_shape(tmp_path: Path) -> None:
+    from percolator import config
+    from percolator.errors import ConfigError
+    from tests.test_config import parse
+
+    text = '[worker]\nthreads = 2\n[worker.observers.word-count]\nmin = 3\n'
+    assert parse(["worker"], file_text=text, tmp_path=tmp_path).threads == 2
+    assert parse(["gc"], file_text=text, tmp_path=tmp_path)  # the whole file is checked
+    assert config.observer_tables(tmp_path / "percolator.toml") == {"word-count": {"min": 3}}
+    assert config.observer_tables(None) == {}
+    with pytest.raises(ConfigError, match=r"\[worker.observers\] must hold one table per"):
+        parse(["worker"], file_text="[worker]\nobservers = 3\n", tmp_path=tmp_path)
+    with pytest.raises(ConfigError, match="has no option 'observers'"):
+        parse(["gc"], file_text="[gc.observers.x]\ny = 1\n", tmp_path=tmp_path)
