@@ -349,10 +349,24 @@ def _error(exc: PercolatorError) -> int:
     return 2
 
 
+def _complete(parser: argparse.ArgumentParser) -> None:
+    """Shell completion through argcomplete (the optional extra ``completion``), asked for
+    by the shell hook ``eval "$(register-python-argcomplete percolator)"``: it answers and
+    exits the process.  Without the hook's environment, or without argcomplete, nothing."""
+    if "_ARGCOMPLETE" not in os.environ:
+        return
+    try:
+        import argcomplete
+    except ImportError:
+        return
+    argcomplete.autocomplete(parser)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = load_commands()
     parser = commands.parser
+    _complete(parser)
     chosen = _command_name(argv)
     for plugin_error in commands.errors:
         if plugin_error.plugin == chosen:
