@@ -386,6 +386,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The file the settings came from, for commands that read more of it (the worker's
     # [worker.observers.NAME] tables).
     args.config_path = config_path
+    root = logging.getLogger()
+    level_before = root.level
     try:
         _setup_logging(args, argv)
         code = args.func(args)
@@ -394,4 +396,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("percolator: interrupted", file=sys.stderr)
         return 130
+    finally:
+        # A command run in-process (tests, an embedding program) leaves logging as it was.
+        if _handler is not None:
+            root.removeHandler(_handler)
+        root.setLevel(level_before)
     return int(code or 0)

@@ -112,10 +112,31 @@ def test_a_flag_before_the_command_beats_the_environment(
     monkeypatch.setenv("PERCOLATOR_LOG_LEVEL", "critical")
     url = f"embedded:{tmp_path / 'store'}"
     percolator.connect(url).close()
-    main(["--log-level", "debug", "observers", "list", "--store", url])
-    assert logging.getLogger().level == logging.DEBUG
-    main(["observers", "list", "--store", url])
-    assert logging.getLogger().level == logging.CRITICAL
+    chosen: list[tuple[str, str]] = []
+    real = cli.configure_logging
+
+    def record(level: str, log_format: str = "text") -> None:
+        chosen.append((level, log_format))
+        real(level, log_format)
+
+    monkeypatch.setattr(cli, "configure_logging", record)
+    root = logging.getLogger()
+    before = (root.level, list(root.handlers))
+    assert main(["--log-level", "debug", "observers", "list", "--store", url]) == 0
+    assert main(["observers", "list", "--store", url, "--log-format", "json"]) == 0
+    assert chosen == [("DEBUG", "text"), ("CRITICAL", "json")]
+    # In-process runs leave the logging configuration as they found it.
+    assert (root.level, list(root.handlers)) == before
+
+
+def test_long_running_commands_default_to_info(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("PERCOLATOR_LOG_LEVEL", "PERCOLATOR_WORKER_LOG_LEVEL"):
+        monkeypatch.delenv(name, raising=False)
+    worker = parse(["worker"])
+    assert getattr(worker, "log_level", None) is None and worker.default_log_level == "INFO"
+    serve = parse(["oracle", "serve", "--store", "memory:"])
+    assert serve.default_log_level == "INFO"
+    assert not hasattr(parse(["status"]), "default_log_level")  # WARNING
 
 
 def test_engine_warnings_in_json_name_their_transaction(
