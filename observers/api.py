@@ -21,6 +21,16 @@ and may in turn notify other observers::
             body = txn.get("documents", row, "body") or b""
             txn.set("counts", row, "words", str(len(body.split())).encode())
 
+A plain function does as well, with the :func:`observer` decorator (the decorated name is
+then an :class:`Observer` instance, usable wherever a subclass's instance is)::
+
+    from percolator.observers.api import observer
+
+    @observer(name="word-count", table="documents", columns=("body",))
+    def word_count(txn, row, column):
+        body = txn.get("documents", row, "body") or b""
+        txn.set("counts", row, "words", str(len(body.split())).encode())
+
 Delivery guarantees
 -------------------
 *Strong* (the default): at most one committed run per change.  A run reads its ack cell
@@ -60,7 +70,7 @@ from __future__ import annotations
 import abc
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from percolator import notifications
@@ -74,9 +84,11 @@ if TYPE_CHECKING:
     from percolator.transaction import Transaction
 
 __all__ = [
+    "FunctionObserver",
     "Observer",
     "Registration",
     "check_observer",
+    "observer",
     "register_observers",
     "registrations",
     "trigger",
@@ -119,6 +131,78 @@ class Observer(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<observer {getattr(self, 'name', '?')!r} on {getattr(self, 'table', '?')}>"
+
+
+#: what :func:`observer` decorates: ``process(txn, row, column)``
+ProcessFunction = Callable[["Transaction", bytes, str], None]
+#: the optional setup hook of a function observer: ``setup(client)``
+SetupFunction = Callable[["Client"], None]
+
+
+class FunctionObserver(Observer):
+    """An observer made of a plain function by :func:`observer`; calling it calls the
+    function (so it can be unit-tested as the function it is)."""
+
+    def __init__(
+        self,
+        function: ProcessFunction,
+        *,
+        name: str,
+        table: str,
+        columns: Sequence[str],
+        weak: bool = False,
+        setup: SetupFunction | None = None,
+    ) -> None:
+        self.function = function
+        self.name = name
+        self.table = table
+        self.columns = tuple(columns) if isinstance(columns, (list, tuple)) else columns
+        self.weak = weak
+        self._setup = setup
+        self.__doc__ = function.__doc__
+        self.__wrapped__ = function
+
+    def setup(self, client: Client) -> None:
+        if self._setup is not None:
+            self._setup(client)
+
+    def process(self, txn: Transaction, row: bytes, column: str) -> None:
+        self.function(txn, row, column)
+
+    def __call__(self, txn: Transaction, row: bytes, column: str) -> None:
+        self.function(txn, row, column)
+
+
+def observer(
+    *,
+    name: str,
+    table: str,
+    columns: Sequence[str],
+    weak: bool = False,
+    setup: SetupFunction | None = None,
+) -> Callable[[ProcessFunction], FunctionObserver]:
+    """Make a plain function ``process(txn, row, column)`` an observer.
+
+    The arguments are the class attributes of :class:`Observer` (same rules, same
+    contract for the function as for :meth:`Observer.process`); ``setup(client)``, if
+    given, is the idempotent setup hook.  The declaration is checked when the decorator
+    runs, so a mistake fails at import with :class:`InvalidArgumentError` naming it.  The
+    result is an observer instance: an entry point may point at it directly."""
+
+    def decorate(function: ProcessFunction) -> FunctionObserver:
+        if not callable(function):
+            raise InvalidArgumentError(
+                f"@observer({name!r}) decorates {function!r}, not a function"
+            )
+        if setup is not None and not callable(setup):
+            raise InvalidArgumentError(f"observer {name!r}: setup {setup!r} is not callable")
+        made = FunctionObserver(
+            function, name=name, table=table, columns=columns, weak=weak, setup=setup
+        )
+        check_observer(made)
+        return made
+
+    return decorate
 
 
 def check_observer(observer: object) -> Observer:

@@ -6,16 +6,19 @@ each an entry point of the ``percolator.commands`` group (see pyproject.toml).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import logging
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
-from percolator.command_options import add_oracle_option, add_store_option
-from percolator.errors import ConfigError
+import percolator
+from percolator import config
+from percolator.command_options import add_oracle_option, add_store_option, connect_existing
+from percolator.errors import ConfigError, StoreNotFoundError
 
 
 def register_worker(subparsers: Any) -> None:
@@ -34,6 +37,20 @@ def register_worker(subparsers: Any) -> None:
         metavar="NAME",
         help="run this observer plugin (repeatable; default: every installed one, and none "
         "installed is an error)",
+    )
+    worker.add_argument(
+        "--create",
+        action="store_true",
+        help="create the store if it does not exist yet (default: the store must already "
+        "hold a deployment, so a mistyped path or HBase prefix is an error, not a new store)",
+    )
+    worker.add_argument(
+        "--observers-from",
+        action="append",
+        metavar="MODULE:ATTR",
+        help="run the observers MODULE:ATTR names (an observer, @observer function, class, "
+        "factory, or a list of them), imported with the current directory on the path; "
+        "repeatable; with it, installed plugins run only if named with --observer",
     )
     worker.add_argument("--threads", type=int, default=4, help="observer runs in parallel")
     worker.add_argument("--scanners", type=int, default=1, help="scanner threads")
@@ -57,8 +74,9 @@ def register_worker(subparsers: Any) -> None:
         help="serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port)",
     )
     worker.add_argument("--metrics-host", default="127.0.0.1")
-    worker.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
-    worker.set_defaults(func=run_worker)
+    # --log-level and --log-format are the command line's global options (percolator.cli);
+    # a worker logs at INFO unless told otherwise.
+    worker.set_defaults(func=run_worker, default_log_level="INFO")
 
 
 def register_notifications(subparsers: Any) -> None:
@@ -118,10 +136,24 @@ def register_observers(subparsers: Any) -> None:
     register_cmd.add_argument(
         "--observer", action="append", metavar="NAME", required=True, help="(repeatable)"
     )
+    register_cmd.add_argument(
+        "--create", action="store_true", help="create the store if it does not exist yet"
+    )
     unregister_cmd.add_argument("name", help="the observer's name")
     registered.set_defaults(func=run_observers_list)
     register_cmd.set_defaults(func=run_observers_register)
     unregister_cmd.set_defaults(func=run_observers_unregister)
+
+
+@contextlib.contextmanager
+def _connect_existing_or_hint(store: str, oracle: str | None) -> Iterator[percolator.Client]:
+    """:func:`connect_existing`, its error saying how to create a store on purpose."""
+    with contextlib.ExitStack() as stack:
+        try:
+            client = stack.enter_context(connect_existing(store, oracle))
+        except StoreNotFoundError as exc:
+            raise StoreNotFoundError(f"{exc} (pass --create to make a new store)") from None
+        yield client
 
 
 def _print_ready(message: str) -> None:
@@ -130,15 +162,11 @@ def _print_ready(message: str) -> None:
 
 def run_worker(args: argparse.Namespace) -> int:
     from percolator.observers.plugins import GROUP as PLUGIN_GROUP
-    from percolator.observers.plugins import load_observers
+    from percolator.observers.plugins import LoadResult, load_from_path, load_observers
     from percolator.observers.worker import Worker, WorkerOptions
 
     import percolator
 
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     options = WorkerOptions(
         threads=args.threads,
         scanners=args.scanners,
@@ -147,18 +175,36 @@ def run_worker(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
     )
-    loaded = load_observers(args.observer)
-    if args.observer is None and not loaded.observers and not loaded.errors:
+    # --observers-from: observers imported from a module path, to try code without
+    # packaging it; then only the plugins named with --observer run beside them.
+    tables = config.observer_tables(getattr(args, "config_path", None))
+    from_paths = [
+        o for spec in args.observers_from or [] for o in load_from_path(spec, tables)
+    ]
+    if args.observers_from and args.observer is None:
+        loaded = LoadResult()
+    else:
+        loaded = load_observers(args.observer, configs=tables)
+    if args.observer is None and not from_paths and not loaded.observers and not loaded.errors:
         # Nothing is installed: the engine ships no observers (the example pipeline is a
         # package of its own), and a worker with nothing to run is a deployment mistake.
         raise ConfigError(
             f"no observer plugin is installed (entry-point group {PLUGIN_GROUP!r}); install a "
-            "package that declares some, e.g. pip install -e examples/docpipeline"
+            "package that declares some, e.g. pip install -e examples/docpipeline, or name "
+            "a module with --observers-from MODULE:ATTR"
         )
     for plugin_error in loaded.errors:
         print(f"percolator worker: {plugin_error}", file=sys.stderr, flush=True)
-    if not loaded.observers:
+    observers = [*from_paths, *loaded.observers]
+    if not observers:
         raise ConfigError("no observer plugin could be loaded; nothing to run")
+    given = [o.name for o in observers]
+    for name in sorted(set(tables) - set(given)):
+        print(f"percolator worker: [worker.observers.{name}] configures no observer this "
+              "worker runs; ignored", file=sys.stderr, flush=True)
+    twice = sorted({n for n in given if given.count(n) > 1})
+    if twice:
+        raise ConfigError(f"observer name(s) {twice} given twice (--observers-from, --observer)")
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -166,12 +212,19 @@ def run_worker(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    with percolator.connect(args.store, oracle=args.oracle) as client:
+    # Without --create the store must already hold a deployment: a typo in a path or an
+    # HBase prefix would otherwise make a new, empty one that the worker watches forever.
+    opened = (
+        percolator.connect(args.store, oracle=args.oracle)
+        if args.create
+        else _connect_existing_or_hint(args.store, args.oracle)
+    )
+    with opened as client:
         # Fail fast on a wrong store or oracle address: an idle worker would otherwise
         # only notice at its first notification, maybe hours later.
         with client.snapshot():
             pass
-        worker = Worker(client, loaded.observers, options)
+        worker = Worker(client, observers, options)
         worker.start()
         for name, message in worker.errors:
             print(f"percolator worker: observer {name!r} left out: {message}", file=sys.stderr)
@@ -198,9 +251,8 @@ def _select(args: argparse.Namespace) -> tuple[str | None, str | None]:
 def run_list(args: argparse.Namespace) -> int:
     from percolator.observers.parking import ParkingLot, pending
 
-    import percolator
 
-    with percolator.connect(args.store, oracle=args.oracle) as client:
+    with connect_existing(args.store, args.oracle) as client:
         if args.pending:
             if not args.table:
                 raise ConfigError("--pending needs --table")
@@ -243,7 +295,6 @@ def run_list(args: argparse.Namespace) -> int:
 def run_retry(args: argparse.Namespace) -> int:
     from percolator.observers.parking import ParkingLot
 
-    import percolator
 
     if args.row is not None and args.row_hex is not None:
         raise ConfigError("give --row or --row-hex, not both")
@@ -257,7 +308,7 @@ def run_retry(args: argparse.Namespace) -> int:
             raise ConfigError(f"--row-hex {args.row_hex!r} is not hexadecimal") from None
     if not args.all and row is None:
         raise ConfigError("name the notification (--row/--row-hex [--column]) or pass --all")
-    with percolator.connect(args.store, oracle=args.oracle) as client:
+    with connect_existing(args.store, args.oracle) as client:
         lot = ParkingLot(client)
         observer, table = _select(args)
         chosen = [
@@ -283,9 +334,8 @@ def run_retry(args: argparse.Namespace) -> int:
 def run_observers_list(args: argparse.Namespace) -> int:
     from percolator.observers.api import registrations
 
-    import percolator
 
-    with percolator.connect(args.store, oracle=args.oracle) as client:
+    with connect_existing(args.store, args.oracle) as client:
         found = registrations(client.store)
     for (table, column), reg in sorted(found.items()):
         if args.json:
@@ -305,7 +355,12 @@ def run_observers_register(args: argparse.Namespace) -> int:
     loaded = load_observers(args.observer)
     if loaded.errors:
         raise ConfigError("; ".join(str(e) for e in loaded.errors))
-    with percolator.connect(args.store, oracle=args.oracle) as client:
+    opened = (
+        percolator.connect(args.store, oracle=args.oracle)
+        if args.create
+        else _connect_existing_or_hint(args.store, args.oracle)
+    )
+    with opened as client:
         for observer in loaded.observers:
             observer.setup(client)
         register_observers(client, loaded.observers)
@@ -317,9 +372,8 @@ def run_observers_register(args: argparse.Namespace) -> int:
 def run_observers_unregister(args: argparse.Namespace) -> int:
     from percolator.observers.api import unregister_observer
 
-    import percolator
 
-    with percolator.connect(args.store, oracle=args.oracle) as client:
+    with connect_existing(args.store, args.oracle) as client:
         removed = unregister_observer(client, args.name)
     for table, column in removed:
         print(f"unregistered {args.name}: {table} {column}")

@@ -9,6 +9,17 @@ A package makes observers available to every worker by declaring them in its
 The entry point's name is the observer's name.  Its object is an :class:`Observer` subclass
 (instantiated without arguments), an observer instance, or a callable returning one.
 
+Configuration: the worker's config file may hold one table per observer,
+``[worker.observers.NAME]``; the class or factory of observer ``NAME`` is then called with
+that table as its one argument (a dict), e.g. ``WordCount({"min_length": 3})``.  An
+observer given a table that it cannot take (an instance, or a factory without a parameter)
+is a :class:`PluginError` naming the table.
+
+To try observers without packaging them, ``percolator worker --observers-from MODULE:ATTR``
+imports them from a module path (:func:`load_from_path`): ``ATTR`` is an observer (class,
+instance, ``@observer`` function or factory) or a list or tuple of them; the current
+directory is searched first, as ``python -m`` does.
+
 Loading happens in three steps, each of which can fail for one plugin without affecting the
 others (flake8's finder does the same): **find** the entry points, **load** each one (import
 the module, get the object), **validate** it (an observer, well declared, named like its
@@ -18,9 +29,14 @@ saying what went wrong; the worker reports it and runs the others.
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
-from collections.abc import Iterable, Sequence
+import inspect
+import os
+import sys
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from percolator.observers.api import Observer, check_observer
 
@@ -59,8 +75,15 @@ def find(
     return found
 
 
-def load(entry_point: importlib.metadata.EntryPoint) -> Observer:
-    """Import, instantiate and validate one plugin.  Raises :class:`PluginError`."""
+#: observer name -> its configuration table (``[worker.observers.NAME]``)
+Configs = Mapping[str, Mapping[str, Any]]
+
+
+def load(
+    entry_point: importlib.metadata.EntryPoint, config: Mapping[str, Any] | None = None
+) -> Observer:
+    """Import, instantiate (with ``config``, if given) and validate one plugin.  Raises
+    :class:`PluginError`."""
     name = entry_point.name
     try:
         target = entry_point.load()
@@ -68,29 +91,7 @@ def load(entry_point: importlib.metadata.EntryPoint) -> Observer:
         raise PluginError(
             name, f"cannot load {entry_point.value!r}: {type(exc).__name__}: {exc}"
         ) from exc
-    if isinstance(target, Observer):
-        observer = target
-    elif callable(target):
-        try:
-            made = target()
-        except Exception as exc:
-            raise PluginError(
-                name,
-                f"{entry_point.value!r} raised while creating the observer: "
-                f"{type(exc).__name__}: {exc}",
-            ) from exc
-        if not isinstance(made, Observer):
-            raise PluginError(
-                name,
-                f"{entry_point.value!r} gave {made!r}, not a percolator.observers.api.Observer",
-            )
-        observer = made
-    else:
-        raise PluginError(
-            name,
-            f"{entry_point.value!r} is {target!r}: expected an Observer subclass, "
-            "instance or factory",
-        )
+    observer = _instantiate(name, entry_point.value, target, config)
     try:
         check_observer(observer)
     except InvalidArgumentError as exc:
@@ -107,9 +108,12 @@ def load(entry_point: importlib.metadata.EntryPoint) -> Observer:
 def load_observers(
     names: Sequence[str] | None = None,
     entry_points: Iterable[importlib.metadata.EntryPoint] | None = None,
+    configs: Configs | None = None,
 ) -> LoadResult:
-    """Load the plugins named (all installed ones if ``names`` is None).  Never raises for
-    one plugin: failures are collected in :attr:`LoadResult.errors`."""
+    """Load the plugins named (all installed ones if ``names`` is None), each with its
+    table of ``configs`` if there is one.  Never raises for one plugin: failures are
+    collected in :attr:`LoadResult.errors`."""
+    configs = configs or {}
     available = find(entry_points)
     result = LoadResult()
     wanted = list(dict.fromkeys(names)) if names is not None else sorted(available)
@@ -122,7 +126,93 @@ def load_observers(
             )
             continue
         try:
-            result.observers.append(load(entry_point))
+            result.observers.append(load(entry_point, configs.get(name)))
         except PluginError as exc:
             result.errors.append(exc)
     return result
+
+
+def _instantiate(
+    name: str, where: str, target: Any, config: Mapping[str, Any] | None = None
+) -> Observer:
+    """An observer from what a plugin or a module path names: an instance, a class or a
+    factory, called with ``config`` when there is one.  Raises :class:`PluginError` naming
+    ``name`` and ``where``."""
+    args: tuple[Any, ...] = ()
+    if config is not None:
+        table = f"[worker.observers.{name}]"
+        if isinstance(target, Observer) or not callable(target):
+            raise PluginError(
+                name, f"{where!r} is an observer instance, which cannot take the config "
+                f"table {table}; point at a class or factory with one parameter"
+            )
+        try:
+            inspect.signature(target).bind(dict(config))
+        except TypeError:
+            raise PluginError(
+                name, f"{where!r} takes no configuration, but the config file has {table}; "
+                "give its class or factory one parameter (a dict)"
+            ) from None
+        except ValueError:  # no signature to look at (a builtin): the call will tell
+            pass
+        args = (dict(config),)
+    if isinstance(target, Observer):
+        return target
+    if callable(target):
+        try:
+            made = target(*args)
+        except Exception as exc:
+            raise PluginError(
+                name,
+                f"{where!r} raised while creating the observer: {type(exc).__name__}: {exc}",
+            ) from exc
+        if not isinstance(made, Observer):
+            raise PluginError(
+                name, f"{where!r} gave {made!r}, not a percolator.observers.api.Observer"
+            )
+        return made
+    raise PluginError(
+        name, f"{where!r} is {target!r}: expected an Observer subclass, instance or factory"
+    )
+
+
+def load_from_path(spec: str, configs: Configs | None = None) -> list[Observer]:
+    """The observers ``MODULE:ATTR`` names (see the module docstring), validated; a class
+    whose ``name`` has a table in ``configs`` is created with it.
+
+    The current directory goes first on ``sys.path`` for the import, so a module beside
+    the caller is found without installing it.  Raises :class:`PluginError` (named after
+    ``spec``) for a malformed spec, an import error, a missing attribute or an invalid
+    observer."""
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise PluginError(spec, "expected MODULE:ATTR, e.g. myobservers:word_count")
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # any import-time failure of the user's code
+        raise PluginError(
+            spec, f"cannot import {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    target: Any = module
+    for part in attribute.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise PluginError(spec, f"module {module_name!r} has no {attribute!r}") from None
+    items = list(target) if isinstance(target, (list, tuple)) else [target]
+    if not items:
+        raise PluginError(spec, f"{attribute!r} is an empty sequence: no observer to run")
+    observers = []
+    for item in items:
+        declared = getattr(item, "name", None)
+        name = declared if isinstance(declared, str) else spec
+        config = (configs or {}).get(name)
+        observer = _instantiate(name if config is not None else spec, spec, item, config)
+        try:
+            observers.append(check_observer(observer))
+        except InvalidArgumentError as exc:
+            raise PluginError(spec, str(exc)) from None
+    return observers

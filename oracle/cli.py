@@ -90,7 +90,7 @@ def register(subparsers: Any) -> None:
         default="127.0.0.1",
         help="address of the metrics endpoint (default %(default)s)",
     )
-    serve.set_defaults(func=run_serve)
+    serve.set_defaults(func=run_serve, default_log_level="INFO")  # see percolator.cli
 
     info = commands.add_parser(
         "info",

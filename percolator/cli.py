@@ -23,12 +23,24 @@ with exit code 2; anything else is a bug and shows its traceback.
 Options come from flags, the environment and a config file, in that order of precedence
 (see :mod:`percolator.config`).  ``--config PATH`` is accepted before the command and after
 it (``percolator worker --config prod.toml``); given twice, the last one wins.
+
+Logging is set up here, once, for every command: ``--log-level`` (DEBUG, INFO, WARNING,
+ERROR or CRITICAL, any case; another value is a usage error) and ``--log-format text|json``,
+before or after the command, or from ``PERCOLATOR_LOG_LEVEL`` / ``PERCOLATOR_LOG_FORMAT``
+or ``[defaults]`` in the config file.  Long-running commands (the worker, the oracle
+server) log at INFO by default, the others at WARNING.  ``json`` writes one JSON object per
+line on stderr: ``time`` (UTC, ISO 8601), ``level``, ``logger``, ``message``, ``thread``, every
+field a log call passes with ``extra=`` (e.g. ``start_ts``, ``commit_ts``, ``observer``)
+and ``exception`` (the formatted traceback) when there is one.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib.metadata
+import json
+import logging
 import os
 import sys
 from collections.abc import Iterable, Sequence
@@ -47,17 +59,32 @@ installed packages can add their own (e.g. the example pipeline adds demo and re
 
 configuration, highest precedence first:
   1. flags on the command line
-  2. environment: PERCOLATOR_STORE and PERCOLATOR_ORACLE for every command that has
-     --store/--oracle; PERCOLATOR_<COMMAND>_<OPTION> for one command's option,
+  2. environment: PERCOLATOR_STORE, PERCOLATOR_ORACLE, PERCOLATOR_LOG_LEVEL and
+     PERCOLATOR_LOG_FORMAT for every command that has the option;
+     PERCOLATOR_<COMMAND>_<OPTION> for one command's option,
      e.g. PERCOLATOR_WORKER_THREADS=8 or PERCOLATOR_ORACLE_SERVE_LISTEN=0.0.0.0:7070
   3. the config file (TOML): --config PATH (before or after the command), else
-     $PERCOLATOR_CONFIG, else ./percolator.toml if present; [defaults] store/oracle for
-     every command, one table per command: [worker] threads = 8,
+     $PERCOLATOR_CONFIG, else ./percolator.toml if present; [defaults] store, oracle,
+     log-level, log-format for every command, one table per command: [worker] threads = 8,
      [oracle.serve] listen = "0.0.0.0:7070"
   4. built-in defaults (see each command's --help)
 """
 
 CONFIG_HELP = "config file (TOML); default $PERCOLATOR_CONFIG, else ./percolator.toml if present"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_FORMATS = ("text", "json")
+LOG_LEVEL_HELP = (
+    "logging level: " + ", ".join(LOG_LEVELS) + " (env PERCOLATOR_LOG_LEVEL; default INFO for "
+    "the worker and the oracle server, WARNING otherwise)"
+)
+LOG_FORMAT_HELP = "log lines as text or as one JSON object per line (env PERCOLATOR_LOG_FORMAT)"
+#: the default level of commands that do not set ``default_log_level`` with set_defaults
+DEFAULT_LOG_LEVEL = "WARNING"
+
+
+def _log_level(text: str) -> str:
+    """``--log-level``'s type: any case is accepted, the choices are checked upper-case."""
+    return text.strip().upper()
 
 
 class CommandPluginError(ConfigError):
@@ -128,6 +155,7 @@ def load_commands(
         "--version", action="version", version=f"percolator {percolator.__version__}"
     )
     parser.add_argument("--config", metavar="PATH", help=CONFIG_HELP)
+    _add_logging_options(parser, default=None)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     commands = Commands(parser)
@@ -144,7 +172,21 @@ def load_commands(
             # command with its own default of None.
             child.add_argument("--config", metavar="PATH", default=argparse.SUPPRESS,
                                help=CONFIG_HELP)
+        if path and "--log-level" not in child._option_string_actions:
+            _add_logging_options(child, default=argparse.SUPPRESS)
     return commands
+
+
+def _add_logging_options(parser: argparse.ArgumentParser, *, default: Any) -> None:
+    """The global logging options; ``default=SUPPRESS`` on the commands' parsers, so that
+    an option given before the command is not overwritten by the command's default."""
+    parser.add_argument(
+        "--log-level", type=_log_level, choices=LOG_LEVELS, default=default,
+        metavar="LEVEL", help=LOG_LEVEL_HELP,
+    )
+    parser.add_argument(
+        "--log-format", choices=LOG_FORMATS, default=default, help=LOG_FORMAT_HELP
+    )
 
 
 def _forget_new_commands(subparsers: Any, before: set[str]) -> None:
@@ -173,17 +215,120 @@ def build_parser() -> argparse.ArgumentParser:
     return load_commands().parser
 
 
-def _explicit_config(argv: Sequence[str]) -> str | None:
-    """The value of the last ``--config`` given, before or after the command."""
+def _explicit_option(argv: Sequence[str], flag: str) -> str | None:
+    """The value of the last ``flag`` given, before or after the command."""
     found = None
     for index, token in enumerate(argv):
         if token == "--":
             break
-        if token == "--config" and index + 1 < len(argv):
+        if token == flag and index + 1 < len(argv):
             found = argv[index + 1]
-        elif token.startswith("--config="):
+        elif token.startswith(flag + "="):
             found = token.split("=", 1)[1]
     return found
+
+
+def _explicit_config(argv: Sequence[str]) -> str | None:
+    """The value of the last ``--config`` given, before or after the command."""
+    return _explicit_option(argv, "--config")
+
+
+# ---------------------------------------------------------------------------- logging
+
+#: attributes every LogRecord has; anything else on a record came from ``extra=``
+_RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message", "asctime", "taskName",
+}
+
+
+def _extra_fields(record: logging.LogRecord) -> dict[str, Any]:
+    return {k: v for k, v in vars(record).items() if k not in _RECORD_FIELDS}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, on one line (see the module docstring for the keys).
+    Values that JSON cannot hold are written as their ``str``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "time": datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc)
+            .isoformat(timespec="milliseconds")
+            .replace("+00:00", "Z"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "thread": record.threadName,
+        }
+        for key, value in _extra_fields(record).items():
+            doc.setdefault(key, value)
+        if record.exc_info:
+            doc["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            doc["exception"] = record.exc_text
+        if record.stack_info:
+            doc["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(doc, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """``time LEVEL logger: message`` and the ``extra=`` fields as ``key=value``."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        extra = _extra_fields(record)
+        if not extra:
+            return text
+        fields = " ".join(f"{key}={value}" for key, value in extra.items())
+        head, sep, tail = text.partition("\n")  # keep a traceback below the fields
+        return f"{head} [{fields}]{sep}{tail}"
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is at the time of the record (tests swap it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
+_handler: _StderrHandler | None = None
+
+
+def configure_logging(level: str, log_format: str = "text") -> None:
+    """Send the root logger's records at ``level`` and above to stderr in ``log_format``.
+
+    Idempotent: called again (in one process), it replaces its own handler's settings and
+    leaves other handlers (an embedding application's, pytest's) alone."""
+    global _handler
+    if level not in LOG_LEVELS:
+        raise ConfigError(f"log level {level!r} is not one of {', '.join(LOG_LEVELS)}")
+    if log_format not in LOG_FORMATS:
+        raise ConfigError(f"log format {log_format!r} is not one of {', '.join(LOG_FORMATS)}")
+    root = logging.getLogger()
+    if _handler is None or _handler not in root.handlers:
+        _handler = _StderrHandler()
+        root.addHandler(_handler)
+    _handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+    root.setLevel(level)
+
+
+def _setup_logging(args: argparse.Namespace, argv: Sequence[str]) -> None:
+    # A flag anywhere on the line wins over the environment and the file, even when given
+    # before the command (whose parser then holds the setting from the file or environment).
+    flag_level = _explicit_option(argv, "--log-level")
+    level = str(
+        _log_level(flag_level)
+        if flag_level
+        else getattr(args, "log_level", None)
+        or getattr(args, "default_log_level", DEFAULT_LOG_LEVEL)
+    )
+    log_format = str(
+        _explicit_option(argv, "--log-format") or getattr(args, "log_format", None) or "text"
+    )
+    configure_logging(level, log_format)
 
 
 def _command_name(argv: Sequence[str]) -> str | None:
@@ -204,10 +349,24 @@ def _error(exc: PercolatorError) -> int:
     return 2
 
 
+def _complete(parser: argparse.ArgumentParser) -> None:
+    """Shell completion through argcomplete (the optional extra ``completion``), asked for
+    by the shell hook ``eval "$(register-python-argcomplete percolator)"``: it answers and
+    exits the process.  Without the hook's environment, or without argcomplete, nothing."""
+    if "_ARGCOMPLETE" not in os.environ:
+        return
+    try:
+        import argcomplete
+    except ImportError:
+        return
+    argcomplete.autocomplete(parser)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = load_commands()
     parser = commands.parser
+    _complete(parser)
     chosen = _command_name(argv)
     for plugin_error in commands.errors:
         if plugin_error.plugin == chosen:
@@ -224,11 +383,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _error(exc)
     args = parser.parse_args(argv)
     fill(args)
+    # The file the settings came from, for commands that read more of it (the worker's
+    # [worker.observers.NAME] tables).
+    args.config_path = config_path
+    root = logging.getLogger()
+    level_before = root.level
     try:
+        _setup_logging(args, argv)
         code = args.func(args)
     except PercolatorError as exc:
         return _error(exc)
     except KeyboardInterrupt:
         print("percolator: interrupted", file=sys.stderr)
         return 130
+    finally:
+        # A command run in-process (tests, an embedding program) leaves logging as it was.
+        if _handler is not None:
+            root.removeHandler(_handler)
+        root.setLevel(level_before)
     return int(code or 0)

@@ -169,7 +169,10 @@ class Committer:
             try:
                 self._extend_ttl()
             except PercolatorError as exc:  # the commit path will notice on its own
-                log.warning("heartbeat of transaction %d failed: %s", self.start_ts, exc)
+                log.warning(
+                    "heartbeat of transaction %d failed: %s", self.start_ts, exc,
+                    extra={"start_ts": self.start_ts},
+                )
                 return
 
     def _extend_ttl(self) -> None:
@@ -224,6 +227,7 @@ class Committer:
                 self.start_ts,
                 self.commit_ts,
                 exc,
+                extra={"start_ts": self.start_ts, "commit_ts": self.commit_ts},
             )
         done = self._commit_secondaries(self.commit_ts)
         return CommitResult(self.commit_ts, done)
@@ -312,6 +316,7 @@ class Committer:
                 self.start_ts,
                 commit_ts,
                 exc,
+                extra={"start_ts": self.start_ts, "commit_ts": commit_ts},
             )
             return False
 
@@ -333,6 +338,7 @@ class Committer:
                         "transaction %d: primary is not rolled back; leaving its secondaries "
                         "to lazy roll-forward",
                         self.start_ts,
+                        extra={"start_ts": self.start_ts},
                     )
                     return
                 failpoints.failpoint("rollback.after_primary")
@@ -348,4 +354,5 @@ class Committer:
                 "rolled back by readers",
                 self.start_ts,
                 exc,
+                extra={"start_ts": self.start_ts},
             )

@@ -6,14 +6,15 @@ Every option of every sub-command can be set three ways.  Precedence, highest fi
 2. an environment variable:
 
    - ``PERCOLATOR_STORE`` and ``PERCOLATOR_ORACLE`` set ``--store`` / ``--oracle`` of every
-     command that has them (the usual wiring of a deployment);
+     command that has them (the usual wiring of a deployment); ``PERCOLATOR_LOG_LEVEL``
+     and ``PERCOLATOR_LOG_FORMAT`` set ``--log-level`` / ``--log-format`` of every command;
    - ``PERCOLATOR_<COMMAND>_<OPTION>`` sets one command's option, with the command path and
      the option name upper-cased and ``-`` written ``_``: ``PERCOLATOR_WORKER_THREADS=8``,
      ``PERCOLATOR_ORACLE_SERVE_LISTEN=0.0.0.0:7070``;
 
-3. the config file, TOML: ``store`` and ``oracle`` in the ``[defaults]`` table apply to
-   every command that has them, and a table per command holds that command's options under
-   their flag names::
+3. the config file, TOML: ``store``, ``oracle``, ``log-level`` and ``log-format`` in the
+   ``[defaults]`` table apply to every command that has them, and a table per command holds
+   that command's options under their flag names::
 
        [defaults]
        store = "hbase://hbase:9090"
@@ -22,6 +23,9 @@ Every option of every sub-command can be set three ways.  Precedence, highest fi
        [worker]
        threads = 8
        observer = ["doc-index", "doc-clusters"]   # repeatable options take a list
+
+       [worker.observers.word-count]               # handed to that observer's factory
+       min_length = 3
 
        [oracle.serve]
        listen = "0.0.0.0:7070"
@@ -61,7 +65,10 @@ ENV_PREFIX = "PERCOLATOR_"
 DEFAULTS_TABLE = "defaults"
 # Options that the [defaults] table of the file, or an environment variable without a command
 # part, sets for every command that has them.
-SHARED_OPTIONS = ("store", "oracle")
+SHARED_OPTIONS = ("store", "oracle", "log-level", "log-format")
+# Tables inside a command's table that are not options: [worker.observers.NAME] holds the
+# configuration handed to observer NAME's factory (see observer_tables).
+NESTED_TABLES: dict[tuple[str, ...], str] = {("worker",): "observers"}
 # Options of the command line itself, accepted on every command's parser (``--config``
 # after the command) but never set from the file or the environment.
 GLOBAL_OPTIONS = ("config",)
@@ -237,7 +244,12 @@ def _file_sections(
         if command == ():
             continue
         options = _options(parsers[command])
+        nested = NESTED_TABLES.get(command)
+        if nested is not None and nested in values:
+            _check_nested(values[nested], f"config file {path} [{'.'.join(command)}.{nested}]")
         for key, value in values.items():
+            if key == nested:
+                continue
             if key.replace("_", "-") not in options:
                 raise ConfigError(
                     f"config file {path}: [{'.'.join(command)}] has no option {key!r} "
@@ -248,6 +260,23 @@ def _file_sections(
             _convert(options[key.replace("_", "-")], value, f"config file {path} "
                      f"[{'.'.join(command)}]")
     return sections
+
+
+def _check_nested(value: Any, where: str) -> None:
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        raise ConfigError(
+            f"{where} must hold one table per observer, e.g. [worker.observers.word-count]"
+        )
+
+
+def observer_tables(config_path: Path | None) -> dict[str, dict[str, Any]]:
+    """The ``[worker.observers.NAME]`` tables of the config file, by observer name: each is
+    handed to that observer's factory by ``percolator worker``.  Empty without a file."""
+    if config_path is None:
+        return {}
+    table = load_config_file(config_path).get("worker", {}).get("observers", {})
+    _check_nested(table, f"config file {config_path} [worker.observers]")
+    return {name: dict(values) for name, values in table.items()}
 
 
 def resolve(
@@ -277,19 +306,21 @@ def resolve(
             value = _convert(options[key], value, source)
             settings[key] = Setting(options[key].dest, value, source)
     for key, value in sections.get(command, {}).items():
+        if key == NESTED_TABLES.get(command):
+            continue
         key = key.replace("_", "-")
         source = f"config file {config_path} [{'.'.join(command)}]"
         value = _convert(options[key], value, source)
         settings[key] = Setting(options[key].dest, value, source)
     for key in SHARED_OPTIONS:
-        name = ENV_PREFIX + key.upper()
+        name = env_name((), key)  # PERCOLATOR_STORE, PERCOLATOR_LOG_LEVEL, ...
         if key in options and environ.get(name):
             settings[key] = Setting(
                 options[key].dest, _convert(options[key], environ[name], name), name
             )
     for key, action in options.items():
         name = env_name(command, key)
-        if name in environ and not (key in SHARED_OPTIONS and name == ENV_PREFIX + key.upper()):
+        if name in environ and not (key in SHARED_OPTIONS and name == env_name((), key)):
             settings[key] = Setting(action.dest, _convert(action, environ[name], name), name)
     return list(settings.values())
 

@@ -149,3 +149,20 @@ def test_config_option_is_found_before_and_after_the_command() -> None:
     assert cli._explicit_config(["--config=a.toml", "gc", "--config=b.toml"]) == "b.toml"
     assert cli._explicit_config(["gc", "--", "--config", "c.toml"]) is None
     assert cli._command_name(["--config", "a.toml", "worker", "--threads", "2"]) == "worker"
+
+
+def test_shell_completion_through_argcomplete(tmp_path: Path) -> None:
+    pytest.importorskip("argcomplete")
+    out = tmp_path / "completions"
+
+    def complete(line: str) -> list[str]:
+        env = dict(os.environ, _ARGCOMPLETE="1", COMP_LINE=line, COMP_POINT=str(len(line)),
+                   _ARGCOMPLETE_STDOUT_FILENAME=str(out), _ARGCOMPLETE_IFS="\n")
+        result = subprocess.run([sys.executable, "-m", "percolator"], env=env, cwd=tmp_path,
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        return [word.strip() for word in out.read_text().split("\n")]
+
+    assert {"worker", "status"} <= set(complete("percolator "))
+    assert "--log-format" in complete("percolator worker --log-f")
+    assert set(complete("percolator status --log-level ")) >= {"DEBUG", "INFO"}

@@ -154,6 +154,7 @@ def test_status_bad_inputs_are_one_line(tmp_path: Path) -> None:
     ]
     result = status(url, "--oldest", "-1")
     assert result.returncode == 2 and "--oldest must be >= 0" in result.stderr
+    percolator.connect(url).close()  # status never creates a store: make an empty one
     result = status(url, "--table", "nope")
     assert result.returncode == 2 and "no such table 'nope'" in result.stderr
     # An unreachable oracle is a problem in the report, not a crash.

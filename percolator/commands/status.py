@@ -21,7 +21,9 @@ pending}]), ``oracle`` (``record`` or null, ``servers`` [..]), ``gc`` (``safe_po
 
 Exit code: 0 when nothing is wrong, 1 when ``problems`` is not empty (expired locks, parked
 notifications, unobserved notifications, no active oracle among ``--oracle``), 2 for a bad
-option or an unreachable store (one line, like every command).
+option, an unreachable store, or a store that does not hold a deployment (a missing embedded
+path, ``memory:``, an empty store, an HBase ``prefix`` with no engine tables under it): one
+line, like every command.  It never creates a store or a table.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from percolator import notifications
-from percolator.command_options import add_oracle_option, add_store_option
+from percolator.command_options import add_oracle_option, add_store_option, connect_existing
 from percolator.errors import ConfigError, OracleError
 from percolator.layout import LOCK, SYSTEM_TABLE_PREFIX
 from percolator.records import LockCell
@@ -356,14 +358,14 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import percolator
-
     if args.oldest < 0:
         raise ConfigError(f"--oldest must be >= 0, got {args.oldest}")
     if args.scan_limit <= 0:
         raise ConfigError(f"--scan-limit must be > 0, got {args.scan_limit}")
     # The oracle is only asked for its info: the client itself never needs a timestamp.
-    with percolator.connect(args.store) as client:
+    # A missing or empty store (or a wrong prefix) is an error, never created: see
+    # connect_existing.
+    with connect_existing(args.store) as client:
         report = build_report(client, args)
     if args.json:
         print(json.dumps(report, sort_keys=True))

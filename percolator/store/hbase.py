@@ -240,13 +240,28 @@ def _chunks(batches: list[Any]) -> Iterator[list[Any]]:
         yield chunk
 
 
+#: happybase's Thrift transports and protocols, the default first (HBase's own defaults)
+TRANSPORTS = ("buffered", "framed")
+PROTOCOLS = ("binary", "compact")
+
+
 class _Connection:
     """One Thrift-1 connection.  Not thread-safe: the pool lends it to one thread at a time."""
 
-    def __init__(self, host: str, port: int, timeout_ms: int) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        timeout_ms: int,
+        transport: str = "buffered",
+        protocol: str = "binary",
+    ) -> None:
         # autoconnect=False and no table_prefix: the store applies its own prefix and uses
         # the raw Thrift client (``.client``), so happybase only sets up socket + protocol.
-        self._hb = happybase.Connection(host, port, timeout=timeout_ms, autoconnect=False)
+        self._hb = happybase.Connection(
+            host, port, timeout=timeout_ms, autoconnect=False, transport=transport,
+            protocol=protocol,
+        )
         self._hb.open()
         self.client: Any = self._hb.client
 
@@ -365,8 +380,13 @@ class HBaseStore(Store):
     ``prefix`` is prepended to every HBase table name (``list_tables`` shows only tables
     under it, without it), so several users or test runs can share one HBase.
     ``timeout_ms`` bounds every socket operation and the wait for a free pooled
-    connection.  Opening the store makes one cheap call (``getTableNames``) so that a
-    wrong address fails here with a clear :class:`StoreUnavailableError`.  Thread-safe.
+    connection.  ``transport`` (``buffered`` or ``framed``) and ``protocol`` (``binary`` or
+    ``compact``) must match the gateway's settings (``hbase thrift start`` defaults to
+    buffered/binary; ``-f``/``-c``, or ``hbase.regionserver.thrift.framed``/``.compact``,
+    select framed/compact, the usual production choice with the non-blocking servers); a
+    mismatch fails when the store is opened, with the hint to check them.  Opening the
+    store makes one cheap call (``getTableNames``) so that a wrong address fails here
+    with a clear :class:`StoreUnavailableError`.  Thread-safe.
     """
 
     def __init__(
@@ -377,6 +397,8 @@ class HBaseStore(Store):
         prefix: str = "",
         pool_size: int = 8,
         timeout_ms: int = 30_000,
+        transport: str = "buffered",
+        protocol: str = "binary",
     ) -> None:
         super().__init__()
         if not isinstance(host, str) or not host:
@@ -387,6 +409,14 @@ class HBaseStore(Store):
             raise InvalidArgumentError(
                 f"table prefix {prefix!r} may hold only letters, digits, '_', '-', '.'"
             )
+        if transport not in TRANSPORTS:
+            raise InvalidArgumentError(
+                f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}"
+            )
+        if protocol not in PROTOCOLS:
+            raise InvalidArgumentError(
+                f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}"
+            )
         for key, value in (("pool_size", pool_size), ("timeout_ms", timeout_ms)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise InvalidArgumentError(f"{key} must be a positive int, got {value!r}")
@@ -395,19 +425,27 @@ class HBaseStore(Store):
         self.prefix = prefix
         self.pool_size = pool_size
         self.timeout_ms = timeout_ms
+        self.transport = transport
+        self.protocol = protocol
         self.address = f"{host}:{port}"
         options = [f"prefix={prefix}"] if prefix else []
         if pool_size != 8:
             options.append(f"pool_size={pool_size}")
         if timeout_ms != 30_000:
             options.append(f"timeout_ms={timeout_ms}")
+        if transport != TRANSPORTS[0]:
+            options.append(f"transport={transport}")
+        if protocol != PROTOCOLS[0]:
+            options.append(f"protocol={protocol}")
         self.url = f"hbase://{self.address}" + ("?" + "&".join(options) if options else "")
         self._stats_lock = threading.Lock()
         self._families_lock = threading.Lock()
         # table -> its families, read once per table and refreshed when a name is missing.
         self._family_cache: dict[str, dict[str, FamilySpec]] = {}
         self._pool = _ConnectionPool(
-            lambda: _Connection(host, port, timeout_ms), pool_size, timeout_ms / 1000
+            lambda: _Connection(host, port, timeout_ms, transport, protocol),
+            pool_size,
+            timeout_ms / 1000,
         )
         try:
             self._probe()
@@ -443,7 +481,10 @@ class HBaseStore(Store):
     def _probe(self) -> None:
         """Check that host:port is an HBase Thrift-1 gateway (one getTableNames call)."""
         conn = self._acquire()
-        hint = "is it an HBase Thrift-1 gateway (buffered transport, binary protocol)?"
+        hint = (
+            f"is it an HBase Thrift-1 gateway with the {self.transport} transport and the "
+            f"{self.protocol} protocol (store URL options transport= and protocol=)?"
+        )
         try:
             self._count("list_tables")
             conn.client.getTableNames()

@@ -15,7 +15,10 @@ from percolator.store.base import Store
 
 DEFAULT_STORE_URL = "embedded:./percolator-data"
 
-_HBASE_OPTIONS = {"prefix", "pool_size", "timeout_ms"}
+_HBASE_OPTIONS = {"prefix", "pool_size", "timeout_ms", "transport", "protocol"}
+#: the values of ``transport`` and ``protocol`` (happybase's; the first is the default)
+HBASE_TRANSPORTS = ("buffered", "framed")
+HBASE_PROTOCOLS = ("binary", "compact")
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,12 @@ class StoreURL:
 
 
 def parse_store_url(url: str) -> StoreURL:
-    """Parse ``memory:[NAME]``, ``embedded:PATH`` or ``hbase://HOST:PORT[?options]``."""
+    """Parse ``memory:[NAME]``, ``embedded:PATH`` or ``hbase://HOST:PORT[?options]``.
+
+    HBase options: ``prefix`` (table-name prefix), ``pool_size`` and ``timeout_ms``
+    (positive integers), ``transport`` (``buffered``, the default, or ``framed``) and
+    ``protocol`` (``binary``, the default, or ``compact``), which must match the Thrift
+    gateway's settings (e.g. ``hbase://h:9090?transport=framed&protocol=compact``)."""
     if not isinstance(url, str) or not url.strip():
         raise ConfigError(f"store URL must be a non-empty string, got {url!r}")
     url = url.strip()
@@ -85,6 +93,12 @@ def _parse_hbase(url: str) -> StoreURL:
     for key in ("pool_size", "timeout_ms"):
         if key in options and not (options[key].isdigit() and int(options[key]) > 0):
             raise ConfigError(f"store URL {url!r}: {key} must be a positive integer")
+    for key, allowed in (("transport", HBASE_TRANSPORTS), ("protocol", HBASE_PROTOCOLS)):
+        if key in options and options[key] not in allowed:
+            raise ConfigError(
+                f"store URL {url!r}: {key} must be one of {', '.join(allowed)} "
+                f"(got {options[key]!r})"
+            )
     prefix = options.get("prefix", "")
     if prefix and not all(c.isalnum() or c in "_-." for c in prefix):
         raise ConfigError(f"store URL {url!r}: prefix may hold only letters, digits, _ - .")
@@ -130,4 +144,6 @@ def open_store(url: str | None = None, *, create: bool = True) -> Store:
         prefix=parsed.options.get("prefix", ""),
         pool_size=int(parsed.options.get("pool_size", "8")),
         timeout_ms=int(parsed.options.get("timeout_ms", "30000")),
+        transport=parsed.options.get("transport", HBASE_TRANSPORTS[0]),
+        protocol=parsed.options.get("protocol", HBASE_PROTOCOLS[0]),
     )

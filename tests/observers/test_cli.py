@@ -99,6 +99,7 @@ def test_bad_worker_options_are_reported(url: str) -> None:
 
 
 def test_a_worker_with_an_unreachable_oracle_or_store_fails_at_start(url: str) -> None:
+    connect(url).close()  # the store exists: what fails is the oracle
     result = run_cli(
         ["worker", "--store", url, "--observer", "doc-index", "--oracle", "grpc://127.0.0.1:1"]
     )
@@ -150,7 +151,11 @@ def test_notifications_list_and_retry(url: str) -> None:
 
 
 def test_observers_register_list_and_unregister(url: str) -> None:
-    registered = run_cli(["observers", "register", "--store", url, "--observer", "doc-clusters"])
+    # register sets up a deployment, so it may create the store, but only when asked to.
+    args = ["observers", "register", "--store", url, "--observer", "doc-clusters"]
+    refused = run_cli(args)
+    assert refused.returncode == 2 and "does not exist" in refused.stderr
+    registered = run_cli([*args, "--create"])
     assert registered.returncode == 0, registered.stderr
     assert "registered doc-clusters: documents body" in registered.stdout
     listed = run_cli(["observers", "list", "--store", url, "--json"])
