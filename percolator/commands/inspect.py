@@ -23,7 +23,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from percolator.command_options import add_store_option
+from percolator.command_options import add_store_option, open_existing_store
 from percolator.errors import ConfigError
 from percolator.layout import DATA, LOCK, NOTIFY, WRITE, encode_row
 from percolator.records import LockCell, WriteRecord
@@ -182,8 +182,6 @@ def render(table: str, states: list[CellState]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from percolator.store.url import open_store
-
     if args.row is not None and (args.start is not None or args.stop is not None):
         raise ConfigError("give either --row or --start/--stop, not both")
     if args.limit <= 0:
@@ -194,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         start = encode_row(args.start) if args.start else b""
         stop = encode_row(args.stop) if args.stop else None
-    store = open_store(args.store, create=False)
+    store = open_existing_store(args.store)
     try:
         states = inspect_rows(store, args.table, start, stop, limit=args.limit)
     finally:
