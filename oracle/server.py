@@ -27,6 +27,7 @@ from types import FrameType
 from typing import NoReturn
 
 import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from percolator.oracle.addressing import TOKEN_METADATA_KEY, TOKEN_PREFIX, check_listen_address
 from percolator.oracle.lease import LeaseConfig, OracleNode, Role
 from percolator.oracle.metrics import OracleMetrics
@@ -47,11 +48,17 @@ from percolator.timestamps.record import OracleRecordRegister
 
 log = logging.getLogger("oracle")
 
+#: the oracle's service name in the gRPC health checking protocol (proto/oracle.proto)
+ORACLE_SERVICE = "percolator.oracle.v1.TimestampOracle"
+#: how often the health service follows the role
+HEALTH_UPDATE_S = 0.25
+
 _ROLE_TO_PROTO = {
     Role.ACTIVE: oracle_pb2.ROLE_ACTIVE,
     Role.STANDBY: oracle_pb2.ROLE_STANDBY,
     Role.STOPPING: oracle_pb2.ROLE_STOPPING,
 }
+
 
 @dataclass(frozen=True)
 class ServerOptions:
@@ -198,6 +205,7 @@ class OracleServer:
         self._driver: threading.Thread | None = None
         self._driver_stop = threading.Event()
         self._metrics_server: MetricsServer | None = None
+        self._grpc_health: health.HealthServicer | None = None
         self.node: OracleNode | None = None
         self.metrics: OracleMetrics | None = None
         self.port = 0
@@ -248,6 +256,11 @@ class OracleServer:
         self.metrics = OracleMetrics(self.node)
         servicer = OracleServicer(self.node, self.metrics, options.token, self._store.url)
         oracle_pb2_grpc.add_TimestampOracleServicer_to_server(servicer, server)
+        # The standard gRPC health checking service: "" is SERVING while the process is
+        # healthy (serving or standing by); the oracle's own service only while it is the
+        # active oracle, so a load balancer or probe can find the one that issues timestamps.
+        self._grpc_health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._grpc_health, server)
         if options.metrics_port is not None:
             self._metrics_server = MetricsServer(
                 self.metrics.registry,
@@ -262,6 +275,25 @@ class OracleServer:
             target=self.node.run, args=(self._driver_stop,), name="oracle-lease", daemon=True
         )
         self._driver.start()
+        self._health_updater = threading.Thread(
+            target=self._update_grpc_health, name="oracle-health", daemon=True
+        )
+        self._health_updater.start()
+
+    def _update_grpc_health(self) -> None:
+        """Mirror the role into the gRPC health service, a few times a second."""
+        service = self._grpc_health
+        assert service is not None
+        while True:
+            healthy = self._health() is None
+            active = healthy and self.node is not None and self.node.role is Role.ACTIVE
+            serving = health_pb2.HealthCheckResponse.SERVING
+            not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+            service.set("", serving if healthy else not_serving)
+            service.set(ORACLE_SERVICE, serving if active else not_serving)
+            if self._driver_stop.wait(HEALTH_UPDATE_S):
+                service.enter_graceful_shutdown()
+                return
 
     def _health(self) -> str | None:
         """Healthy while it serves or stands by: not stopping, and its lease driver (which
@@ -276,6 +308,8 @@ class OracleServer:
         """Idempotent.  Order matters: issue nothing more, drain, then release."""
         if self.node is not None:
             self.node.stop()
+        if self._grpc_health is not None:
+            self._grpc_health.enter_graceful_shutdown()
         if self._grpc is not None:
             self._grpc.stop(grace_s).wait()
             self._grpc = None

@@ -33,10 +33,24 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     cert, key = d / "cert.pem", d / "key.pem"
     subprocess.run(
         [
-            "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-            "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1",
-            "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
-            "-keyout", str(key), "-out", str(cert),
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
         ],
         check=True,
         capture_output=True,
@@ -235,7 +249,10 @@ def test_the_local_oracle_refuses_while_a_server_holds_the_lease_and_then_contin
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "percolator", "oracle", *args],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -244,8 +261,10 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     [
         (["--listen", "nowhere"], "must look like HOST:PORT"),
         (["--tls-cert", "/x.pem"], "TLS needs both --tls-cert and --tls-key"),
-        (["--tls-cert", "/nonexistent/c.pem", "--tls-key", "/nonexistent/k.pem"],
-         "cannot read the TLS key '/nonexistent/k.pem'"),
+        (
+            ["--tls-cert", "/nonexistent/c.pem", "--tls-key", "/nonexistent/k.pem"],
+            "cannot read the TLS key '/nonexistent/k.pem'",
+        ),
         (["--token-file", "/nonexistent/t"], "cannot read --token-file"),
         (["--token", "a", "--token-file", "/x"], "not both"),
         (["--lease-ms", "100"], "must be at least 3x the clock margin"),
@@ -333,3 +352,34 @@ def test_the_metrics_endpoint_starts_at_zero_and_serves_health() -> None:
         assert caught.value.code == 503 and b"stopping" in caught.value.read()
     finally:
         server.stop()
+
+
+def test_grpc_health_checking_names_the_active_oracle(
+    tmp_path: Path, spawn: Callable[..., OracleProcess]
+) -> None:
+    """The standard gRPC health service: every running oracle is SERVING for "", only the
+    active one for its own service, so probes and load balancers find the one that issues."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from percolator.oracle.server import ORACLE_SERVICE
+
+    url = f"embedded:{tmp_path / 'store'}"
+    active = spawn(url, "active")
+    standby = spawn(url, "standby")
+
+    def status(oracle: OracleProcess, service: str) -> int:
+        with grpc.insecure_channel(oracle.address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            request = health_pb2.HealthCheckRequest(service=service)
+            response = stub.Check(request, timeout=10)
+            return int(response.status)
+
+    serving = health_pb2.HealthCheckResponse.SERVING
+    not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+    deadline = time.monotonic() + 30
+    while status(active, ORACLE_SERVICE) != serving:  # the first one takes the lease
+        assert time.monotonic() < deadline, "the first oracle never became active"
+        time.sleep(0.2)
+    assert status(active, "") == serving
+    assert status(standby, "") == serving
+    assert status(standby, ORACLE_SERVICE) == not_serving
