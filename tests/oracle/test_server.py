@@ -360,7 +360,6 @@ def test_grpc_health_checking_names_the_active_oracle(
     """The standard gRPC health service: every running oracle is SERVING for "", only the
     active one for its own service, so probes and load balancers find the one that issues."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
-
     from percolator.oracle.server import ORACLE_SERVICE
 
     url = f"embedded:{tmp_path / 'store'}"
