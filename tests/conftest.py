@@ -170,7 +170,9 @@ def _start_container(
     except BaseException:
         container.stop()
         raise
-    return f"hbase://{host}:{port}", container.stop
+    url = f"hbase://{host}:{port}"
+    progress(f"HBase in a container of {image}: {url}")
+    return url, container.stop
 
 
 # ------------------------------------------------------------------------------ namespaces

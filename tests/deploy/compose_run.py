@@ -18,7 +18,9 @@ cgroupfs, the host's ulimits) through CONTAINERS_CONF, makes the local base imag
     worker container), waits until no notification is pending, and checks the derived
     tables against the reference and every note's word count (the custom-observer image);
  5. kills the active oracle container (SIGKILL: its lease is not released), waits until the
-    standby reports itself active, writes and checks again;
+    standby reports itself active, writes and checks again, starts the killed one again
+    (it rejoins as standby); then crashes the new active oracle's process inside its
+    container: the other takes over and the restart policy brings the crashed one back;
  6. scales the workers to 3 (deploy.replicas through WORKER_REPLICAS: podman-compose 1.0.x
     ignores --scale), writes and checks again; runs the gc job;
  7. tears everything down (containers, network, volumes) - also on failure, unless --keep.
@@ -35,7 +37,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -142,11 +144,42 @@ class Stack:
         found: dict[str, object] = json.loads(result.stdout.strip().splitlines()[-1])
         return found
 
+    def roles(self) -> dict[str, str]:
+        found = self.stack_check("roles", timeout_s=60)
+        return {address: str(info.get("role")) if isinstance(info, dict) else "?"
+                for address, info in found.items()}
+
+    def kill_container(self, name: str) -> None:
+        self.podman("kill", "--signal", "KILL", name)
+
+    def crash_process(self, name: str) -> None:
+        # Inside the container every process but the init (PID 1) dies at once; the init
+        # then exits with the oracle's status, as after an OOM kill.
+        self.podman("exec", name, "sh", "-c", "kill -KILL -1", check=False)
+
+    def wait_restarted(self, name: str, timeout_s: float) -> int:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = self.podman("inspect", "--format", "{{.RestartCount}} {{.State.Status}}",
+                                name, check=False).stdout.split()
+            if len(found) == 2 and int(found[0]) > 0 and found[1] == "running":
+                return int(found[0])
+            time.sleep(1)
+        raise RuntimeError(f"{name} was not restarted by its restart policy:\n"
+                           f"{self.logs(name)}")
+
     def active_oracle(self) -> str | None:
         roles = self.stack_check("roles", timeout_s=60)
         active = [address for address, info in roles.items()
                   if isinstance(info, dict) and info.get("role") == "active"]
         return active[0] if len(active) == 1 else None
+
+    def diagnose(self) -> None:
+        """Every container of the project: its state and the end of its log."""
+        names = self.podman("ps", "-a", "--format", "{{.Names}}", "--filter",
+                            f"label=io.podman.compose.project={PROJECT}", check=False)
+        for name in names.stdout.split():
+            print(f"--- {name}: {self.state(name)}\n{self.logs(name, 25)}", file=sys.stderr)
 
     def down(self) -> None:
         self.compose("down", "-v", "-t", "45",
@@ -173,6 +206,24 @@ def ensure_packages() -> None:
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     run(["apt-get", "update", "-q"], env=env, capture=True)
     run(["apt-get", "install", "-y", "-q", *missing], env=env, capture=True)
+
+
+def fail_over(stack: Stack, kill: Callable[[str], None]) -> tuple[str, float, str]:
+    """Kills the active oracle's container with ``kill``; waits until the other oracle is
+    active.  Returns (the killed container, seconds until takeover, the new active)."""
+    before = stack.active_oracle()
+    if before is None:
+        raise RuntimeError(f"no single active oracle before the kill: {stack.roles()}")
+    victim = stack.container(before.split(":")[0])
+    killed_at = time.monotonic()
+    kill(victim)
+    after = None
+    while time.monotonic() - killed_at < 120:
+        after = stack.active_oracle()
+        if after is not None and after != before:
+            return victim, time.monotonic() - killed_at, after
+        time.sleep(0.5)
+    raise RuntimeError(f"no takeover within 120 s (active: {after})")
 
 
 def scenario(stack: Stack, backfill: bool) -> None:
@@ -218,10 +269,11 @@ def scenario(stack: Stack, backfill: bool) -> None:
         stack.up("worker", "note-words")
         stack.wait_healthy(stack.container("worker"), timeout_s=300)
         stack.wait_healthy(stack.container("note-words"), timeout_s=300)
-        roles = stack.stack_check("roles", timeout_s=60)
-        if sorted(info["role"] for info in roles.values()  # type: ignore[index]
-                  ) != ["active", "standby"]:
-            raise RuntimeError(f"expected one active oracle and one standby: {roles}")
+        deadline = time.monotonic() + 60
+        while sorted((roles := stack.roles()).values()) != ["active", "standby"]:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"expected one active oracle and one standby: {roles}")
+            time.sleep(1)
         passed(f"workers healthy; oracle roles {roles}")
 
     if backfill:
@@ -238,36 +290,25 @@ def scenario(stack: Stack, backfill: bool) -> None:
         checked = stack.stack_check("check", "600")
         passed(f"round 1: wrote {written}; after quiescence {checked}")
 
-    with step("kill the active oracle, standby takes over"):
-        before = stack.active_oracle()
-        if before is None:
-            raise RuntimeError("no single active oracle before the kill")
-        victim = stack.container(before.split(":")[0])
-        killed_at = time.monotonic()
-        stack.podman("kill", "--signal", "KILL", victim)
-        after = None
-        while time.monotonic() - killed_at < 120:
-            after = stack.active_oracle()
-            if after is not None and after != before:
-                break
-            time.sleep(1)
-        takeover_s = time.monotonic() - killed_at
-        if after is None or after == before:
-            raise RuntimeError(f"no takeover within 120 s (active: {after})")
-        passed(f"killed {victim} (active {before}); {after} active after {takeover_s:.1f} s")
+    with step("kill the active oracle container, standby takes over"):
+        victim, takeover_s, after = fail_over(stack, stack.kill_container)
+        passed(f"podman kill -s KILL {victim} (the active oracle); {after} active after "
+               f"{takeover_s:.1f} s")
         written = stack.stack_check("write", "2")
         checked = stack.stack_check("check", "600")
         passed(f"round 2 after fail-over: wrote {written}; after quiescence {checked}")
-        # The restart policy brings the killed container back; it must rejoin as standby.
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and stack.state(victim) != "running":
-            time.sleep(2)
-        if stack.state(victim) == "running":
-            stack.wait_healthy(victim, timeout_s=120)
-            roles = stack.stack_check("roles", timeout_s=60)
-            passed(f"restart policy restarted {victim}; roles now {roles}")
-        else:
-            log(f"   note: {victim} is {stack.state(victim)} (not restarted by podman)")
+        # A killed container stays down (podman kill is an operator's stop): start it again.
+        stack.podman("start", victim)
+        stack.wait_healthy(victim, timeout_s=180)
+        passed(f"{victim} started again, rejoined: {stack.roles()}")
+
+    with step("crash the active oracle's process: restart policy, fail-over back"):
+        victim, takeover_s, after = fail_over(stack, stack.crash_process)
+        passed(f"every process of {victim} killed (exit 137); {after} active after "
+               f"{takeover_s:.1f} s")
+        restarted = stack.wait_restarted(victim, timeout_s=120)
+        stack.wait_healthy(victim, timeout_s=180)
+        passed(f"restart policy restarted {victim} ({restarted} restart); roles {stack.roles()}")
 
     with step("scale workers to 3, write and check again"):
         stack.up("worker", replicas=3)
@@ -314,6 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         scenario(stack, args.backfill)
     except BaseException as exc:  # reported below, after the teardown
         failed = exc
+        stack.diagnose()
     finally:
         if not args.keep:
             with step("tear down (containers, network, volumes)"):

@@ -8,8 +8,9 @@ deletes the count.  Idempotent: running it twice for the same text writes the sa
 
 from __future__ import annotations
 
-from percolator.client import Client
 from percolator.observers.api import Observer
+
+from percolator.client import Client
 from percolator.transaction import Transaction
 
 NOTES = "notes"
