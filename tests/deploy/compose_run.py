@@ -182,7 +182,8 @@ class Stack:
             print(f"--- {name}: {self.state(name)}\n{self.logs(name, 25)}", file=sys.stderr)
 
     def down(self) -> None:
-        self.compose("down", "-v", "-t", "45",
+        # WORKER_REPLICAS=3: down also knows the scaled workers.
+        self.compose("down", "-v", "-t", "45", replicas=3,
                      check=False, timeout=600)
         # podman-compose 1.0.x ignores profiles: also remove what it may have left.
         label = f"label=io.podman.compose.project={PROJECT}"
@@ -224,6 +225,14 @@ def fail_over(stack: Stack, kill: Callable[[str], None]) -> tuple[str, float, st
             return victim, time.monotonic() - killed_at, after
         time.sleep(0.5)
     raise RuntimeError(f"no takeover within 120 s (active: {after})")
+
+
+def write_and_check(stack: Stack, round_: int) -> tuple[dict[str, object], dict[str, object]]:
+    written = stack.stack_check("write", str(round_))
+    checked = stack.stack_check("check", "600")
+    if checked.get("notes_counted") != 20 or checked.get("derived_equal_reference") is not True:
+        raise RuntimeError(f"round {round_}: expected 20 counted notes: {checked}")
+    return written, checked
 
 
 def scenario(stack: Stack, backfill: bool) -> None:
@@ -283,19 +292,20 @@ def scenario(stack: Stack, backfill: bool) -> None:
             if result.returncode != 0:
                 raise RuntimeError(f"backfill failed:\n{result.stdout[-3000:]}"
                                    f"{result.stderr[-3000:]}")
-            passed("backfill of 60 documents exited 0")
+            checked = stack.stack_check("check", "600")
+            if checked.get("documents") != 60:
+                raise RuntimeError(f"expected the 60 backfilled documents: {checked}")
+            passed(f"backfill exited 0; after quiescence {checked}")
 
     with step("write through the engine, wait for the workers, check derived data"):
-        written = stack.stack_check("write", "1")
-        checked = stack.stack_check("check", "600")
+        written, checked = write_and_check(stack, 1)
         passed(f"round 1: wrote {written}; after quiescence {checked}")
 
     with step("kill the active oracle container, standby takes over"):
         victim, takeover_s, after = fail_over(stack, stack.kill_container)
         passed(f"podman kill -s KILL {victim} (the active oracle); {after} active after "
                f"{takeover_s:.1f} s")
-        written = stack.stack_check("write", "2")
-        checked = stack.stack_check("check", "600")
+        written, checked = write_and_check(stack, 2)
         passed(f"round 2 after fail-over: wrote {written}; after quiescence {checked}")
         # A killed container stays down (podman kill is an operator's stop): start it again.
         stack.podman("start", victim)
@@ -319,8 +329,7 @@ def scenario(stack: Stack, backfill: bool) -> None:
                                "--format", "{{.Names}}").stdout.split()
         if len(running) != 3:
             raise RuntimeError(f"expected 3 worker containers, found {running}")
-        written = stack.stack_check("write", "3")
-        checked = stack.stack_check("check", "600")
+        written, checked = write_and_check(stack, 3)
         passed(f"3 workers ({', '.join(sorted(running))}); round 3: wrote {written}; "
                f"after quiescence {checked}")
 

@@ -13,6 +13,7 @@ exits 0, or exits 1 with the reason on stderr.
     check [TIMEOUT_S]   waits until no notification is pending on any observed column, then
                         compares the derived tables with the reference computed from the
                         stored documents, and every note's word count with its text
+                        (the caller checks how many notes there are)
 
 Only the standard library, the engine and the example package: it runs in the image as is.
 """
@@ -113,8 +114,8 @@ def check(timeout_s: float) -> dict[str, object]:
             raise SystemExit("derived tables differ from the reference:\n" + "\n".join(problems))
         wrong = [row.decode() for row, cells in notes.items()
                  if stats.get(row, {}).get("words") != str(len(cells["text"].split())).encode()]
-        if wrong or not notes:
-            raise SystemExit(f"note_stats:words wrong for {wrong or 'every note (none found)'}")
+        if wrong:
+            raise SystemExit(f"note_stats:words wrong for {wrong}")
         return {"quiet_after_s": round(quiet_s, 1), "documents": len(documents),
                 "derived_equal_reference": True, "notes_counted": len(notes)}
     finally:
