@@ -7,7 +7,10 @@
 #
 # Runs a podman API service on a private socket for the session (stopped at the end); the
 # Ryuk reaper is disabled (its image cannot be pulled here; the fixture stops its container
-# itself).  Fails unless the session's HBase really came from a container.
+# itself).  This sandbox has /.dockerenv although podman runs beside the tests, so
+# testcontainers is told the engine's published ports are on this machine
+# (TESTCONTAINERS_CONNECTION_MODE=docker_host).  Fails unless the session's HBase really
+# came from a container.
 set -eu
 PYTHON=${1:?usage: testcontainers_run.sh PYTHON [PYTEST ARGS...]}
 shift
@@ -44,9 +47,9 @@ fi
 {
     env -u PERCOLATOR_TEST_HBASE_URL \
         DOCKER_HOST="unix://$SOCKET" TESTCONTAINERS_RYUK_DISABLED=true \
+        TESTCONTAINERS_CONNECTION_MODE=docker_host \
         PERCOLATOR_TEST_HBASE=docker PERCOLATOR_TEST_HBASE_IMAGE="$IMAGE" \
-        "$PYTHON" -m pytest -p no:cacheprovider "$@"
-    echo $? > "$LOG.rc"
+        "$PYTHON" -m pytest -p no:cacheprovider "$@" && echo 0 > "$LOG.rc" || echo $? > "$LOG.rc"
 } 2>&1 | tee "$LOG"
 status=$(cat "$LOG.rc")
 rm -f "$LOG.rc"
