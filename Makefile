@@ -49,8 +49,8 @@ lint: $(STAMP)
 	$(BIN)/python tools/layout.py build/layout
 	$(BIN)/mypy build/layout/percolator bench tools examples/docpipeline/docpipeline
 
-# Not part of `make test`: about 6 minutes with the base image and the images' dependency
-# layers cached, 15 on a fresh machine (docs/operations.md, "Deployment has run").
+# Not part of `make test`: about 5 minutes with the base image and the images' dependency
+# layers cached, about 14 on a fresh machine (docs/operations.md, "The deployment has run").
 compose-check: $(STAMP)
 	$(BIN)/python tests/deploy/compose_run.py $(COMPOSE_ARGS)
 

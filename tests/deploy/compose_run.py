@@ -22,8 +22,12 @@ cgroupfs, the host's ulimits) through CONTAINERS_CONF, makes the local base imag
     (it rejoins as standby); then crashes the new active oracle's process inside its
     container: the other takes over and the restart policy brings the crashed one back;
  6. scales the workers to 3 (deploy.replicas through WORKER_REPLICAS: podman-compose 1.0.x
-    ignores --scale), writes and checks again; runs the gc job;
- 7. tears everything down (containers, network, volumes) - also on failure, unless --keep.
+    ignores --scale), writes and checks again;
+ 7. starts the `monitoring` profile's Prometheus (an image from Debian's package,
+    docker/local/prometheus.Dockerfile; Grafana has no Debian package and its image cannot
+    be pulled here) and waits until it scrapes both oracles and all four workers; then
+    runs the gc job;
+ 8. tears everything down (containers, network, volumes) - also on failure, unless --keep.
 
 Prints each step's duration and what it checked; exits 0 only if every check passed.
 """
@@ -44,6 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = "pcheck"
 LOCAL_BASE = "localhost/bookworm-min:latest"
+PROMETHEUS_IMAGE = "localhost/prometheus-debian:latest"
 CHECK_SCRIPT = ROOT / "tests/deploy/stack_check.py"
 PACKAGES = {"podman": "podman", "runc": "runc", "podman-compose": "podman-compose",
             "debootstrap": "debootstrap"}
@@ -90,6 +95,8 @@ class Stack:
         self.env = dict(os.environ)
         self.env["CONTAINERS_CONF"] = str(ROOT / "docker/local/containers.conf")
         self.env["BASE_IMAGE"] = base_image
+        # The public prom/prometheus image cannot be pulled here; Debian's package can.
+        self.env["PROMETHEUS_IMAGE"] = PROMETHEUS_IMAGE
         self.env.pop("PERCOLATOR_STORE", None)  # the compose file's default store
         self.env.pop("PERCOLATOR_ORACLE", None)
 
@@ -235,7 +242,7 @@ def write_and_check(stack: Stack, round_: int) -> tuple[dict[str, object], dict[
     return written, checked
 
 
-def scenario(stack: Stack, backfill: bool) -> None:
+def scenario(stack: Stack, backfill: bool, monitoring: bool) -> None:
     with step("build images (podman-compose build)"):
         stack.compose("--podman-build-args", "--network host", "build", timeout=3600)
         images = stack.podman("images", "--format", "{{.Repository}}:{{.Tag}} {{.Size}}").stdout
@@ -333,6 +340,34 @@ def scenario(stack: Stack, backfill: bool) -> None:
         passed(f"3 workers ({', '.join(sorted(running))}); round 3: wrote {written}; "
                f"after quiescence {checked}")
 
+    if monitoring:
+        with step("monitoring: Prometheus scrapes every oracle and worker"):
+            stack.podman("build", "--network", "host", "--build-arg",
+                         f"BASE_IMAGE={stack.env['BASE_IMAGE']}", "-f",
+                         "docker/local/prometheus.Dockerfile", "-t", PROMETHEUS_IMAGE,
+                         "docker/local", timeout=1200)
+            stack.up("prometheus")
+            stack.wait_healthy(stack.container("prometheus"), timeout_s=120)
+            expected = {"percolator-oracle": 2, "percolator-worker": 4}  # 3 workers + note-words
+            deadline = time.monotonic() + 120
+            while True:
+                reply = stack.podman("exec", stack.container("prometheus"), "wget", "-q",
+                                     "-O", "-", "http://127.0.0.1:9090/api/v1/targets",
+                                     check=False)
+                targets = json.loads(reply.stdout or "{}").get("data", {}).get(
+                    "activeTargets", [])
+                up: dict[str, int] = {}
+                for target in targets:
+                    if target.get("health") == "up":
+                        job = target["labels"]["job"]
+                        up[job] = up.get(job, 0) + 1
+                if up == expected:
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"targets up {up}, expected {expected}: {targets}")
+                time.sleep(3)
+            passed(f"Prometheus ({PROMETHEUS_IMAGE}) scrapes /metrics, targets up: {up}")
+
     with step("gc job"):
         result = stack.compose("run", "-T", "--rm", "--no-deps", "gc", check=False, timeout=600)
         if result.returncode != 0:
@@ -345,6 +380,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="leave the stack running")
     parser.add_argument("--no-backfill", dest="backfill", action="store_false",
                         help="skip the Spark backfill job")
+    parser.add_argument("--no-monitoring", dest="monitoring", action="store_false",
+                        help="skip Prometheus (built from Debian's package: "
+                        "docker/local/prometheus.Dockerfile)")
     parser.add_argument("--base-image", default=LOCAL_BASE,
                         help="BASE_IMAGE of the builds (default: the local debootstrap image "
                         f"{LOCAL_BASE}, made when missing; python:3.11-slim-bookworm where a "
@@ -361,7 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stack.down()  # what an interrupted earlier run left
     failed: BaseException | None = None
     try:
-        scenario(stack, args.backfill)
+        scenario(stack, args.backfill, args.monitoring)
     except BaseException as exc:  # reported below, after the teardown
         failed = exc
         stack.diagnose()

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.deploy.compose import (
     ROOT,
@@ -188,3 +189,29 @@ def test_the_images_are_slim_per_role_and_cache_dependencies() -> None:
     # The HBase image resolves the same pom the tests use.
     assert "percolator hbase classpath" in hbase
     assert (ROOT / "percolator/testing/localhbase/pom.xml").is_file()
+
+
+def test_prometheus_scrapes_every_metrics_endpoint_of_the_deployment() -> None:
+    services = load_compose()["services"]
+    config = yaml.safe_load((ROOT / "docker/prometheus/prometheus.yml").read_text())
+    scraped: set[tuple[str, int]] = set()
+    for job in config["scrape_configs"]:
+        for static in job.get("static_configs", []):
+            for target in static["targets"]:
+                host, _, port = target.rpartition(":")
+                scraped.add((host, int(port)))
+        for dns in job.get("dns_sd_configs", []):
+            scraped |= {(name, int(dns["port"])) for name in dns["names"]}
+    serving: set[tuple[str, int]] = set()
+    for name, service in services.items():
+        command = service.get("command") or []
+        if name in percolator_services(load_compose()) and "--metrics-port" in command:
+            serving.add((name, int(command[command.index("--metrics-port") + 1])))
+    assert serving == scraped
+    assert {"oracle", "oracle-standby", "worker", "note-words"} == {h for h, _ in serving}
+    assert config["rule_files"] == ["/etc/prometheus/alerts.yml"]
+    # The monitoring services mount what they read.
+    mounts = [v.split(":")[0] for v in services["prometheus"]["volumes"]]
+    assert "./docker/prometheus" in mounts
+    grafana = [v.split(":")[0] for v in services["grafana"]["volumes"]]
+    assert {"./docker/grafana", "./docker/grafana/provisioning"} <= set(grafana)
