@@ -264,10 +264,13 @@ def scenario(stack: Stack, backfill: bool, monitoring: bool) -> None:
                 raise RuntimeError(f"{image}: expected a non-root user without Java and "
                                    f"PySpark, found {probe}")
         passed("engine, example and note-words images: user percolator, no Java, no PySpark")
-        probe = stack.podman("run", "--rm", "--entrypoint", "sh", "percolator-spark:latest",
+        spark = stack.podman("run", "--rm", "--entrypoint", "sh", "percolator-spark:latest",
                              "-c", "id -un; java -version 2>&1 | head -1; "
                              "python -c 'import pyspark; print(pyspark.__version__)'").stdout
-        passed(f"spark image: {' / '.join(probe.split(chr(10))[:3])}")
+        lines = spark.strip().splitlines()
+        if len(lines) != 3 or lines[0] != "percolator" or "openjdk" not in lines[1]:
+            raise RuntimeError(f"spark image: expected user percolator, Java and PySpark: {lines}")
+        passed(f"spark image: {' / '.join(lines)}")
 
     with step("hbase up and healthy (development-only service)"):
         stack.up("hbase")
