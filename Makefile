@@ -2,6 +2,10 @@
 #   make demo   - set up and run the demo on the embedded store (no HBase, no Docker)
 #   make test   - set up and run the whole test suite against a real local HBase
 #   make lint   - ruff and mypy
+#   make compose-check         - build the images and run docker-compose.yml for real with
+#                                podman (tests/deploy/compose_run.py; docs/operations.md)
+#   make testcontainers-check  - the test suite's optional HBase-in-a-container path, against
+#                                podman's Docker-compatible API and the locally built image
 PYTHON ?= python3
 VENV ?= .venv
 # Long trials (marker "slow") are left to `make test-slow`; everything else runs in `make test`.
@@ -9,7 +13,7 @@ PYTEST_ARGS ?= -m "not slow"
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint imports venv bench clean
+.PHONY: demo test test-slow lint imports venv bench clean compose-check testcontainers-check
 
 venv: $(STAMP)
 
@@ -48,6 +52,14 @@ lint: imports
 imports: $(STAMP)
 	$(BIN)/python tools/layout.py build/layout
 	cd build/layout && PYTHONPATH=. ../../$(BIN)/lint-imports --config ../../pyproject.toml
+
+# Not part of `make test`: about 5 minutes with the base image and the images' dependency
+# layers cached, about 14 on a fresh machine (docs/operations.md, "The deployment has run").
+compose-check: $(STAMP)
+	$(BIN)/python tests/deploy/compose_run.py $(COMPOSE_ARGS)
+
+testcontainers-check: $(STAMP)
+	sh tests/deploy/testcontainers_run.sh $(BIN)/python $(TESTCONTAINERS_TESTS)
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all $(BENCH_ARGS)

@@ -161,8 +161,19 @@ def _start_container(
     container = DockerContainer(image).with_exposed_ports(9090)
     container.start()
     try:
-        host = container.get_container_host_ip()
-        port = int(container.get_exposed_port(9090))
+        try:
+            host = container.get_container_host_ip()
+            port = int(container.get_exposed_port(9090))
+        except Exception as exc:
+            # Seen with podman's Docker API from inside a sandbox that has /.dockerenv:
+            # testcontainers then looks for a gateway in fields podman does not return.
+            container.stop()
+            pytest.fail(
+                f"cannot find the published port of HBase's container ({type(exc).__name__}: "
+                f"{exc}); when the container engine runs on this machine, set "
+                "TESTCONTAINERS_CONNECTION_MODE=docker_host",
+                pytrace=False,
+            )
         wait_until_serving(host, port, 300.0, progress)
     except HBaseLauncherError as exc:
         container.stop()
@@ -170,7 +181,9 @@ def _start_container(
     except BaseException:
         container.stop()
         raise
-    return f"hbase://{host}:{port}", container.stop
+    url = f"hbase://{host}:{port}"
+    progress(f"HBase in a container of {image}: {url}")
+    return url, container.stop
 
 
 # ------------------------------------------------------------------------------ namespaces

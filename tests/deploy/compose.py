@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import re
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -28,11 +30,61 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 
 
-def load_compose(path: Path = COMPOSE_FILE) -> dict[str, Any]:
+_VARIABLE = re.compile(r"\$(?:\$|\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::?-(?P<default>[^}]*))?\})")
+
+
+def interpolate(value: Any, environ: Mapping[str, str]) -> Any:
+    """``${VAR}``, ``${VAR:-default}``, ``${VAR-default}`` and ``$$`` in every string of a
+    parsed compose document, as compose does (``:-`` also replaces an empty value)."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, environ) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, environ) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def substitute(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name, default = match.group("name"), match.group("default")
+        found = environ.get(name)
+        if found is None or (found == "" and ":-" in match.group(0)):
+            return default or ""
+        return found
+
+    return _VARIABLE.sub(substitute, value)
+
+
+def load_compose(
+    path: Path = COMPOSE_FILE, environ: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The compose file as compose reads it, variables replaced from ``environ`` (default:
+    none set, so every ``${VAR:-default}`` takes its default)."""
     with path.open(encoding="utf-8") as handle:
         document = yaml.safe_load(handle)
     assert isinstance(document, dict)
-    return document
+    interpolated: dict[str, Any] = interpolate(document, environ or {})
+    return interpolated
+
+
+def percolator_services(document: Mapping[str, Any]) -> set[str]:
+    """Services running one of the project's images (their command is a ``percolator``
+    invocation): those built here, and those using an image built here."""
+    services: dict[str, Any] = document.get("services") or {}
+    built = {s.get("image") for s in services.values() if s.get("build")}
+    return {name for name, s in services.items() if s.get("build") or s.get("image") in built}
+
+
+def health_command(service: Mapping[str, Any]) -> list[str] | None:
+    """The health check's argv (CMD list, or CMD-SHELL string split like a shell)."""
+    test = (service.get("healthcheck") or {}).get("test")
+    if isinstance(test, str):
+        return shlex.split(test)
+    if isinstance(test, list) and test and test[0] == "CMD":
+        return [str(t) for t in test[1:]]
+    if isinstance(test, list) and len(test) == 2 and test[0] == "CMD-SHELL":
+        return shlex.split(str(test[1]))
+    return None
 
 
 def service_env(service: Mapping[str, Any]) -> dict[str, str]:
@@ -79,8 +131,11 @@ def _listen_port(args: argparse.Namespace) -> tuple[str, int] | None:
 def check_compose(document: Mapping[str, Any], root: Path = ROOT) -> list[str]:
     problems: list[str] = []
     services: dict[str, Any] = document.get("services") or {}
+    ours = percolator_services(document)
     parsed: dict[str, argparse.Namespace] = {}
     for name, service in services.items():
+        if name not in ours:
+            continue
         try:
             argv = service_command(service)
             parsed[name] = parse_command(argv, service_env(service))
@@ -127,20 +182,36 @@ def check_compose(document: Mapping[str, Any], root: Path = ROOT) -> list[str]:
             problems.append(f"{name}: no oracle configured (would use the in-process "
                             "oracle, refused while the oracle service holds its lease)")
     for name, service in services.items():
-        job = bool(service.get("profiles"))
+        # One-off jobs run and exit; everything else (optional profiles too) keeps running.
+        job = name in parsed and parsed[name].command in ("backfill", "gc", "export")
         is_worker = name == "worker" or (name in parsed and parsed[name].command == "worker")
         if is_worker and ("container_name" in service or service.get("ports")):
             problems.append(f"{name}: a container name or host port prevents --scale")
-        if name in parsed and parsed[name].command in ("backfill", "gc", "export") and not job:
+        if job and not service.get("profiles"):
             problems.append(f"{name}: a one-off job must sit under a profile")
         if not job and "healthcheck" not in service:
             problems.append(f"{name}: a long-running service needs a healthcheck")
-        health = service.get("healthcheck", {}).get("test")
-        if isinstance(health, list) and health[:2] == ["CMD", "percolator"]:
+        health = health_command(service)
+        if health and health[0] == "percolator":
             try:
-                parse_command(health[2:], service_env(service))
+                parse_command(health[1:], service_env(service))
             except ValueError as exc:
                 problems.append(f"{name}: healthcheck is not a valid invocation: {exc}")
+        test = (service.get("healthcheck") or {}).get("test")
+        if isinstance(test, list) and test and test[0] == "CMD" and len(test) > 2:
+            # podman-compose 1.0.x quotes the list form wrongly; CMD-SHELL works everywhere.
+            problems.append(f"{name}: healthcheck as a CMD list; use a CMD-SHELL string")
+        if service.get("init") is not True:
+            problems.append(f"{name}: needs `init: true` (signals and zombies of PID 1)")
+        restart = service.get("restart")
+        if job and restart not in (None, "no"):
+            problems.append(f"{name}: a one-off job must not restart ({restart!r})")
+        if not job and restart not in ("always", "unless-stopped", "on-failure"):
+            problems.append(f"{name}: a long-running service needs a restart policy")
+        for volume in service.get("volumes") or []:
+            source = str(volume).split(":", 1)[0]
+            if source.startswith((".", "/")) and not (root / source).exists():
+                problems.append(f"{name}: mounts {source}, which does not exist")
         depends = service.get("depends_on") or {}
         for target in depends:
             if target not in services:
@@ -151,13 +222,23 @@ def check_compose(document: Mapping[str, Any], root: Path = ROOT) -> list[str]:
                 problems.append(f"{name}: waits for {target} to be healthy, which has no "
                                 "healthcheck")
         build = service.get("build")
-        if build:
+        if build and name in ours:
             context = root / build.get("context", ".")
             dockerfile = context / build.get("dockerfile", "Dockerfile")
             if not dockerfile.is_file():
                 problems.append(f"{name}: {dockerfile.relative_to(root)} does not exist")
             elif "ENTRYPOINT [\"percolator\"]" not in dockerfile.read_text():
                 problems.append(f"{name}: {dockerfile.name} does not run percolator")
+    # Slim images per role: Java and PySpark only where Spark runs.
+    targets = {s.get("image"): (s.get("build") or {}).get("target")
+               for s in services.values() if s.get("build")}
+    for name, args in parsed.items():
+        target = targets.get(services[name].get("image"))
+        spark_job = getattr(args, "command", None) in ("backfill", "export")
+        if spark_job and target != "spark":
+            problems.append(f"{name}: runs Spark but its image is not the spark target")
+        if not spark_job and target == "spark":
+            problems.append(f"{name}: does not run Spark but uses the spark image")
     return problems
 
 
