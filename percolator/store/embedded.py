@@ -157,9 +157,17 @@ _MASK_SQL = (
     " VALUES (?, ?, ?, ?, ?) ON CONFLICT (tid, family, row, qualifier)"
     " DO UPDATE SET at_or_below = max(at_or_below, excluded.at_or_below)"
 )
-_NEWEST_SQL = (
-    "SELECT version, value FROM cells WHERE tid = ? AND family = ? AND row = ? AND qualifier = ?"
-    " ORDER BY version DESC LIMIT 1"
+# What a compare-and-set reads, in one statement: the table, the store clock and the cell's
+# newest version (NULLs when the cell is absent).  One statement instead of three: every
+# statement inside the write mutex releases and re-takes the GIL, and while other threads
+# run Python, re-taking it is what stretches the time the mutex is held.
+_CAS_READ_SQL = (
+    "SELECT t.id, t.families, (SELECT value FROM meta WHERE key = 'clock_ms'),"
+    " (SELECT version FROM cells WHERE tid = t.id AND family = ?2 AND row = ?3"
+    "  AND qualifier = ?4 ORDER BY version DESC LIMIT 1),"
+    " (SELECT value FROM cells WHERE tid = t.id AND family = ?2 AND row = ?3"
+    "  AND qualifier = ?4 ORDER BY version DESC LIMIT 1)"
+    " FROM tables t WHERE t.name = ?1"
 )
 _VERSIONS_SQL = (
     "SELECT version, value FROM cells WHERE tid = ? AND family = ? AND row = ?"
@@ -714,23 +722,28 @@ class EmbeddedStore(Store):
         check_value(new)
         self._count("compare_and_set")
         with self._errors(f"compare_and_set({table!r}, {row!r})"), self._write() as conn:
-            tid, families = self._table(conn, table)
+            found = conn.execute(_CAS_READ_SQL, (table, family, row, qualifier)).fetchone()
+            if found is None:
+                raise TableNotFoundError(table)
+            tid, encoded, last, newest_version, newest_value = found
+            families = _decode_families(encoded)
             check_family_name(family, families)
-            newest = conn.execute(_NEWEST_SQL, (tid, family, row, qualifier)).fetchone()
-            if not cas_matches(None if newest is None else newest[1], expected):
+            if not cas_matches(newest_value, expected):
                 return False
             # The store clock: wall-clock milliseconds, never below the last stamp (clocks
             # of different processes, or one clock stepped back, must not make a later
             # compare-and-set older than an earlier one).
-            (last,) = conn.execute("SELECT value FROM meta WHERE key = 'clock_ms'").fetchone()
             clock = max(_now_ms(), int(last))
             if clock != last:
                 conn.execute("UPDATE meta SET value = ? WHERE key = 'clock_ms'", (clock,))
             # As HBase 2 does, never stamp below the version just compared: the written
             # value is the newest of its cell (an equal version is replaced).
-            stamp = clock if newest is None else max(clock, int(newest[0]))
+            stamp = clock if newest_version is None else max(clock, int(newest_version))
             conn.execute(_PUT_SQL, (tid, family, row, qualifier, stamp, new))
-            self._prune(conn, tid, families, [(family, row, qualifier)])
+            if newest_version is not None and stamp != newest_version:
+                # A new version next to older ones: trim to max_versions.  (A first version,
+                # or one replacing the newest, leaves the count of versions as it was.)
+                self._prune(conn, tid, families, [(family, row, qualifier)])
             return True
 
     def delete_versions(self, table: str, deletes: Sequence[Delete]) -> None:
