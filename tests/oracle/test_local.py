@@ -131,10 +131,22 @@ def test_two_instances_interleaved_stay_in_real_time_order(store: FaultyStore) -
     assert seen == sorted(seen) and len(set(seen)) == len(seen)
 
 
-def test_threads_are_coalesced_into_few_compare_and_sets(embedded_url: str) -> None:
+@pytest.mark.parametrize("block_ms", [0, DEFAULT_BLOCK_MS])
+def test_threads_are_coalesced_into_few_compare_and_sets(
+    embedded_url: str, block_ms: int, clock: FakeClock
+) -> None:
     # A real store: its compare-and-set takes real time, during which other threads queue.
-    store = open_store(embedded_url)
-    oracle = LocalOracle(store)
+    # At least 2 ms: an uncontended compare-and-set of the embedded store takes ~0.1 ms, and
+    # on a loaded machine thread wake-ups can take longer than that, so how many callers
+    # queue behind one would measure the machine's load rather than the coalescing.
+    # With leased blocks the clock stands still, so the first block never runs out.
+    store = FaultyStore(open_store(embedded_url))
+    store.before("compare_and_set", lambda _: time.sleep(0.002))
+    oracle = (
+        LocalOracle(store, block_ms=0)
+        if block_ms == 0
+        else LocalOracle(store, block_ms=block_ms, clock=clock)
+    )
     calls: list[Call] = []
     lock = threading.Lock()
 
@@ -155,8 +167,16 @@ def test_threads_are_coalesced_into_few_compare_and_sets(embedded_url: str) -> N
     store.close()
     check_real_time_order(calls)
     assert oracle.stats.timestamps == 1000
-    print("compare-and-sets for 1000 timestamps from 20 threads:", oracle.stats.fetches)
-    assert oracle.stats.fetches <= 1000 / 4
+    if block_ms == 0:
+        print("compare-and-sets for 1000 timestamps from 20 threads:", oracle.stats.fetches)
+        assert oracle.stats.fetches <= 1000 / 4
+        assert oracle.reservations == oracle.stats.fetches
+    else:
+        # One exact reservation, then one block; every later batch is one read.  A read is
+        # shorter than a compare-and-set, so fewer threads queue behind it: more batches.
+        print("batches (reads) for 1000 timestamps from 20 threads:", oracle.stats.fetches)
+        assert oracle.reservations == 2
+        assert oracle.validations == oracle.stats.fetches - 2
 
 
 def test_refuses_while_an_oracle_server_holds_a_live_lease(
