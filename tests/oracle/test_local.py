@@ -290,3 +290,33 @@ def test_processes_sharing_an_embedded_store_stay_in_real_time_order(
             assert record.high_water < compose(int(time.time() * 1000) + block_ms + 1)
         # ... and a new process starts above everything.
         assert LocalOracle(s).get_timestamp() > record.high_water
+
+
+def test_a_transaction_draws_no_compare_and_set_for_its_timestamps(store: FaultyStore) -> None:
+    import percolator
+    from percolator.layout import META_TABLE
+
+    # Today's wall clock, standing still: the block never runs out, lock ages stay true.
+    clock = FakeClock(int(time.time() * 1000))
+
+    oracle_cas: list[str] = []
+    store.before(
+        "compare_and_set",
+        lambda call: oracle_cas.append(call["table"]),
+        when=lambda call: call["table"] == META_TABLE,
+    )
+    client = percolator.connect(store, oracle=LocalOracle(store, clock=clock))
+    try:
+        client.create_table("t")
+        for i in range(3):  # the first reservations: exact, then the block
+            with client.transaction() as txn:
+                txn.set("t", b"warm%d" % i, "c", b"v")
+        before = len(oracle_cas)
+        for i in range(20):
+            with client.transaction() as txn:
+                txn.set("t", b"row%d" % i, "c", b"v")
+        assert len(oracle_cas) == before, "steady state: no compare-and-set per timestamp"
+        with client.snapshot() as snap:
+            assert snap.get("t", b"row19", "c") == b"v"
+    finally:
+        client.close()
