@@ -1091,11 +1091,27 @@ def make_plots(raw: J, targets: Sequence[TargetResult], plot_dir: Path, rel_to: 
 # --------------------------------------------------------------------------- entry points
 
 
+#: Everything from this line on in an existing report is kept when the report is rewritten:
+#: sections measured by other scripts (bench/cost_bench.py) and written by hand.
+KEPT_MARKER = "<!-- kept: the sections below are not generated; bench/report.py keeps them -->"
+
+
+def kept_sections(out: Path) -> str:
+    """The hand-kept tail of an existing report (from :data:`KEPT_MARKER`), or ''."""
+    try:
+        text = out.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return ""
+    at = text.find(KEPT_MARKER)
+    return "" if at < 0 else "\n" + text[at:]
+
+
 def write_report(raw: J, out: Path, plot_dir: Path) -> list[TargetResult]:
-    """Evaluate, plot and write ``out``; returns the verdicts."""
+    """Evaluate, plot and write ``out`` (keeping its hand-kept tail); returns the verdicts."""
     targets = evaluate(raw)
     plots = make_plots(raw, targets, plot_dir, out.resolve().parent)
-    out.write_text(render(raw, targets, plots), encoding="utf-8")
+    kept = kept_sections(out)
+    out.write_text(render(raw, targets, plots) + kept, encoding="utf-8")
     return targets
 
 

@@ -74,7 +74,7 @@ import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
 from percolator.errors import (
     PercolatorError,
@@ -157,14 +157,34 @@ _MASK_SQL = (
     " VALUES (?, ?, ?, ?, ?) ON CONFLICT (tid, family, row, qualifier)"
     " DO UPDATE SET at_or_below = max(at_or_below, excluded.at_or_below)"
 )
-_NEWEST_SQL = (
-    "SELECT version, value FROM cells WHERE tid = ? AND family = ? AND row = ? AND qualifier = ?"
-    " ORDER BY version DESC LIMIT 1"
+# What a compare-and-set reads, in one statement: the table, the store clock and the cell's
+# newest version (NULLs when the cell is absent).  One statement instead of three: every
+# statement inside the write mutex releases and re-takes the GIL, and while other threads
+# run Python, re-taking it is what stretches the time the mutex is held.
+_CAS_READ_SQL = (
+    "SELECT t.id, t.families, (SELECT value FROM meta WHERE key = 'clock_ms'),"
+    " (SELECT version FROM cells WHERE tid = t.id AND family = ?2 AND row = ?3"
+    "  AND qualifier = ?4 ORDER BY version DESC LIMIT 1),"
+    " (SELECT value FROM cells WHERE tid = t.id AND family = ?2 AND row = ?3"
+    "  AND qualifier = ?4 ORDER BY version DESC LIMIT 1)"
+    " FROM tables t WHERE t.name = ?1"
 )
 _VERSIONS_SQL = (
     "SELECT version, value FROM cells WHERE tid = ? AND family = ? AND row = ?"
     " AND qualifier = ? AND version < ? AND version >= ? ORDER BY version DESC LIMIT ?"
 )
+# Explicit cells per statement of a read (7 parameters each, far below SQLite's limit).
+_CELLS_PER_STATEMENT = 64
+
+
+@lru_cache(maxsize=_CELLS_PER_STATEMENT)
+def _versions_sql(cells: int) -> str:
+    """One statement reading the versions of ``cells`` explicit cells, each tagged with its
+    index: a read of a transaction's cell (lock, write record, data) is one statement, not
+    three, so one seek per cell stays, and two statement round trips per read go."""
+    return " UNION ALL ".join(
+        f"SELECT {i}, version, value FROM ({_VERSIONS_SQL})" for i in range(cells)
+    )
 
 
 # --------------------------------------------------------------------------- process state
@@ -233,7 +253,10 @@ def _encode_families(families: Sequence[FamilySpec]) -> str:
     )
 
 
-def _chunks(items: Sequence[bytes], size: int) -> Iterator[Sequence[bytes]]:
+_T = TypeVar("_T")
+
+
+def _chunks(items: Sequence[_T], size: int) -> Iterator[Sequence[_T]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
 
@@ -264,6 +287,7 @@ class EmbeddedStore(Store):
         self._conns: dict[int, tuple[weakref.ref[threading.Thread], sqlite3.Connection]] = {}
         self._conns_lock = threading.Lock()
         self._stats_lock = threading.Lock()
+        self.write_lock = WriteLockStats()
         self._prepare_directory()
         try:
             self._initialise()
@@ -438,21 +462,31 @@ class EmbeddedStore(Store):
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One ``BEGIN IMMEDIATE`` transaction: committed on a clean exit, else rolled back."""
         conn = self._conn()
-        with _write_lock(self._db_path):
-            # Waiting for another process's lock is left to SQLite's busy handler (sleeps of
-            # growing length): measured here, it gives better throughput under contention
-            # than a loop of short sleeps, which wakes every waiter to compete for the CPU.
-            conn.execute("BEGIN IMMEDIATE")
+        lock = _write_lock(self._db_path)
+        clock = time.perf_counter
+        asked = clock()
+        # Threads of this process queue here, in order, and never meet SQLite's busy handler
+        # (which sleeps in growing steps: 1, 2, 5, 10 ... ms) among themselves; only another
+        # process's writer can make BEGIN IMMEDIATE wait.
+        with lock:
+            got = clock()
             try:
-                yield conn
-            except BaseException:
-                _rollback(conn)
-                raise
-            try:
-                conn.execute("COMMIT")
-            except BaseException:
-                _rollback(conn)
-                raise
+                # Waiting for another process's lock is left to SQLite's busy handler:
+                # measured here, it gives better throughput under contention than a loop of
+                # short sleeps, which wakes every waiter to compete for the CPU.
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield conn
+                except BaseException:
+                    _rollback(conn)
+                    raise
+                try:
+                    conn.execute("COMMIT")
+                except BaseException:
+                    _rollback(conn)
+                    raise
+            finally:
+                self.write_lock.record(got - asked, clock() - got)
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
@@ -548,12 +582,20 @@ class EmbeddedStore(Store):
                     conn, tid, whole, wanted_rows, upper, min_version
                 ):
                     result.setdefault(row, {})[(family, qualifier)] = [(version, value)]
-            for row in wanted_rows:
-                for family, qualifier in cells:
-                    params = (tid, family, row, qualifier, upper, min_version, limit)
-                    versions = [(v, value) for v, value in conn.execute(_VERSIONS_SQL, params)]
-                    if versions:
-                        result.setdefault(row, {})[(family, qualifier)] = versions
+            wanted = [(row, family, q) for row in wanted_rows for family, q in cells]
+            for chunk in _chunks(wanted, _CELLS_PER_STATEMENT):
+                params: list[object] = []
+                for row, family, qualifier in chunk:
+                    params += (tid, family, row, qualifier, upper, min_version, limit)
+                found: dict[int, list[Version]] = {}
+                for index, version, value in conn.execute(_versions_sql(len(chunk)), params):
+                    found.setdefault(index, []).append((version, value))
+                for index, versions in found.items():
+                    row, family, qualifier = chunk[index]
+                    # Newest first (each part is ordered; sorting again costs nothing and does
+                    # not rely on how SQLite orders a compound select).
+                    versions.sort(reverse=True)
+                    result.setdefault(row, {})[(family, qualifier)] = versions
         return result
 
     @staticmethod
@@ -703,23 +745,28 @@ class EmbeddedStore(Store):
         check_value(new)
         self._count("compare_and_set")
         with self._errors(f"compare_and_set({table!r}, {row!r})"), self._write() as conn:
-            tid, families = self._table(conn, table)
+            found = conn.execute(_CAS_READ_SQL, (table, family, row, qualifier)).fetchone()
+            if found is None:
+                raise TableNotFoundError(table)
+            tid, encoded, last, newest_version, newest_value = found
+            families = _decode_families(encoded)
             check_family_name(family, families)
-            newest = conn.execute(_NEWEST_SQL, (tid, family, row, qualifier)).fetchone()
-            if not cas_matches(None if newest is None else newest[1], expected):
+            if not cas_matches(newest_value, expected):
                 return False
             # The store clock: wall-clock milliseconds, never below the last stamp (clocks
             # of different processes, or one clock stepped back, must not make a later
             # compare-and-set older than an earlier one).
-            (last,) = conn.execute("SELECT value FROM meta WHERE key = 'clock_ms'").fetchone()
             clock = max(_now_ms(), int(last))
             if clock != last:
                 conn.execute("UPDATE meta SET value = ? WHERE key = 'clock_ms'", (clock,))
             # As HBase 2 does, never stamp below the version just compared: the written
             # value is the newest of its cell (an equal version is replaced).
-            stamp = clock if newest is None else max(clock, int(newest[0]))
+            stamp = clock if newest_version is None else max(clock, int(newest_version))
             conn.execute(_PUT_SQL, (tid, family, row, qualifier, stamp, new))
-            self._prune(conn, tid, families, [(family, row, qualifier)])
+            if newest_version is not None and stamp != newest_version:
+                # A new version next to older ones: trim to max_versions.  (A first version,
+                # or one replacing the newest, leaves the count of versions as it was.)
+                self._prune(conn, tid, families, [(family, row, qualifier)])
             return True
 
     def delete_versions(self, table: str, deletes: Sequence[Delete]) -> None:
@@ -734,6 +781,29 @@ class EmbeddedStore(Store):
             params = [(tid, d.family, d.row, d.qualifier, d.at_or_below) for d in checked]
             conn.executemany(_DELETE_SQL, params)
             conn.executemany(_MASK_SQL, params)
+
+
+class WriteLockStats:
+    """Where writing threads of this process spend their time (read without locking:
+    approximate while busy): ``waits`` write transactions, ``wait_s`` spent queueing for the
+    process's write mutex, ``held_s`` spent holding it (SQLite's write lock included)."""
+
+    __slots__ = ("held_s", "wait_s", "waits")
+
+    def __init__(self) -> None:
+        self.waits = 0
+        self.wait_s = 0.0
+        self.held_s = 0.0
+
+    def record(self, waited_s: float, held_s: float) -> None:
+        # Called with the write mutex released or about to be: += on floats under the GIL
+        # may lose an update under a race, which only blurs a statistic.
+        self.waits += 1
+        self.wait_s += waited_s
+        self.held_s += held_s
+
+    def snapshot(self) -> dict[str, float]:
+        return {"waits": self.waits, "wait_s": self.wait_s, "held_s": self.held_s}
 
 
 def _is_busy(exc: sqlite3.Error) -> bool:

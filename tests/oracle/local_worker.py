@@ -1,5 +1,7 @@
 """Run as a process: take timestamps from a LocalOracle on a shared store and print each
-call as ``start_ns end_ns ts`` (CLOCK_MONOTONIC, system-wide), one per line."""
+call as ``start_ns end_ns ts`` (CLOCK_MONOTONIC, system-wide), one per line.
+
+Arguments: ``URL COUNT THREADS [BLOCK_MS]`` (BLOCK_MS: the oracle's leased-block length)."""
 
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ from percolator.timestamps import LocalOracle
 
 def main() -> None:
     url, count, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    block_ms = int(sys.argv[4]) if len(sys.argv) > 4 else None
     store = open_store(url)
-    oracle = LocalOracle(store)
+    oracle = LocalOracle(store) if block_ms is None else LocalOracle(store, block_ms=block_ms)
     lines: list[str] = []
     lock = threading.Lock()
 

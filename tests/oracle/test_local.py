@@ -10,10 +10,11 @@ import time
 import pytest
 from percolator.oracle.lease import LeaseConfig, OracleNode, Role
 
-from percolator.errors import OracleError, OracleUnavailableError
+from percolator.errors import InvalidArgumentError, OracleError, OracleUnavailableError
 from percolator.store import open_store
 from percolator.testing import FaultyStore
 from percolator.timestamps import LocalOracle, compose
+from percolator.timestamps.local import DEFAULT_BLOCK_MS
 from percolator.timestamps.record import OracleRecord, OracleRecordRegister
 from tests.oracle.conftest import FakeClock
 from tests.oracle.procs import REPO, Call, check_real_time_order
@@ -26,21 +27,90 @@ def mark(store: FaultyStore) -> int:
 
 
 def test_timestamps_increase_and_never_exceed_the_persisted_mark(store: FaultyStore) -> None:
-    oracle = LocalOracle(store)
+    oracle = LocalOracle(store, block_ms=0)
     seen = [oracle.get_timestamp() for _ in range(50)] + oracle.get_timestamps(100)
     assert seen == sorted(set(seen))
     assert mark(store) == seen[-1], "the mark is exactly what was reserved and issued"
     assert seen[0] >= compose(int(time.time() * 1000) - 5_000)
 
 
-def test_an_uncontended_batch_costs_one_compare_and_set(store: FaultyStore) -> None:
+def test_leased_blocks_never_exceed_the_mark_nor_run_far_ahead_of_the_clock(
+    store: FaultyStore,
+) -> None:
     oracle = LocalOracle(store)
+    seen = [oracle.get_timestamp() for _ in range(50)] + oracle.get_timestamps(100)
+    assert seen == sorted(set(seen))
+    assert seen[-1] <= mark(store), "nothing is handed out above the persisted mark"
+    assert mark(store) < compose(int(time.time() * 1000) + DEFAULT_BLOCK_MS + 1)
+    assert seen[0] >= compose(int(time.time() * 1000) - 5_000)
+
+
+def test_an_uncontended_batch_costs_one_compare_and_set(store: FaultyStore) -> None:
+    oracle = LocalOracle(store, block_ms=0)
     oracle.get_timestamp()
     before = dict(store.stats.calls)
     for _ in range(10):
         oracle.get_timestamp()
     assert store.stats.calls["compare_and_set"] - before["compare_and_set"] == 10
     assert store.stats.calls.get("read_rows", 0) == before.get("read_rows", 0)
+
+
+def test_a_leased_block_serves_timestamps_with_one_read_and_no_compare_and_set(
+    store: FaultyStore, clock: FakeClock
+) -> None:
+    oracle = LocalOracle(store, clock=clock, block_ms=100)
+    oracle.get_timestamp()  # first reservation: exact (someone else may have been last)
+    oracle.get_timestamp()  # second in a row: a block up to 100 ms ahead of the clock
+    block_end = mark(store)
+    assert block_end == compose(clock.wall + 100) - 1
+    before = dict(store.stats.calls)
+    seen = [oracle.get_timestamp() for _ in range(20)]
+    assert store.stats.calls["compare_and_set"] == before["compare_and_set"], (
+        "the steady state draws no compare-and-set per timestamp"
+    )
+    assert store.stats.calls["read_rows"] - before["read_rows"] == 20, "one read per batch"
+    assert seen == sorted(set(seen)) and seen[-1] <= block_end
+    # Timestamps from the block follow the wall clock (lock ages stay true)...
+    clock.advance(50)
+    assert oracle.get_timestamp() == compose(clock.wall)
+    # ... and once the clock passes the block's end, the next batch reserves a new one.
+    clock.advance(60)
+    after = oracle.get_timestamp()
+    assert after == compose(clock.wall)
+    assert store.stats.calls["compare_and_set"] == before["compare_and_set"] + 1
+    assert mark(store) == compose(clock.wall + 100) - 1
+
+
+def test_a_block_is_dropped_as_soon_as_another_instance_reserves(
+    store: FaultyStore, clock: FakeClock
+) -> None:
+    a = LocalOracle(store, clock=clock)
+    b = LocalOracle(store, clock=clock)
+    a.get_timestamp()
+    a.get_timestamp()  # a holds a block ahead of the clock
+    t_b = b.get_timestamp()  # b's exact reservation lands above a's block
+    assert t_b == mark(store)
+    t_a = a.get_timestamp()  # a's read sees b's record: no timestamp from the old block
+    assert t_a > t_b
+    # Alternating instances reserve exactly: the mark does not ratchet ahead of the clock.
+    for i in range(100):
+        (a if i % 2 else b).get_timestamp()
+    assert mark(store) <= compose(clock.wall + DEFAULT_BLOCK_MS) + 200
+
+
+def test_a_block_with_a_failing_read_is_not_used(store: FaultyStore, clock: FakeClock) -> None:
+    oracle = LocalOracle(store, clock=clock, timeout_s=5)
+    oracle.get_timestamp()
+    t1 = oracle.get_timestamp()
+    store.fail("read_rows", times=1)  # the validation read fails: re-read, then reserve
+    t2 = oracle.get_timestamp()
+    assert t1 < t2 <= mark(store)
+
+
+def test_block_ms_must_be_a_non_negative_int(store: FaultyStore) -> None:
+    for bad in (-1, 1.5, True, "100"):
+        with pytest.raises(InvalidArgumentError, match="block_ms"):
+            LocalOracle(store, block_ms=bad)  # type: ignore[arg-type]
 
 
 def test_a_restarted_oracle_starts_above_the_mark(store: FaultyStore, clock: FakeClock) -> None:
@@ -61,10 +131,22 @@ def test_two_instances_interleaved_stay_in_real_time_order(store: FaultyStore) -
     assert seen == sorted(seen) and len(set(seen)) == len(seen)
 
 
-def test_threads_are_coalesced_into_few_compare_and_sets(embedded_url: str) -> None:
+@pytest.mark.parametrize("block_ms", [0, DEFAULT_BLOCK_MS])
+def test_threads_are_coalesced_into_few_compare_and_sets(
+    embedded_url: str, block_ms: int, clock: FakeClock
+) -> None:
     # A real store: its compare-and-set takes real time, during which other threads queue.
-    store = open_store(embedded_url)
-    oracle = LocalOracle(store)
+    # At least 2 ms: an uncontended compare-and-set of the embedded store takes ~0.1 ms, and
+    # on a loaded machine thread wake-ups can take longer than that, so how many callers
+    # queue behind one would measure the machine's load rather than the coalescing.
+    # With leased blocks the clock stands still, so the first block never runs out.
+    store = FaultyStore(open_store(embedded_url))
+    store.before("compare_and_set", lambda _: time.sleep(0.002))
+    oracle = (
+        LocalOracle(store, block_ms=0)
+        if block_ms == 0
+        else LocalOracle(store, block_ms=block_ms, clock=clock)
+    )
     calls: list[Call] = []
     lock = threading.Lock()
 
@@ -85,8 +167,16 @@ def test_threads_are_coalesced_into_few_compare_and_sets(embedded_url: str) -> N
     store.close()
     check_real_time_order(calls)
     assert oracle.stats.timestamps == 1000
-    print("compare-and-sets for 1000 timestamps from 20 threads:", oracle.stats.fetches)
-    assert oracle.stats.fetches <= 1000 / 4
+    if block_ms == 0:
+        print("compare-and-sets for 1000 timestamps from 20 threads:", oracle.stats.fetches)
+        assert oracle.stats.fetches <= 1000 / 4
+        assert oracle.reservations == oracle.stats.fetches
+    else:
+        # One exact reservation, then one block; every later batch is one read.  A read is
+        # shorter than a compare-and-set, so fewer threads queue behind it: more batches.
+        print("batches (reads) for 1000 timestamps from 20 threads:", oracle.stats.fetches)
+        assert oracle.reservations == 2
+        assert oracle.validations == oracle.stats.fetches - 2
 
 
 def test_refuses_while_an_oracle_server_holds_a_live_lease(
@@ -110,7 +200,7 @@ def test_refuses_while_an_oracle_server_holds_a_live_lease(
 
 
 def test_an_unknown_outcome_that_was_applied_is_used(store: FaultyStore) -> None:
-    oracle = LocalOracle(store)
+    oracle = LocalOracle(store, block_ms=0)
     t1 = oracle.get_timestamp()
     store.fail("compare_and_set", applied=True)
     t2 = oracle.get_timestamp()
@@ -118,7 +208,7 @@ def test_an_unknown_outcome_that_was_applied_is_used(store: FaultyStore) -> None
 
 
 def test_an_unknown_outcome_that_was_not_applied_is_retried(store: FaultyStore) -> None:
-    oracle = LocalOracle(store)
+    oracle = LocalOracle(store, block_ms=0)
     t1 = oracle.get_timestamp()
     store.fail("compare_and_set", times=2)
     t2 = oracle.get_timestamp()
@@ -126,7 +216,7 @@ def test_an_unknown_outcome_that_was_not_applied_is_retried(store: FaultyStore) 
 
 
 def test_an_unknown_outcome_overtaken_by_another_writer_is_not_used(store: FaultyStore) -> None:
-    a, b = LocalOracle(store), LocalOracle(store)
+    a, b = LocalOracle(store, block_ms=0), LocalOracle(store, block_ms=0)
     a.get_timestamp()
     # a's write is applied, the reply lost, and b writes on top before a re-reads: a cannot
     # prove its range was reserved, so it must reserve another one.
@@ -138,6 +228,18 @@ def test_an_unknown_outcome_overtaken_by_another_writer_is_not_used(store: Fault
     assert store.stats.calls["compare_and_set"] >= 4
 
 
+def test_an_unknown_outcome_of_a_block_reservation(store: FaultyStore) -> None:
+    oracle = LocalOracle(store)
+    t1 = oracle.get_timestamp()
+    store.fail("compare_and_set", applied=True)  # the block is reserved, the reply lost
+    t2 = oracle.get_timestamp()
+    assert t1 < t2 <= mark(store)
+    cas = store.stats.calls["compare_and_set"]
+    t3 = oracle.get_timestamp()  # served from the block the re-read proved ours
+    assert t2 < t3 <= mark(store)
+    assert store.stats.calls["compare_and_set"] == cas
+
+
 def test_a_store_that_stays_down_gives_a_clear_error(store: FaultyStore) -> None:
     oracle = LocalOracle(store, timeout_s=0.2)
     oracle.get_timestamp()
@@ -147,10 +249,21 @@ def test_a_store_that_stays_down_gives_a_clear_error(store: FaultyStore) -> None
         oracle.get_timestamp()
 
 
-def test_processes_sharing_an_embedded_store_stay_in_real_time_order(embedded_url: str) -> None:
+@pytest.mark.parametrize("block_ms", [0, DEFAULT_BLOCK_MS])
+def test_processes_sharing_an_embedded_store_stay_in_real_time_order(
+    embedded_url: str, block_ms: int
+) -> None:
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.oracle.local_worker", embedded_url, "300", "4"],
+            [
+                sys.executable,
+                "-m",
+                "tests.oracle.local_worker",
+                embedded_url,
+                "300",
+                "4",
+                str(block_ms),
+            ],
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -170,6 +283,40 @@ def test_processes_sharing_an_embedded_store_stay_in_real_time_order(embedded_ur
     with open_store(embedded_url) as s:
         record = OracleRecordRegister(s).read().record
         assert isinstance(record, OracleRecord)
-        assert record.high_water == max(c.ts for c in calls)
+        if block_ms == 0:
+            assert record.high_water == max(c.ts for c in calls)
+        else:  # the rest of a leased block may be left over, never more
+            assert max(c.ts for c in calls) <= record.high_water
+            assert record.high_water < compose(int(time.time() * 1000) + block_ms + 1)
         # ... and a new process starts above everything.
         assert LocalOracle(s).get_timestamp() > record.high_water
+
+
+def test_a_transaction_draws_no_compare_and_set_for_its_timestamps(store: FaultyStore) -> None:
+    import percolator
+    from percolator.layout import META_TABLE
+
+    # Today's wall clock, standing still: the block never runs out, lock ages stay true.
+    clock = FakeClock(int(time.time() * 1000))
+
+    oracle_cas: list[str] = []
+    store.before(
+        "compare_and_set",
+        lambda call: oracle_cas.append(call["table"]),
+        when=lambda call: call["table"] == META_TABLE,
+    )
+    client = percolator.connect(store, oracle=LocalOracle(store, clock=clock))
+    try:
+        client.create_table("t")
+        for i in range(3):  # the first reservations: exact, then the block
+            with client.transaction() as txn:
+                txn.set("t", b"warm%d" % i, "c", b"v")
+        before = len(oracle_cas)
+        for i in range(20):
+            with client.transaction() as txn:
+                txn.set("t", b"row%d" % i, "c", b"v")
+        assert len(oracle_cas) == before, "steady state: no compare-and-set per timestamp"
+        with client.snapshot() as snap:
+            assert snap.get("t", b"row19", "c") == b"v"
+    finally:
+        client.close()

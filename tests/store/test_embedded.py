@@ -223,6 +223,37 @@ def test_a_held_write_lock_times_out_as_unavailable(tmp_path: Path) -> None:
         assert store.read_row("t", b"r") == {("d", b"q"): [(1, b"v")]}
 
 
+def test_threads_of_one_process_queue_instead_of_sleeping_on_busy(tmp_path: Path) -> None:
+    # A busy timeout of 1 ms: a thread that met SQLite's write lock held by a sibling thread
+    # would give up (StoreUnavailableError) or sleep in the busy handler's 1, 2, 5 ... ms
+    # steps.  Threads of one process queue on the process's own write mutex instead.
+    with EmbeddedStore(str(tmp_path / "store"), busy_timeout_s=0.001) as store:
+        store.create_table("t", FAMILIES)
+        before = store.write_lock.snapshot()
+        errors: list[BaseException] = []
+        barrier = threading.Barrier(8)
+
+        def write(t: int) -> None:
+            barrier.wait()
+            try:
+                for i in range(150):
+                    row = f"r{t}-{i}".encode()
+                    store.put("t", [Put(row, "d", b"q", 1, b"v" * 100)])
+                    assert store.compare_and_set("t", row, "l", b"q", None, b"locked")
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=write, args=(t,)) for t in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert errors == []
+        stats = store.write_lock.snapshot()
+        assert stats["waits"] - before["waits"] == 8 * 150 * 2, "every write went through it"
+        assert stats["wait_s"] > before["wait_s"], "the threads did contend"
+
+
 def test_finished_threads_do_not_leak_connections(tmp_path: Path) -> None:
     with EmbeddedStore(str(tmp_path / "store")) as store:
         store.create_table("t", FAMILIES)
