@@ -13,7 +13,7 @@ PYTEST_ARGS ?= -m "not slow"
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint imports venv bench clean compose-check testcontainers-check
+.PHONY: demo test test-slow lint imports promtool venv bench clean compose-check testcontainers-check
 
 venv: $(STAMP)
 
@@ -32,7 +32,7 @@ demo: $(STAMP)
 # Resolves HBase's jars through Maven (cached in ~/.m2) before pytest starts, so a fresh
 # machine shows the download as its own step; the test session then starts HBase itself
 # and stops it at the end.  pytest's exit code 5 ("no tests collected") is a failure here.
-test: imports
+test: imports promtool
 	$(BIN)/percolator hbase classpath
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests - treating as failure" >&2; exit 1; fi; \
@@ -47,6 +47,12 @@ test-slow: $(STAMP)
 lint: imports
 	$(BIN)/ruff check .
 	$(BIN)/mypy build/layout/percolator bench tools examples/docpipeline/docpipeline
+
+# promtool checks the alert rules and the dashboard's queries (tests/test_observability.py).
+promtool:
+	@command -v promtool >/dev/null || { echo "installing promtool (Debian package prometheus)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	  --no-install-recommends prometheus >/dev/null; }
 
 # The layering and no-cycle contracts (pyproject's [tool.importlinter]) on the staged layout.
 imports: $(STAMP)
