@@ -101,12 +101,18 @@ class Observer(abc.ABC):
     observer makes it process every watched cell again.
     ``table``: the table it watches.  ``columns``: the watched columns (non-empty).
     ``weak``: weak notifications (see the module docstring); default strong.
+    ``outputs``: the ``(table, column)`` pairs ``process`` may write, or None (the default:
+    unknown).  Only watermarks use it (percolator/watermark.py): an observer that declares
+    no outputs holds back the watermark of every other observer, one that does holds back
+    only the observers watching those columns.  Declaring too few breaks the cascading
+    guarantee of the watermarks downstream; it changes nothing else.
     """
 
     name: str
     table: str
     columns: Sequence[str]
     weak: bool = False
+    outputs: Sequence[tuple[str, str]] | None = None
 
     def setup(self, client: Client) -> None:  # noqa: B027 - optional hook
         """Create the tables this observer reads and writes.  Called by every worker that
@@ -154,6 +160,23 @@ def check_observer(observer: object) -> Observer:
         raise InvalidArgumentError(f"observer {name!r}: columns {list(columns)} repeat a name")
     if not isinstance(getattr(observer, "weak", False), bool):
         raise InvalidArgumentError(f"observer {name!r}: weak must be True or False")
+    outputs = getattr(observer, "outputs", None)
+    if outputs is not None:
+        if isinstance(outputs, str) or not isinstance(outputs, Sequence):
+            raise InvalidArgumentError(
+                f"observer {name!r}: outputs must be a sequence of (table, column) pairs or "
+                f"None, got {outputs!r}"
+            )
+        for pair in outputs:
+            if (
+                not isinstance(pair, (tuple, list))
+                or len(pair) != 2
+                or not all(isinstance(part, str) and part for part in pair)
+            ):
+                raise InvalidArgumentError(
+                    f"observer {name!r}: each output must be a (table, column) pair of "
+                    f"non-empty strings, got {pair!r}"
+                )
     if not callable(getattr(observer, "process", None)):
         raise InvalidArgumentError(f"observer {name!r}: process is not callable")
     return observer
@@ -175,7 +198,14 @@ def register_observers(
     for observer in observers:
         check_observer(observer)
         for column in observer.columns:
-            wanted = Registration(observer.table, column, observer.name, observer.weak)
+            outputs = getattr(observer, "outputs", None)
+            wanted = Registration(
+                observer.table,
+                column,
+                observer.name,
+                observer.weak,
+                outputs=None if outputs is None else tuple((t, c) for t, c in outputs),
+            )
             changed, version_ms = notifications.claim_column(client.store, wanted)
             since = time.time() if changed else version_ms / 1000 + _CLOCK_SKEW_S
             visible_since = max(visible_since, since)

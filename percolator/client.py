@@ -13,10 +13,11 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+from percolator import watermark
 from percolator.context import ClientOptions, EngineContext
 from percolator.errors import (
     InvalidArgumentError,
@@ -43,6 +44,7 @@ from percolator.store.url import open_store
 from percolator.timestamps import TimestampOracle, describe, now_ms
 from percolator.timestamps.factory import open_oracle
 from percolator.transaction import Snapshot, Transaction
+from percolator.watermark import ObserverWatermark
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +176,20 @@ class Client:
                     txn.rollback()
                 raise
         raise AssertionError("unreachable")
+
+    def wait_for(
+        self,
+        ts: int | None = None,
+        observers: Iterable[str] | None = None,
+        *,
+        timeout: float = 60.0,
+    ) -> dict[str, ObserverWatermark]:
+        """Return once the low watermark of every named observer (None: all registered) is
+        above ``ts`` (None: a fresh timestamp): every change they watch committed before
+        ``ts``, and what upstream observers derived from it, is processed.  Raises
+        WatermarkTimeoutError naming what is still pending.  See percolator/watermark.py."""
+        self._check_open()
+        return watermark.wait_for(self.store, self.oracle, ts, observers, timeout=timeout)
 
     # ---------------------------------------------------------------- safe point
 
