@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 from percolator.observers.api import (
     Observer,
     check_observer,
+    finish_registration,
     register_observers,
     wait_until_notified,
 )
@@ -156,8 +157,10 @@ class Worker:
                 "no observer could be started: "
                 + ("; ".join(f"{n}: {e}" for n, e in self.errors) or "none given")
             )
-        # Once this returns every client notifies the registered columns.
+        # Once this returns every client notifies the registered columns; then the data
+        # they held before is notified too (the catch-up a new registration owes).
         wait_until_notified(self.client, visible_since)
+        finish_registration(self.client, self.observers)
         self._tables = sorted({o.table for o in self.observers})
         self.processor.refresh_parked(self._tables)
         self.metrics.registry.declare(observer=[o.name for o in self.observers])

@@ -15,14 +15,19 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from percolator.observers.api import Observer, register_observers
+from percolator.observers.api import (
+    Observer,
+    finish_registration,
+    register_observers,
+    unregister_observer,
+)
 from percolator.observers.drain import run_until_quiet
 from percolator.observers.parking import ParkingLot
 from percolator.observers.runner import process_notification
 from percolator.observers.worker import Worker, WorkerOptions
 
 import percolator
-from percolator import failpoints, notifications
+from percolator import failpoints, notifications, watermark
 from percolator.errors import InvalidArgumentError
 from percolator.layout import LOCK, WRITE
 from percolator.notifications import observer_transaction, read_ack
@@ -361,3 +366,91 @@ def test_concurrent_waiters_and_publishers_stay_monotonic(local_client: percolat
     assert not errors
     final = compute_watermarks(client.store, client.oracle)["run-logger"].watermark
     assert final >= max(seen)
+
+
+# --------------------------------------------------------------------------- catch-up
+
+
+def _catch_up_processes_existing_data_once(url: str) -> None:
+    client = connect_client(url, WAIT_CLIENT)
+    try:
+        commits = {}
+        for i in range(6):
+            with client.transaction() as txn:
+                txn.set(EVENTS, b"old%d" % i, "value", b"v%d" % i)
+            commits[b"old%d" % i] = txn.commit_ts
+        observer = RunLogger()
+        register_observers(client, [observer])
+        # The watermark starts below the oldest change it owes.
+        result = compute_watermarks(client.store, client.oracle)["run-logger"]
+        assert result.watermark <= min(commits.values())
+        run_until_quiet(client, [observer])
+        client.wait_for(observers=["run-logger"], timeout=30)
+        assert helpers.runs(client.snapshot()) == {row: [c] for row, c in commits.items()}
+        # Registering again changes nothing: nothing is owed.
+        register_observers(client, [observer])
+        assert notifications.pending(client.store, EVENTS, ["value"]) == []
+        # Unregistered, written, registered again: only the new change is processed.
+        assert unregister_observer(client, "run-logger")
+        with client.transaction() as txn:
+            txn.set(EVENTS, b"old0", "value", b"while unwatched")
+        assert notifications.pending(client.store, EVENTS, ["value"]) == []
+        register_observers(client, [observer])
+        held = compute_watermarks(client.store, client.oracle)["run-logger"]
+        assert held.watermark <= txn.commit_ts
+        run_until_quiet(client, [observer])
+        client.wait_for(observers=["run-logger"], timeout=30)
+        expected = {row: [c] for row, c in commits.items()}
+        expected[b"old0"].append(txn.commit_ts)
+        assert helpers.runs(client.snapshot()) == expected
+        assert helpers.uncovered(client, "run-logger", EVENTS, "value", list(commits)) == []
+    finally:
+        client.close()
+
+
+def test_catch_up_processes_existing_data_exactly_once(local_store_url: str) -> None:
+    _catch_up_processes_existing_data_once(local_store_url)
+
+
+@pytest.mark.hbase
+def test_catch_up_processes_existing_data_exactly_once_on_hbase(hbase_store_url: str) -> None:
+    _catch_up_processes_existing_data_once(hbase_store_url)
+
+
+def test_worker_start_catches_up(local_store_url: str) -> None:
+    client = connect_client(local_store_url, WAIT_CLIENT)
+    try:
+        with client.transaction() as txn:
+            for i in range(5):
+                txn.set(EVENTS, b"n%d" % i, "num", str(i).encode())
+        worker = Worker(client, [Doubler(), DoubleLogger()], WorkerOptions(threads=2))
+        worker.start()
+        try:
+            client.wait_for(txn.commit_ts, observers=["double-logger"], timeout=60)
+            snap = client.snapshot()
+            for i in range(5):
+                assert snap.get(MIRROR, b"n%d" % i, "quad") == str(4 * i).encode()
+        finally:
+            worker.stop()
+    finally:
+        client.close()
+
+
+def test_an_unfinished_catch_up_holds_the_watermark_at_zero(
+    local_client: percolator.Client,
+) -> None:
+    client = local_client
+    with client.transaction() as txn:
+        txn.set(EVENTS, b"old", "value", b"1")
+    observer = RunLogger()
+    register_observers(client, [observer], catch_up=False)
+    watermark.begin_catch_up(client.store, "run-logger")  # ... and the process died here
+    result = compute_watermarks(client.store, client.oracle)["run-logger"]
+    assert result.watermark == 0 and result.catching_up
+    assert "catch-up not finished" in result.describe()
+    reports = finish_registration(client, [observer])
+    assert [r.owed for r in reports] == [1]
+    assert not watermark.catch_up_owed(client.store, "run-logger")
+    run_until_quiet(client, [observer])
+    assert client.wait_for(observers=["run-logger"], timeout=10)["run-logger"].pending == 0
+    assert helpers.runs(client.snapshot()) == {b"old": [txn.commit_ts]}
