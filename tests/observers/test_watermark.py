@@ -10,9 +10,11 @@ ack.
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from percolator.observers.api import (
@@ -39,6 +41,7 @@ from percolator.watermark import WatermarkTimeoutError, compute_watermarks
 from tests.conftest import ClientSettings, connect_client
 from tests.observers import helpers
 from tests.observers.helpers import EVENTS, MIRROR, Mirror, MirrorLogger, RunLogger
+from tests.observers.procs import run_cli
 
 # Short lock waits: a run that meets a lock left in flight gives up at once (a conflict).
 PROPERTY_CLIENT = ClientSettings(
@@ -454,3 +457,38 @@ def test_an_unfinished_catch_up_holds_the_watermark_at_zero(
     run_until_quiet(client, [observer])
     assert client.wait_for(observers=["run-logger"], timeout=10)["run-logger"].pending == 0
     assert helpers.runs(client.snapshot()) == {b"old": [txn.commit_ts]}
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def test_wait_and_catch_up_commands(tmp_path: Path, plugin_dir: Path) -> None:
+    url = f"embedded:{tmp_path / 'store'}"
+    client = connect_client(url, WAIT_CLIENT)
+    try:
+        with client.transaction() as txn:
+            txn.set(EVENTS, b"old", "value", b"1")
+        register_observers(client, [RunLogger()], catch_up=False)
+    finally:
+        client.close()
+    # Nothing notified the old row: the watermark passes it although it is not processed.
+    caught = run_cli(["catch-up", "run-logger", "--store", url], plugin_dir)
+    assert caught.returncode == 0, caught.stderr
+    assert "1 of 1 cells notified" in caught.stdout
+    timed_out = run_cli(["wait", "--store", url, "--timeout", "0.3"], plugin_dir)
+    assert timed_out.returncode == 3, timed_out.stderr
+    assert "run-logger" in timed_out.stderr and "old" in timed_out.stderr
+    marks = run_cli(["watermarks", "--store", url, "--json"], plugin_dir)
+    assert marks.returncode == 0, marks.stderr
+    doc = json.loads(marks.stdout)
+    assert doc["observer"] == "run-logger" and doc["pending"] == 1 and doc["lag_ms"] >= 0
+    client = connect_client(url, WAIT_CLIENT)
+    try:
+        run_until_quiet(client, [RunLogger()])
+    finally:
+        client.close()
+    passed = run_cli(["wait", "--store", url, "--observer", "run-logger", "--timeout", "30"])
+    assert passed.returncode == 0, passed.stderr
+    assert "run-logger" in passed.stdout
+    missing = run_cli(["wait", "--store", f"embedded:{tmp_path / 'none'}"])
+    assert missing.returncode != 0 and "does not exist" in missing.stderr
