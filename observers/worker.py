@@ -15,8 +15,8 @@ that a run that has not committed yet rolls back instead.  Either way the store 
 consistent: a dropped or rolled-back run's notification is still there for the next worker.
 
 Metrics (Prometheus, observers/worker_metrics.py): backlog and parked cells per observer,
-commit-to-run latency, committed runs, skipped runs (already acknowledged), conflicts,
-failures, parkings, scanner passes and jumps.
+low watermark and its lag, commit-to-run latency, committed runs, skipped runs (already
+acknowledged), conflicts, failures, parkings, scanner passes and jumps.
 
 :func:`run_until_quiet` (observers/drain.py) does the same work synchronously, for tests and
 batch jobs; :class:`WorkerOptions` (observers/options.py) holds the tunables.
@@ -48,8 +48,9 @@ from percolator.observers.parking import ParkingLot
 from percolator.observers.processor import NotificationProcessor
 from percolator.observers.worker_metrics import WorkerMetrics
 
-from percolator import notifications
+from percolator import notifications, watermark
 from percolator.errors import ConfigError, PercolatorError
+from percolator.timestamps.hybrid import physical_ms
 
 if TYPE_CHECKING:
     from percolator.client import Client
@@ -107,7 +108,12 @@ class Worker:
         self._by_column: dict[tuple[str, str], Observer] = {}
         self._tables: list[str] = []
         self.parking = ParkingLot(client)
-        self.metrics = WorkerMetrics(self.backlog_by_observer, self.parked_by_observer)
+        self.metrics = WorkerMetrics(
+            self.backlog_by_observer,
+            self.parked_by_observer,
+            lambda: self._watermark_gauges()[0],
+            lambda: self._watermark_gauges()[1],
+        )
         self._positions = ScannerPositions(client, self.worker_id)
         self._stopping = threading.Event()
         self._abort = threading.Event()
@@ -122,6 +128,8 @@ class Worker:
         )
         self._backlog: dict[Labels, float] = {}
         self._backlog_at = float("-inf")
+        self._watermarks: tuple[dict[Labels, float], dict[Labels, float]] = ({}, {})
+        self._watermarks_at = float("-inf")
         self._threads: list[threading.Thread] = []
         self._runners: list[threading.Thread] = []
         self._metrics_server: MetricsServer | None = None
@@ -262,6 +270,30 @@ class Worker:
         self._backlog = {(("observer", name),): float(n) for name, n in counts.items()}
         self._backlog_at = time.monotonic()
         return self._backlog
+
+    def _watermark_gauges(self) -> tuple[dict[Labels, float], dict[Labels, float]]:
+        """``(watermark as Unix seconds, lag in seconds)`` per observer of this worker,
+        recomputed at most every 5 s (one computation scans the lock and notify families
+        of every watched column); the last values if the store cannot be read."""
+        if time.monotonic() - self._watermarks_at < 5.0:
+            return self._watermarks
+        try:
+            results = watermark.compute_watermarks(self.client.store, self.client.oracle)
+        except PercolatorError as exc:
+            log.warning("computing watermarks: %s", exc)
+            return self._watermarks
+        mine = {o.name for o in self.observers}
+        marks: dict[Labels, float] = {
+            (("observer", name),): physical_ms(r.watermark) / 1000
+            for name, r in results.items()
+            if name in mine
+        }
+        lags: dict[Labels, float] = {
+            (("observer", n),): r.lag_ms / 1000 for n, r in results.items() if n in mine
+        }
+        self._watermarks = (marks, lags)
+        self._watermarks_at = time.monotonic()
+        return self._watermarks
 
     def parked_by_observer(self) -> dict[Labels, float]:
         counts = {o.name: 0 for o in self.observers}

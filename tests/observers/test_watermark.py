@@ -36,6 +36,7 @@ from percolator.notifications import observer_transaction, read_ack
 from percolator.protocol.cells import CellKey
 from percolator.records import LockCell
 from percolator.testing import ProtocolHarness
+from percolator.timestamps.hybrid import physical_ms
 from percolator.transaction import Transaction
 from percolator.watermark import WatermarkTimeoutError, compute_watermarks
 from tests.conftest import ClientSettings, connect_client
@@ -492,3 +493,42 @@ def test_wait_and_catch_up_commands(tmp_path: Path, plugin_dir: Path) -> None:
     assert "run-logger" in passed.stdout
     missing = run_cli(["wait", "--store", f"embedded:{tmp_path / 'none'}"])
     assert missing.returncode != 0 and "does not exist" in missing.stderr
+
+
+def test_worker_metrics_report_watermark_and_lag(local_store_url: str) -> None:
+    from tests.observers.test_worker import scrape
+
+    client = connect_client(local_store_url, WAIT_CLIENT)
+    worker = Worker(client, [Doubler()], WorkerOptions(threads=1, metrics_port=0))
+    try:
+        worker.start()
+        with client.transaction() as txn:
+            txn.set(EVENTS, b"m", "num", b"1")
+        client.wait_for(txn.commit_ts, ["doubler"], timeout=30)
+        metrics = scrape(worker)
+        mark = metrics['percolator_observer_watermark_seconds{observer="doubler"}']
+        lag = metrics['percolator_observer_watermark_lag_seconds{observer="doubler"}']
+        assert mark * 1000 > physical_ms(txn.commit_ts) and 0 <= lag < 60
+    finally:
+        worker.stop()
+        client.close()
+
+
+def test_status_reports_each_watermark(tmp_path: Path) -> None:
+    url = f"embedded:{tmp_path / 'store'}"
+    client = connect_client(url, WAIT_CLIENT)
+    try:
+        register_observers(client, [RunLogger()])
+        with client.transaction() as txn:
+            txn.set(EVENTS, b"late", "value", b"1")
+        ParkingLot(client).park(
+            "run-logger", notifications.pending(client.store, EVENTS, ["value"])[0], 3, "boom"
+        )
+    finally:
+        client.close()
+    result = run_cli(["status", "--store", url, "--json"])
+    (mark,) = json.loads(result.stdout)["watermarks"]["observers"]
+    assert mark["observer"] == "run-logger" and mark["pending"] == 1 and mark["parked"] == 1
+    assert mark["watermark"] <= txn.commit_ts and mark["lag_ms"] >= 0
+    text = run_cli(["status", "--store", url])
+    assert "watermark run-logger:" in text.stdout and "1 parked" in text.stdout
