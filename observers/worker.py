@@ -30,7 +30,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from percolator.observers.api import (
@@ -45,11 +45,13 @@ from percolator.observers.finder import NotificationFinder, ScannerPositions
 from percolator.observers.metrics import Labels, MetricsServer
 from percolator.observers.options import WorkerOptions
 from percolator.observers.parking import ParkingLot
+from percolator.observers.partition import KeyGroupLeases
 from percolator.observers.processor import NotificationProcessor
 from percolator.observers.worker_metrics import WorkerMetrics
 
 from percolator import notifications, watermark
 from percolator.errors import ConfigError, PercolatorError
+from percolator.notifications import Notification
 from percolator.timestamps.hybrid import physical_ms
 
 if TYPE_CHECKING:
@@ -117,6 +119,15 @@ class Worker:
         self._positions = ScannerPositions(client, self.worker_id)
         self._stopping = threading.Event()
         self._abort = threading.Event()
+        #: the key groups this worker leases (partitioned scanning), else None
+        self.leases: KeyGroupLeases | None = None
+        if self.options.partitioned:
+            self.leases = KeyGroupLeases(
+                client,
+                self.worker_id,
+                groups=self.options.key_groups,
+                lease_ms=self.options.lease_ms,
+            )
         self.processor = NotificationProcessor(
             client,
             self._by_column,
@@ -125,6 +136,7 @@ class Worker:
             self.parking,
             stopping=self._stopping,
             abort=self._abort,
+            fence_for=self._fence_for if self.leases is not None else None,
         )
         self._backlog: dict[Labels, float] = {}
         self._backlog_at = float("-inf")
@@ -176,11 +188,13 @@ class Worker:
             self._metrics_server = MetricsServer(
                 self.metrics.registry, self.options.metrics_host, self.options.metrics_port
             )
+        if self.leases is not None:
+            self.leases.rebalance()
         finder = NotificationFinder(
             self.client.store,
             self._columns_by_table(),
             self._positions,
-            self.processor.offer,
+            self._offer,
             self.metrics,
             stopping=self._stopping,
             scan_batch=self.options.scan_batch,
@@ -233,6 +247,29 @@ class Worker:
             self._positions.close()
         except PercolatorError as exc:
             log.warning("could not remove scanner positions: %s", exc)
+        if self.leases is not None:
+            try:
+                self.leases.release_all()
+            except PercolatorError as exc:
+                log.warning("could not release key groups (they expire): %s", exc)
+
+    def _offer(self, notification: Notification) -> bool:
+        """Queue a notification found by a scanner - when partitioned, only one of a key
+        group this worker leases."""
+        if self.leases is not None and self.leases.claim(notification.row) is None:
+            return False
+        return self.processor.offer(notification)
+
+    def _fence_for(self, notification: Notification) -> Callable[[], bool]:
+        """The check a run makes before its commit: the row's key group is still leased
+        to this worker under the sequence it held when the run started."""
+        assert self.leases is not None
+        leases = self.leases
+        claimed = leases.claim(notification.row)
+        if claimed is None:
+            return lambda: False
+        group, seq = claimed
+        return lambda: leases.fence_ok(group, seq)
 
     def stopped(self) -> bool:
         return self._stopping.is_set()
@@ -251,6 +288,8 @@ class Worker:
                     self.processor.refresh_parked(self._tables)
                 # Shared even with one scanner here: other processes have scanners too.
                 self._positions.sync()
+                if self.leases is not None:
+                    self.leases.rebalance()
             except PercolatorError as exc:
                 log.warning("housekeeping: %s", exc)
 
