@@ -20,6 +20,7 @@ import percolator
 from percolator.errors import ConfigError
 from percolator.notifications import Notification
 from tests.observers import helpers
+from tests.observers.conftest import connect
 from tests.observers.helpers import EVENTS, Gate, RunLogger, runs
 
 GROUPS = 16
@@ -58,7 +59,7 @@ def kill(worker: Worker) -> None:
 
 
 @pytest.fixture
-def workers(local_client: percolator.Client) -> Iterator[list[Worker]]:
+def workers() -> Iterator[list[Worker]]:
     started: list[Worker] = []
     yield started
     for worker in started:
@@ -113,10 +114,7 @@ def test_two_workers_split_the_groups_and_each_runs_only_its_own(
     assert helpers.uncovered(client, "run-logger", EVENTS, "value", rows) == []
 
 
-def test_a_killed_workers_groups_are_taken_over_within_the_lease(
-    local_client: percolator.Client, workers: list[Worker]
-) -> None:
-    client = local_client
+def _killed_workers_groups_are_taken_over(client: percolator.Client, workers: list[Worker]) -> None:
     a = Worker(client, [RunLogger()], options())
     a.start()
     workers.append(a)
@@ -139,6 +137,26 @@ def test_a_killed_workers_groups_are_taken_over_within_the_lease(
         txn.set(EVENTS, b"after", "value", b"x")
     client.wait_for(observers=["run-logger"], timeout=30)
     assert runs(client.snapshot()) == {b"after": [txn.commit_ts]}
+
+
+def test_a_killed_workers_groups_are_taken_over_within_the_lease(
+    local_client: percolator.Client, workers: list[Worker]
+) -> None:
+    _killed_workers_groups_are_taken_over(local_client, workers)
+
+
+@pytest.mark.hbase
+def test_a_killed_workers_groups_are_taken_over_on_hbase(
+    hbase_store_url: str, workers: list[Worker]
+) -> None:
+    client = connect(hbase_store_url)
+    try:
+        helpers.create_tables(client)
+        _killed_workers_groups_are_taken_over(client, workers)
+    finally:
+        for worker in workers:
+            worker.stop(drain_timeout_s=2)
+        client.close()
 
 
 def test_a_paused_worker_that_lost_its_group_commits_nothing_for_it(
