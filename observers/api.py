@@ -61,8 +61,10 @@ that needs to do two things does both in one ``process``.
 
 :func:`register_observers` returns only once every client is guaranteed to have seen the
 registration (one refresh interval): **every transaction that starts after it returns
-leaves a notification** when it writes a watched column.  Writes that started earlier may
-or may not; to process data that existed before registration, call :func:`trigger`.
+leaves a notification** when it writes a watched column, and (``catch_up``, the default) the
+data the columns held before - written while no observer watched them, or before this one
+did - is notified by a catch-up (observers/catchup.py) before it returns.  :func:`trigger`
+re-runs chosen cells by hand.
 """
 
 from __future__ import annotations
@@ -73,7 +75,10 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from percolator import notifications
+from percolator.observers import catchup
+from percolator.observers.catchup import CatchUpReport
+
+from percolator import notifications, watermark
 from percolator.errors import InvalidArgumentError
 from percolator.layout import RESERVED_PREFIX, check_table_name, encode_column, encode_row
 from percolator.notifications import Registration, registrations
@@ -88,6 +93,7 @@ __all__ = [
     "Observer",
     "Registration",
     "check_observer",
+    "finish_registration",
     "observer",
     "register_observers",
     "registrations",
@@ -113,12 +119,18 @@ class Observer(abc.ABC):
     observer makes it process every watched cell again.
     ``table``: the table it watches.  ``columns``: the watched columns (non-empty).
     ``weak``: weak notifications (see the module docstring); default strong.
+    ``outputs``: the ``(table, column)`` pairs ``process`` may write, or None (the default:
+    unknown).  Only watermarks use it (percolator/watermark.py): an observer that declares
+    no outputs holds back the watermark of every other observer, one that does holds back
+    only the observers watching those columns.  Declaring too few breaks the cascading
+    guarantee of the watermarks downstream; it changes nothing else.
     """
 
     name: str
     table: str
     columns: Sequence[str]
     weak: bool = False
+    outputs: Sequence[tuple[str, str]] | None = None
 
     def setup(self, client: Client) -> None:  # noqa: B027 - optional hook
         """Create the tables this observer reads and writes.  Called by every worker that
@@ -238,6 +250,23 @@ def check_observer(observer: object) -> Observer:
         raise InvalidArgumentError(f"observer {name!r}: columns {list(columns)} repeat a name")
     if not isinstance(getattr(observer, "weak", False), bool):
         raise InvalidArgumentError(f"observer {name!r}: weak must be True or False")
+    outputs = getattr(observer, "outputs", None)
+    if outputs is not None:
+        if isinstance(outputs, str) or not isinstance(outputs, Sequence):
+            raise InvalidArgumentError(
+                f"observer {name!r}: outputs must be a sequence of (table, column) pairs or "
+                f"None, got {outputs!r}"
+            )
+        for pair in outputs:
+            if (
+                not isinstance(pair, (tuple, list))
+                or len(pair) != 2
+                or not all(isinstance(part, str) and part for part in pair)
+            ):
+                raise InvalidArgumentError(
+                    f"observer {name!r}: each output must be a (table, column) pair of "
+                    f"non-empty strings, got {pair!r}"
+                )
     if not callable(getattr(observer, "process", None)):
         raise InvalidArgumentError(f"observer {name!r}: process is not callable")
     return observer
@@ -247,25 +276,67 @@ def check_observer(observer: object) -> Observer:
 
 
 def register_observers(
-    client: Client, observers: Iterable[Observer], *, wait: bool = True
+    client: Client, observers: Iterable[Observer], *, wait: bool = True, catch_up: bool = True
 ) -> float:
     """Register the columns every observer watches (idempotent, safe to race).
 
     With ``wait`` (the default) it returns only when every client is guaranteed to notify
-    writes to those columns (see :func:`wait_until_notified`).  Returns the wall-clock time
-    (seconds) since which the newest of the registrations is visible.  Raises ConfigError
-    (nothing more is registered) when a column is already watched by another observer."""
+    writes to those columns (see :func:`wait_until_notified`), and - with ``catch_up``, the
+    default - once the data those columns already held is notified too
+    (observers/catchup.py): an observer that starts watching a column it did not watch
+    (new, or registered again after :func:`unregister_observer`) processes what is there,
+    each change at most once.  With ``wait=False`` the caller must call
+    :func:`finish_registration` after the wait.  Returns the wall-clock time (seconds) since
+    which the newest of the registrations is visible.  Raises ConfigError (nothing more is
+    registered) when a column is already watched by another observer."""
     visible_since = 0.0
-    for observer in observers:
+    chosen = list(observers)
+    for observer in chosen:
         check_observer(observer)
+    current = registrations(client.store)
+    for observer in chosen:
+        held_by = {
+            column: current[(observer.table, column)].observer
+            for column in observer.columns
+            if (observer.table, column) in current
+        }
+        fresh = [column for column in observer.columns if held_by.get(column) != observer.name]
+        taken = [column for column in fresh if column in held_by]
+        # A column held by another observer makes the claim below fail: no catch-up then.
+        if catch_up and fresh and not taken:
+            # Recorded before the claim: a crash after it leaves the catch-up owed, visibly.
+            watermark.begin_catch_up(client.store, observer.name)
         for column in observer.columns:
-            wanted = Registration(observer.table, column, observer.name, observer.weak)
+            outputs = getattr(observer, "outputs", None)
+            wanted = Registration(
+                observer.table,
+                column,
+                observer.name,
+                observer.weak,
+                outputs=None if outputs is None else tuple((t, c) for t, c in outputs),
+            )
             changed, version_ms = notifications.claim_column(client.store, wanted)
             since = time.time() if changed else version_ms / 1000 + _CLOCK_SKEW_S
             visible_since = max(visible_since, since)
     if wait:
         wait_until_notified(client, visible_since)
+        finish_registration(client, chosen)
     return visible_since
+
+
+def finish_registration(
+    client: Client,
+    observers: Iterable[Observer],
+    *,
+    progress: Callable[[CatchUpReport], None] | None = None,
+) -> list[CatchUpReport]:
+    """Run the catch-up each of ``observers`` owes (begun by :func:`register_observers`,
+    or left unfinished by a crash).  Call it after :func:`wait_until_notified`."""
+    done = []
+    for observer in observers:
+        if watermark.catch_up_owed(client.store, observer.name):
+            done.append(catchup.catch_up(client, observer.name, progress=progress))
+    return done
 
 
 def wait_until_notified(client: Client, visible_since: float) -> None:
@@ -283,7 +354,8 @@ def unregister_observer(client: Client, name: str) -> list[tuple[str, str]]:
 
     Notifications already written stay in the store until a worker hosting an observer of
     that column processes them (or forever, harmlessly, if none does).  The observer's ack
-    cells stay too: re-registering it later resumes where it stopped."""
+    cells stay too: registering it again later catches up on what was written meanwhile
+    (changes its acks do not cover, see :func:`register_observers`)."""
     removed = notifications.release_columns(client.store, name)
     client.refresh_observed()
     return removed

@@ -34,6 +34,12 @@ class WorkerOptions:
     #: called after every committed run as ``on_commit(observer_name, notification, result)``
     #: from the runner thread (for embedding: progress displays, tests); must not raise
     on_commit: Callable[[str, Notification, RunResult], None] | None = None
+    #: partitioned scanning (observers/partition.py): run only the notifications of the key
+    #: groups this worker leases; False: random scanning of everything (one worker)
+    partitioned: bool = False
+    #: number of key groups (the same in every worker) and the lease length
+    key_groups: int = 64
+    lease_ms: int = 10_000
 
     def __post_init__(self) -> None:
         for name in ("threads", "scanners", "failure_limit", "scan_batch", "attempts"):
@@ -52,5 +58,13 @@ class WorkerOptions:
             value = getattr(self, name)
             if not isinstance(value, int | float) or value < 0:
                 raise ConfigError(f"worker option {name} must be a number >= 0, got {value!r}")
+        if not isinstance(self.key_groups, int) or self.key_groups < 1:
+            raise ConfigError(
+                f"worker option key_groups must be an int >= 1, got {self.key_groups!r}"
+            )
+        if not isinstance(self.lease_ms, int) or self.lease_ms < 100:
+            raise ConfigError(
+                f"worker option lease_ms must be an int >= 100, got {self.lease_ms!r}"
+            )
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics port must be in 0..65535, got {self.metrics_port}")

@@ -22,7 +22,7 @@ import queue
 import threading
 import time
 import traceback
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -74,6 +74,7 @@ class NotificationProcessor:
         *,
         stopping: threading.Event,
         abort: threading.Event,
+        fence_for: Callable[[Notification], Callable[[], bool] | None] | None = None,
     ) -> None:
         self._client = client
         self._observers = observers
@@ -82,6 +83,8 @@ class NotificationProcessor:
         self._parking = parking
         self._stopping = stopping
         self._abort = abort
+        # Partitioned workers: the fence a run checks before its commit (None: no check).
+        self._fence_for = fence_for
         self._queue: queue.Queue[Notification | None] = queue.Queue(maxsize=options.threads * 4)
         self._lock = threading.Lock()
         self._inflight: set[Cell] = set()
@@ -162,6 +165,7 @@ class NotificationProcessor:
                 notification,
                 attempts=options.attempts,
                 abort=self._abort,
+                fence=self._fence_for(notification) if self._fence_for is not None else None,
             )
         except RunAbortedError:
             return

@@ -30,6 +30,7 @@ import enum
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -113,6 +114,7 @@ def _attempt(
     observer: Observer,
     notification: Notification,
     abort: threading.Event | None,
+    fence: Callable[[], bool] | None = None,
 ) -> tuple[Outcome, int | None, int, int | None]:
     """One transaction; returns ``(outcome, C, start_ts, commit_ts)``."""
     table, row, column = notification.cell
@@ -135,6 +137,11 @@ def _attempt(
         if abort is not None and abort.is_set():
             raise RunAbortedError(
                 f"run of {observer.name} on {notification} rolled back: the worker is shutting down"
+            )
+        if fence is not None and not fence():
+            raise RunAbortedError(
+                f"run of {observer.name} on {notification} rolled back: this worker lost the "
+                "key group of its row (observers/partition.py)"
             )
         commit_ts = txn.commit()
         failpoints.failpoint("observer.after_commit")
@@ -166,20 +173,24 @@ def process_notification(
     *,
     attempts: int = 3,
     abort: threading.Event | None = None,
+    fence: Callable[[], bool] | None = None,
 ) -> RunResult:
     """Run ``observer`` for ``notification`` and clean the notification up.
 
-    Retryable errors (conflicts, unreachable store) start a new attempt, up to
-    ``attempts``, then raise :class:`ConflictExhaustedError`.  An exception of the user code
-    (or a non-retryable engine error) propagates at once: nothing was committed and the
-    notification stays.  :class:`UndeterminedCommitError` propagates too: the next run sees
-    whether the ack was written.  ``abort``: when set, the run rolls back instead of
-    committing (raises :class:`RunAbortedError`)."""
+        Retryable errors (conflicts, unreachable store) start a new attempt, up to
+        ``attempts``, then raise :class:`ConflictExhaustedError`.  An exception of the user code
+        (or a non-retryable engine error) propagates at once: nothing was committed and the
+        notification stays.  :class:`UndeterminedCommitError` propagates too: the next run sees
+        whether the ack was written.  ``abort``: when set, the run rolls back instead of
+        committing (raises :class:`RunAbortedError`); so does a ``fence`` that returns False just
+    before the commit (a partitioned worker that lost the row's key group)."""
     conflicts = 0
     backoff = Backoff(0.005, multiplier=4)
     for attempt in range(1, attempts + 1):
         try:
-            outcome, observed, start_ts, commit_ts = _attempt(client, observer, notification, abort)
+            outcome, observed, start_ts, commit_ts = _attempt(
+                client, observer, notification, abort, fence
+            )
         except UndeterminedCommitError:
             raise
         except RunAbortedError:

@@ -15,8 +15,8 @@ that a run that has not committed yet rolls back instead.  Either way the store 
 consistent: a dropped or rolled-back run's notification is still there for the next worker.
 
 Metrics (Prometheus, observers/worker_metrics.py): backlog and parked cells per observer,
-commit-to-run latency, committed runs, skipped runs (already acknowledged), conflicts,
-failures, parkings, scanner passes and jumps.
+low watermark and its lag, commit-to-run latency, committed runs, skipped runs (already
+acknowledged), conflicts, failures, parkings, scanner passes and jumps.
 
 :func:`run_until_quiet` (observers/drain.py) does the same work synchronously, for tests and
 batch jobs; :class:`WorkerOptions` (observers/options.py) holds the tunables.
@@ -30,12 +30,13 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from percolator.observers.api import (
     Observer,
     check_observer,
+    finish_registration,
     register_observers,
     wait_until_notified,
 )
@@ -44,11 +45,14 @@ from percolator.observers.finder import NotificationFinder, ScannerPositions
 from percolator.observers.metrics import Labels, MetricsServer
 from percolator.observers.options import WorkerOptions
 from percolator.observers.parking import ParkingLot
+from percolator.observers.partition import KeyGroupLeases
 from percolator.observers.processor import NotificationProcessor
 from percolator.observers.worker_metrics import WorkerMetrics
 
-from percolator import notifications
+from percolator import notifications, watermark
 from percolator.errors import ConfigError, PercolatorError
+from percolator.notifications import Notification
+from percolator.timestamps.hybrid import physical_ms
 
 if TYPE_CHECKING:
     from percolator.client import Client
@@ -106,10 +110,24 @@ class Worker:
         self._by_column: dict[tuple[str, str], Observer] = {}
         self._tables: list[str] = []
         self.parking = ParkingLot(client)
-        self.metrics = WorkerMetrics(self.backlog_by_observer, self.parked_by_observer)
+        self.metrics = WorkerMetrics(
+            self.backlog_by_observer,
+            self.parked_by_observer,
+            lambda: self._watermark_gauges()[0],
+            lambda: self._watermark_gauges()[1],
+        )
         self._positions = ScannerPositions(client, self.worker_id)
         self._stopping = threading.Event()
         self._abort = threading.Event()
+        #: the key groups this worker leases (partitioned scanning), else None
+        self.leases: KeyGroupLeases | None = None
+        if self.options.partitioned:
+            self.leases = KeyGroupLeases(
+                client,
+                self.worker_id,
+                groups=self.options.key_groups,
+                lease_ms=self.options.lease_ms,
+            )
         self.processor = NotificationProcessor(
             client,
             self._by_column,
@@ -118,9 +136,12 @@ class Worker:
             self.parking,
             stopping=self._stopping,
             abort=self._abort,
+            fence_for=self._fence_for if self.leases is not None else None,
         )
         self._backlog: dict[Labels, float] = {}
         self._backlog_at = float("-inf")
+        self._watermarks: tuple[dict[Labels, float], dict[Labels, float]] = ({}, {})
+        self._watermarks_at = float("-inf")
         self._threads: list[threading.Thread] = []
         self._runners: list[threading.Thread] = []
         self._metrics_server: MetricsServer | None = None
@@ -156,8 +177,10 @@ class Worker:
                 "no observer could be started: "
                 + ("; ".join(f"{n}: {e}" for n, e in self.errors) or "none given")
             )
-        # Once this returns every client notifies the registered columns.
+        # Once this returns every client notifies the registered columns; then the data
+        # they held before is notified too (the catch-up a new registration owes).
         wait_until_notified(self.client, visible_since)
+        finish_registration(self.client, self.observers)
         self._tables = sorted({o.table for o in self.observers})
         self.processor.refresh_parked(self._tables)
         self.metrics.registry.declare(observer=[o.name for o in self.observers])
@@ -165,11 +188,13 @@ class Worker:
             self._metrics_server = MetricsServer(
                 self.metrics.registry, self.options.metrics_host, self.options.metrics_port
             )
+        if self.leases is not None:
+            self.leases.rebalance()
         finder = NotificationFinder(
             self.client.store,
             self._columns_by_table(),
             self._positions,
-            self.processor.offer,
+            self._offer,
             self.metrics,
             stopping=self._stopping,
             scan_batch=self.options.scan_batch,
@@ -222,6 +247,29 @@ class Worker:
             self._positions.close()
         except PercolatorError as exc:
             log.warning("could not remove scanner positions: %s", exc)
+        if self.leases is not None:
+            try:
+                self.leases.release_all()
+            except PercolatorError as exc:
+                log.warning("could not release key groups (they expire): %s", exc)
+
+    def _offer(self, notification: Notification) -> bool:
+        """Queue a notification found by a scanner - when partitioned, only one of a key
+        group this worker leases."""
+        if self.leases is not None and self.leases.claim(notification.row) is None:
+            return False
+        return self.processor.offer(notification)
+
+    def _fence_for(self, notification: Notification) -> Callable[[], bool]:
+        """The check a run makes before its commit: the row's key group is still leased
+        to this worker under the sequence it held when the run started."""
+        assert self.leases is not None
+        leases = self.leases
+        claimed = leases.claim(notification.row)
+        if claimed is None:
+            return lambda: False
+        group, seq = claimed
+        return lambda: leases.fence_ok(group, seq)
 
     def stopped(self) -> bool:
         return self._stopping.is_set()
@@ -240,6 +288,8 @@ class Worker:
                     self.processor.refresh_parked(self._tables)
                 # Shared even with one scanner here: other processes have scanners too.
                 self._positions.sync()
+                if self.leases is not None:
+                    self.leases.rebalance()
             except PercolatorError as exc:
                 log.warning("housekeeping: %s", exc)
 
@@ -259,6 +309,30 @@ class Worker:
         self._backlog = {(("observer", name),): float(n) for name, n in counts.items()}
         self._backlog_at = time.monotonic()
         return self._backlog
+
+    def _watermark_gauges(self) -> tuple[dict[Labels, float], dict[Labels, float]]:
+        """``(watermark as Unix seconds, lag in seconds)`` per observer of this worker,
+        recomputed at most every 5 s (one computation scans the lock and notify families
+        of every watched column); the last values if the store cannot be read."""
+        if time.monotonic() - self._watermarks_at < 5.0:
+            return self._watermarks
+        try:
+            results = watermark.compute_watermarks(self.client.store, self.client.oracle)
+        except PercolatorError as exc:
+            log.warning("computing watermarks: %s", exc)
+            return self._watermarks
+        mine = {o.name for o in self.observers}
+        marks: dict[Labels, float] = {
+            (("observer", name),): physical_ms(r.watermark) / 1000
+            for name, r in results.items()
+            if name in mine
+        }
+        lags: dict[Labels, float] = {
+            (("observer", n),): r.lag_ms / 1000 for n, r in results.items() if n in mine
+        }
+        self._watermarks = (marks, lags)
+        self._watermarks_at = time.monotonic()
+        return self._watermarks
 
     def parked_by_observer(self) -> dict[Labels, float]:
         counts = {o.name: 0 for o in self.observers}

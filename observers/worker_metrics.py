@@ -1,6 +1,7 @@
 """The metrics of a worker (Prometheus, through observers/metrics.py): backlog and parked
-cells per observer, commit-to-run latency, committed runs, skipped runs (already
-acknowledged), conflicts, failures, parkings, scanner passes and jumps."""
+cells per observer, low watermark and its lag, commit-to-run latency, committed runs,
+skipped runs (already acknowledged), conflicts, failures, parkings, scanner passes and
+jumps."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ class WorkerMetrics:
         self,
         backlog: Callable[[], dict[Labels, float]],
         parked: Callable[[], dict[Labels, float]],
+        watermark: Callable[[], dict[Labels, float]] | None = None,
+        watermark_lag: Callable[[], dict[Labels, float]] | None = None,
     ) -> None:
         self.registry = registry = Registry()
         self.runs = registry.counter(
@@ -63,3 +66,16 @@ class WorkerMetrics:
             "Parked notifications, per observer.",
             parked,
         )
+        if watermark is not None:
+            registry.gauge(
+                "percolator_observer_watermark_seconds",
+                "Low watermark per observer, as Unix time: every change committed before it "
+                "is processed (percolator/watermark.py; recomputed at most every 5 s).",
+                watermark,
+            )
+        if watermark_lag is not None:
+            registry.gauge(
+                "percolator_observer_watermark_lag_seconds",
+                "How far each observer's low watermark is behind the current time.",
+                watermark_lag,
+            )

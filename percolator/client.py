@@ -11,10 +11,11 @@ import logging
 import struct
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+from percolator import watermark
 from percolator.context import ClientOptions, EngineContext
 from percolator.errors import (
     ConflictError,
@@ -41,6 +42,7 @@ from percolator.store.url import open_store
 from percolator.timestamps import TimestampOracle
 from percolator.timestamps.factory import open_oracle
 from percolator.transaction import Snapshot, Transaction
+from percolator.watermark import ObserverWatermark
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +191,20 @@ class Client:
             backoff=Backoff(backoff_ms / 1000, 1.0),
             on_retry=on_retry,
         )
+
+    def wait_for(
+        self,
+        ts: int | None = None,
+        observers: Iterable[str] | None = None,
+        *,
+        timeout: float = 60.0,
+    ) -> dict[str, ObserverWatermark]:
+        """Return once the low watermark of every named observer (None: all registered) is
+        above ``ts`` (None: a fresh timestamp): every change they watch committed before
+        ``ts``, and what upstream observers derived from it, is processed.  Raises
+        WatermarkTimeoutError naming what is still pending.  See percolator/watermark.py."""
+        self._check_open()
+        return watermark.wait_for(self.store, self.oracle, ts, observers, timeout=timeout)
 
     # ---------------------------------------------------------------- safe point
 

@@ -33,8 +33,11 @@ Format (version 1) of the observed set in the meta table:
 =========  ================================================================================
 row        ``b"observed/" + table + b"/" + column`` (UTF-8; table names have no ``/``)
 family     ``META_FAMILY``, qualifier :data:`OBSERVED_QUALIFIER`
-value      JSON ``{"v": 1, "observer": NAME, "weak": BOOL}``, or :data:`OBSERVED_TOMBSTONE`
-           once the observer was unregistered; written only by compare-and-set
+value      JSON ``{"v": 1, "observer": NAME, "weak": BOOL}``, optionally with
+           ``"outputs": [[TABLE, COLUMN], ...]`` (what the observer writes, for cascading
+           watermarks, percolator/watermark.py; absent: unknown), or
+           :data:`OBSERVED_TOMBSTONE` once the observer was unregistered; written only by
+           compare-and-set
 =========  ================================================================================
 
 Guarantee: a commit that begins more than one refresh interval after a registration became
@@ -259,9 +262,13 @@ class Registration:
     weak: bool
     #: store version of the registration cell (store time in ms)
     version: int = 0
+    #: the ``(table, column)`` pairs the observer writes (None: not declared)
+    outputs: tuple[tuple[str, str], ...] | None = None
 
     def encode(self) -> bytes:
-        doc = {"v": 1, "observer": self.observer, "weak": self.weak}
+        doc: dict[str, object] = {"v": 1, "observer": self.observer, "weak": self.weak}
+        if self.outputs is not None:
+            doc["outputs"] = [list(pair) for pair in self.outputs]
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
@@ -270,7 +277,10 @@ class Registration:
             doc = json.loads(value)
             if doc.get("v") != 1:
                 raise ValueError(f"unknown format version {doc.get('v')!r}")
-            return cls(table, column, str(doc["observer"]), bool(doc["weak"]), version)
+            outputs = doc.get("outputs")
+            if outputs is not None:
+                outputs = tuple((str(t), str(c)) for t, c in outputs)
+            return cls(table, column, str(doc["observer"]), bool(doc["weak"]), version, outputs)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ConfigError(
                 f"registration of observed column {table}/{column} in {META_TABLE} is "
@@ -308,7 +318,7 @@ def claim_column(store: Store, wanted: Registration) -> tuple[bool, int]:
                     f"{held.observer!r}; observer {wanted.observer!r} cannot watch it too "
                     "(one observer per column: unregister the other first)"
                 )
-            if held.weak == wanted.weak:
+            if held.weak == wanted.weak and held.outputs == wanted.outputs:
                 return False, current[0]
         expected = current[1] if current is not None and current[1] else None
         if store.compare_and_set(

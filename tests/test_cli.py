@@ -17,8 +17,8 @@ from percolator import cli
 ROOT = Path(__file__).resolve().parent.parent
 # The engine's own commands and those of the packages installed with it.
 ENGINE_COMMANDS = [
-    "backfill", "export", "gc", "hbase", "inspect", "notifications", "observers", "oracle",
-    "status", "worker",
+    "backfill", "catch-up", "export", "gc", "hbase", "inspect", "notifications", "observers",
+    "oracle", "status", "wait", "watermarks", "worker",
 ]
 
 

@@ -297,8 +297,29 @@ def build_report(client: Any, args: argparse.Namespace) -> dict[str, Any]:
         "notifications": {"observers": observed, "unobserved": unobserved},
         "oracle": oracle,
         "gc": gc_report(store),
+        "watermarks": watermark_report(client, args.oracle),
         "problems": problems,
     }
+
+
+def watermark_report(client: Any, oracle_url: str | None) -> dict[str, Any]:
+    """Each observer's low watermark, lag and what holds it (percolator/watermark.py),
+    computed without publishing anything.  It needs one timestamp: from ``oracle_url``'s
+    server when given, else from the in-process oracle; ``error`` says why there is none."""
+    from percolator.errors import PercolatorError
+    from percolator.timestamps.factory import open_oracle
+    from percolator.watermark import compute_watermarks
+
+    try:
+        oracle = open_oracle(oracle_url, client.store) if oracle_url else client.oracle
+        try:
+            found = compute_watermarks(client.store, oracle, publish=False)
+        finally:
+            if oracle is not client.oracle:
+                oracle.close()
+    except PercolatorError as exc:
+        return {"observers": [], "error": str(exc)}
+    return {"observers": [found[name].as_dict() for name in sorted(found)], "error": None}
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -352,6 +373,16 @@ def format_report(report: dict[str, Any]) -> str:
     for r in gc["reservations"]:
         state = "expired" if r["expired"] else f"expires in {r['expires_in_ms'] // 1000} s"
         lines.append(f"  reservation {r['name']!r} at {r['time']} ({state})")
+    marks = report["watermarks"]
+    if marks["error"]:
+        lines.append(f"watermarks: unavailable ({marks['error']})")
+    for w in marks["observers"]:
+        held = f", held back by {w['held_by']!r}" if w["held_by"] else ""
+        catching = ", catch-up not finished" if w["catching_up"] else ""
+        lines.append(
+            f"watermark {w['observer']}: {w['watermark']} (lag {w['lag_ms'] / 1000:.1f} s; "
+            f"{w['pending']} pending, {w['locks']} locks, {w['parked']} parked{held}{catching})"
+        )
     lines.append("problems: " + ("none" if not report["problems"] else ""))
     lines += [f"  - {p}" for p in report["problems"]]
     return "\n".join(lines)

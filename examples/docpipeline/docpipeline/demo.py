@@ -204,21 +204,29 @@ def _pending(client: percolator.Client) -> int:
 
 
 def _wait_quiet(client: percolator.Client, progress: Any, timeout_s: float = 1800) -> None:
-    """Until no notification is left (upstream columns first, so work in flight that moves
-    a notification downstream cannot be missed between two scans)."""
-    from percolator.observers.parking import pending
+    """Until the observers' low watermarks pass the moment of the call: every change written
+    before it, and everything the pipeline derived from it, is processed (``wait_for``,
+    percolator/watermark.py).  Waits in one-second slices to show the backlog meanwhile."""
+    from percolator.watermark import WatermarkTimeoutError
 
+    target = client.oracle.get_timestamp()
     deadline = time.monotonic() + timeout_s
     while True:
-        left = _pending(client)
+        try:
+            client.wait_for(target, timeout=1.0)
+        except WatermarkTimeoutError as exc:
+            if time.monotonic() > deadline:
+                raise PercolatorError(
+                    f"observers did not catch up in {timeout_s:.0f} s: {exc}"
+                ) from None
+        else:
+            if progress is not None:
+                progress.update(progress.total, extra="(0 pending)")
+            return
         if progress is not None:
+            left = _pending(client)
             progress.update(max(0, progress.total - left) if progress.total else 0,
                             extra=f"({left} pending)")
-        if left == 0 and all(not pending(client, t, [c], limit=1) for t, c in OBSERVED):
-            return
-        if time.monotonic() > deadline:
-            raise PercolatorError(f"observers did not reach quiescence in {timeout_s:.0f} s")
-        time.sleep(0.2)
 
 
 def _write_corpus(path: Path, documents: list[Any]) -> None:

@@ -1,0 +1,218 @@
+"""Partitioned scanning: key groups leased to live workers, with a fencing sequence.
+
+The notify space is divided into a fixed number of *key groups* (``crc32(row) % groups``,
+the same in every worker: set ``key_groups`` alike everywhere).  A worker runs only the
+notifications of the groups it holds a lease on, so workers stop racing each other for the
+same cells (Flink's key groups, MillWheel's key intervals).  Random scanning (no
+partitioning) stays the default, for a single worker.
+
+Meta-table records (format version 1, each written by compare-and-set only):
+
+=======================  ===========================================================
+``member/<worker id>``   qualifier ``h``: JSON ``{"v": 1, "at_ms": T}`` - heartbeat
+``keygroup/<g>``         qualifier ``l``: JSON ``{"v": 1, "owner": ID, "seq": N,
+                         "expires_ms": T}`` - the lease on group ``g``
+=======================  ===========================================================
+
+Assignment (:meth:`KeyGroupLeases.rebalance`, every housekeeping interval): a worker
+renews its leases, releases those above its fair share (``ceil(groups / live workers)``,
+live = heartbeat younger than one lease), and takes free or expired groups up to it.  A
+group held by a worker that died moves once its lease ends; one held by a live worker
+moves when that worker gives it up.
+
+Fencing: every acquisition increments the group's sequence ``seq``.  A run remembers the
+``(group, seq)`` it started under and checks, just before its commit, that the lease still
+names this worker with the same sequence and has not expired (:meth:`fence_ok`).  A worker
+that was paused past its lease finds the sequence changed and rolls back: it commits
+nothing for a group it lost.  (The check and the commit are two steps, so a pause exactly
+between them can still commit; then the ack conflict prevents a second commit of the same
+change - the fence stops wasted work, the ack keeps exactly-once.)  The worker's own view
+also lapses a quarter lease before the lease does, so it stops offering a group's
+notifications before another worker may take it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from percolator.errors import ConfigError
+from percolator.layout import META_FAMILY, META_TABLE
+from percolator.store.base import Put, ScanOptions
+
+if TYPE_CHECKING:
+    from percolator.client import Client
+
+MEMBER_PREFIX = b"member/"
+GROUP_PREFIX = b"keygroup/"
+_HEARTBEAT = b"h"
+_LEASE = b"l"
+
+
+def group_of(row: bytes, groups: int) -> int:
+    """The key group of ``row`` (stable across processes and versions)."""
+    return zlib.crc32(row) % groups
+
+
+@dataclass(frozen=True)
+class Lease:
+    owner: str
+    seq: int
+    expires_ms: int
+
+    def encode(self) -> bytes:
+        doc = {"v": 1, "owner": self.owner, "seq": self.seq, "expires_ms": self.expires_ms}
+        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, value: bytes) -> Lease:
+        try:
+            doc = json.loads(value)
+            return cls(str(doc["owner"]), int(doc["seq"]), int(doc["expires_ms"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"key-group lease in {META_TABLE} is malformed ({exc})") from None
+
+
+def _prefix_scan(client: Client, prefix: bytes, qualifier: bytes) -> list[tuple[bytes, bytes]]:
+    stop = prefix[:-1] + bytes([prefix[-1] + 1])
+    options = ScanOptions(start=prefix, stop=stop, qualifiers=[qualifier])
+    return [
+        (row, cells[qualifier][1])
+        for row, cells in client.store.scan(META_TABLE, META_FAMILY, options)
+    ]
+
+
+class KeyGroupLeases:
+    """The key groups one worker holds.  Thread-safe.  ``clock``: wall-clock ms (leases
+    are compared across processes: keep clocks within a fraction of ``lease_ms``)."""
+
+    def __init__(
+        self,
+        client: Client,
+        worker_id: str,
+        *,
+        groups: int = 64,
+        lease_ms: int = 10_000,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if groups < 1 or lease_ms < 100:
+            raise ConfigError(
+                f"key groups must be >= 1 and lease >= 100 ms, got {groups}, {lease_ms}"
+            )
+        self._client = client
+        self.worker_id = worker_id
+        self.groups = groups
+        self.lease_ms = lease_ms
+        self._clock = clock
+        self._lock = threading.Lock()
+        # group -> (seq, local deadline in ms): valid for offering and running until then
+        self._owned: dict[int, tuple[int, int]] = {}
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def _row(self, group: int) -> bytes:
+        return GROUP_PREFIX + b"%05d" % group
+
+    def _cas(self, group: int, expected: bytes | None, lease: Lease) -> bool:
+        return self._client.store.compare_and_set(
+            META_TABLE, self._row(group), META_FAMILY, _LEASE, expected, lease.encode()
+        )
+
+    def live_workers(self) -> list[str]:
+        now = self._now_ms()
+        live = []
+        for row, value in _prefix_scan(self._client, MEMBER_PREFIX, _HEARTBEAT):
+            try:
+                at_ms = int(json.loads(value)["at_ms"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            if now - at_ms < self.lease_ms:
+                live.append(row[len(MEMBER_PREFIX) :].decode("utf-8", "replace"))
+        return live
+
+    def rebalance(self) -> dict[int, int]:
+        """Heartbeat, renew, release the surplus, take free groups (see the module
+        docstring).  Returns the groups held, with their sequences."""
+        store = self._client.store
+        now = self._now_ms()
+        heartbeat = json.dumps({"v": 1, "at_ms": now}).encode()
+        member = MEMBER_PREFIX + self.worker_id.encode("utf-8")
+        store.put(META_TABLE, [Put(member, META_FAMILY, _HEARTBEAT, max(now, 1), heartbeat)])
+        live = set(self.live_workers()) | {self.worker_id}
+        target = math.ceil(self.groups / len(live))
+        current: dict[int, tuple[bytes, Lease]] = {}
+        for row, value in _prefix_scan(self._client, GROUP_PREFIX, _LEASE):
+            group = int(row[len(GROUP_PREFIX) :])
+            if group < self.groups:
+                current[group] = (value, Lease.decode(value))
+        held: dict[int, int] = {}
+        expires = now + self.lease_ms
+        for group, (raw, lease) in sorted(current.items()):
+            if lease.owner == self.worker_id and lease.expires_ms > now:
+                if len(held) >= target:
+                    # Surplus: give it up now (expired at once) so a new worker can take it.
+                    self._cas(group, raw, Lease("", lease.seq, 0))
+                elif self._cas(group, raw, Lease(self.worker_id, lease.seq, expires)):
+                    held[group] = lease.seq
+        free = [
+            g
+            for g in range(self.groups)
+            if g not in current or current[g][1].expires_ms <= now or not current[g][1].owner
+        ]
+        random.shuffle(free)
+        for group in free:
+            if len(held) >= target:
+                break
+            found: bytes | None = current[group][0] if group in current else None
+            seq = current[group][1].seq if group in current else 0
+            if self._cas(group, found, Lease(self.worker_id, seq + 1, expires)):
+                held[group] = seq + 1
+        deadline = now + self.lease_ms * 3 // 4
+        with self._lock:
+            self._owned = {g: (seq, deadline) for g, seq in held.items()}
+        return held
+
+    def owned(self) -> dict[int, int]:
+        """Groups held now (by this worker's view, which lapses before the lease)."""
+        now = self._now_ms()
+        with self._lock:
+            return {g: seq for g, (seq, deadline) in self._owned.items() if deadline > now}
+
+    def claim(self, row: bytes) -> tuple[int, int] | None:
+        """``(group, seq)`` if this worker holds ``row``'s group now, else None."""
+        group = group_of(row, self.groups)
+        seq = self.owned().get(group)
+        return None if seq is None else (group, seq)
+
+    def fence_ok(self, group: int, seq: int) -> bool:
+        """Whether the stored lease of ``group`` still names this worker at ``seq`` and
+        has not expired (one read of the meta table)."""
+        cells = self._client.store.read_row(
+            META_TABLE, self._row(group), columns=[(META_FAMILY, _LEASE)]
+        )
+        versions = cells.get((META_FAMILY, _LEASE))
+        if not versions:
+            return False
+        lease = Lease.decode(versions[0][1])
+        return (
+            lease.owner == self.worker_id and lease.seq == seq and lease.expires_ms > self._now_ms()
+        )
+
+    def release_all(self) -> None:
+        """Give every held group up at once (graceful shutdown)."""
+        with self._lock:
+            owned, self._owned = dict(self._owned), {}
+        for group, (seq, _) in owned.items():
+            row = self._row(group)
+            cells = self._client.store.read_row(META_TABLE, row, columns=[(META_FAMILY, _LEASE)])
+            versions = cells.get((META_FAMILY, _LEASE))
+            if versions and Lease.decode(versions[0][1]).owner == self.worker_id:
+                self._cas(group, versions[0][1], Lease("", seq, 0))

@@ -1,0 +1,493 @@
+"""Per-observer low watermarks, computed from what is stored (MillWheel's low watermark).
+
+Guarantee
+---------
+The watermark ``W`` of an observer is a timestamp such that **every change of a column it
+watches with** ``commit_ts < W`` **has been processed**: a run of that observer committed
+after it (strong: its ack covers it), or found nothing to do (the write was rolled back).
+"Change" means a change that left a notification: every write that began after the
+observer's registration returned (see percolator/notifications.py), plus the data found by
+the registration's catch-up (see ``catch-up floors`` below).  Nothing else is needed than
+the store and a fresh timestamp: any process can compute it (``percolator status``,
+``percolator wait``, :func:`wait_for`).
+
+How it is computed (:func:`compute_watermarks`), for each observer, in this order:
+
+1. ``now`` = a fresh timestamp, taken first.  ``W <= now``.
+2. the published value and the catch-up floor are read (meta table, below);
+3. **in-flight transactions**: the lock family of every watched column is scanned; a cell
+   ``Locked`` by a transaction with ``start_ts = s`` holds ``W <= s`` (its commit
+   timestamp, if it commits, is above ``s``).  This also covers a commit whose notification
+   is written but whose primary is not decided yet: its locks are still there.
+4. **pending notifications**: the notify family is scanned; a dirty cell holds ``W`` at or
+   below its *oldest* notify version (every version is read, not only the newest).
+   Parked notifications keep their notify cells, so they hold it back too.
+
+Why the order makes it safe: take a change committed at ``c < now`` on a watched cell.  When
+step 3 reads that cell, either the transaction's lock is there (``W <= s < c``), or it is
+gone: it was never written then (impossible: the commit timestamp is drawn after prewrite,
+so it would exceed ``now``), or the transaction was rolled back (no change), or it
+committed - and a commit writes its notification before its commit point, so step 4 finds
+it unless an observer run cleaned it up, which it does only once the change is processed.
+
+**Cascading**: an observer's watermark is also held back by the watermarks of its
+*upstream* observers: those whose declared ``outputs`` include a column it watches, and
+every observer that declares no ``outputs`` (it may write anything, so it holds back every
+other observer; declare outputs to get per-stage watermarks).  Cycles are fine: the
+watermark is the minimum over everything upstream, transitively.  That alone is not enough:
+work an upstream run left for this observer carries the commit timestamp of that run, not
+the (older) timestamp of the change it came from.  So a pending notification (or a lock) at
+``ts`` on a column an upstream observer writes holds this watermark at or below the
+*origin bound*: the newest watermark that upstream observer published from a computation
+that finished (a fresh timestamp taken after all its reads) before ``ts``, or 0 if none is
+kept.  Why it is safe: a run that committed at ``ts`` covered a change ``c`` not yet
+processed when that computation read the store, so that watermark was at most ``c``.  Each
+published record keeps the last 64 ``(finished_ts, W)`` pairs for this.
+
+**Monotonic**: the last published value of each observer is kept in the meta table (row
+``watermark/<observer>``, qualifier ``w``, JSON ``{"v": 1, "w": W, "h": HISTORY}``,
+written by compare-and-set) and the result is the maximum of it and the computed value.
+The computed value alone may go backwards (a transaction that started long ago prewrites
+a watched cell later: its lock holds the new computation below the old one, yet its commit
+will be above the old value, so the old value stays true).  A catch-up resets it (below).
+
+Catch-up floors
+---------------
+A registration that starts watching a column catches up on the data already there
+(``percolator.observers.api``): it leaves notifications at a fresh timestamp ``t`` on
+cells whose latest commit its ack does not cover.  Those changes are older than their
+notifications, so while it runs the observer's watermark is held by a *floor* (row
+``watermark/<observer>``, qualifier ``f``, JSON ``{"v": 1, "floor": F, "until": t,
+"done": BOOL}``): ``W <= 0`` while the catch-up is not done, then ``W <= F`` (the oldest
+change it owes) until the computed value passes ``t`` (every catch-up notification is
+processed); then the floor is deleted.  A catch-up that died half-way leaves ``done:
+false``: the watermark stays at 0, visibly, until a catch-up is run again.
+
+Limits: the cost of one computation is a scan of the lock family of the watched columns
+(proportional to the watched cells, not only the dirty ones) plus the notify family; a
+client with a stale observed set (writes that began before registration returned) may
+commit a change without notification, which only a catch-up finds; a manual ``trigger``
+of old data does not lower a published watermark (it is a re-run, not a missed change).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from percolator.errors import InvalidArgumentError, PercolatorError
+from percolator.layout import LOCK, META_FAMILY, META_TABLE, NOTIFY
+from percolator.notifications import Notification, Registration, registrations
+from percolator.records import LockCell, RecordError
+from percolator.store.base import ScanOptions, Store
+from percolator.timestamps.hybrid import physical_ms
+
+if TYPE_CHECKING:
+    from percolator.timestamps.source import TimestampOracle
+
+WATERMARK_PREFIX = b"watermark/"
+_PUBLISHED = b"w"
+_FLOOR = b"f"
+_TOMBSTONE = b"-"
+# The parked-notification records of percolator/observers/parking.py (format version 1):
+# the engine only counts them per observer, it never writes them.
+_PARKED_PREFIX = b"parked/"
+_PARKED_QUALIFIER = b"p"
+# Every notify version of a dirty cell is read to find the oldest one.
+_ALL_VERSIONS = 2**31 - 1
+_SAMPLES = 5
+
+
+class WatermarkTimeoutError(PercolatorError):
+    """:func:`wait_for` gave up: some observer's watermark did not pass the timestamp."""
+
+    retryable = True
+
+
+@dataclass(frozen=True)
+class Floor:
+    """A registration catch-up in progress or not yet fully processed."""
+
+    floor: int
+    until: int
+    done: bool
+
+    def encode(self) -> bytes:
+        doc = {"v": 1, "floor": self.floor, "until": self.until, "done": self.done}
+        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, value: bytes) -> Floor | None:
+        if not value or value == _TOMBSTONE:
+            return None
+        doc = json.loads(value)
+        return cls(int(doc["floor"]), int(doc["until"]), bool(doc["done"]))
+
+
+@dataclass
+class ObserverWatermark:
+    """One observer's watermark and what holds it back."""
+
+    observer: str
+    #: the low watermark (monotonic, published)
+    watermark: int
+    #: the fresh timestamp the computation started from
+    now_ts: int
+    #: computed from this observer's own columns only (before cascading and the max)
+    own: int = 0
+    #: the upstream observer whose watermark holds this one lowest (None: its own data)
+    held_by: str | None = None
+    pending: int = 0
+    locks: int = 0
+    parked: int = 0
+    catching_up: bool = False
+    #: a few pending notifications (oldest version each) and in-flight locks, for errors
+    pending_samples: list[Notification] = field(default_factory=list)
+    lock_samples: list[tuple[str, bytes, str, int]] = field(default_factory=list)
+    columns: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def lag_ms(self) -> int:
+        """How far the watermark is behind ``now`` (milliseconds of physical time)."""
+        return max(0, physical_ms(self.now_ts) - physical_ms(self.watermark))
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "observer": self.observer,
+            "watermark": self.watermark,
+            "lag_ms": self.lag_ms,
+            "held_by": self.held_by,
+            "pending": self.pending,
+            "locks": self.locks,
+            "parked": self.parked,
+            "catching_up": self.catching_up,
+        }
+
+    def describe(self) -> str:
+        """One line naming what holds it back (for errors and the command line)."""
+        parts = [f"observer {self.observer!r}: watermark {self.watermark} (lag {self.lag_ms} ms)"]
+        if self.held_by is not None:
+            parts.append(f"held back by upstream observer {self.held_by!r}")
+        if self.catching_up:
+            parts.append("registration catch-up not finished")
+        if self.pending:
+            samples = ", ".join(str(n) for n in self.pending_samples)
+            parts.append(f"{self.pending} pending notification(s), e.g. {samples}")
+        if self.locks:
+            samples = ", ".join(f"{t}/{r!r}/{c} locked at {s}" for t, r, c, s in self.lock_samples)
+            parts.append(f"{self.locks} transaction lock(s) in flight, e.g. {samples}")
+        if self.parked:
+            parts.append(f"{self.parked} parked notification(s) (`percolator notifications list`)")
+        return "; ".join(parts)
+
+
+# --------------------------------------------------------------------------- meta records
+
+
+def _row(observer: str) -> bytes:
+    return WATERMARK_PREFIX + observer.encode("utf-8")
+
+
+def _read_meta(store: Store, observer: str) -> tuple[bytes | None, bytes | None]:
+    """``(published bytes, floor bytes)`` of ``observer`` (one row read)."""
+    cells = store.read_row(
+        META_TABLE, _row(observer), columns=[(META_FAMILY, _PUBLISHED), (META_FAMILY, _FLOOR)]
+    )
+    published = cells.get((META_FAMILY, _PUBLISHED))
+    floor = cells.get((META_FAMILY, _FLOOR))
+    return (published[0][1] if published else None, floor[0][1] if floor else None)
+
+
+# How many (finished_ts, W) pairs a published record keeps (for origins, see "Cascading").
+_HISTORY = 64
+
+
+def _decode_published(value: bytes | None) -> tuple[int, list[tuple[int, int]]]:
+    """``(W, [(finished_ts, W), ...])`` of a published record (oldest first)."""
+    if not value:
+        return 0, []
+    doc = json.loads(value)
+    return int(doc["w"]), [(int(f), int(w)) for f, w in doc.get("h", [])]
+
+
+def _encode_published(watermark: int, history: Sequence[tuple[int, int]] = ()) -> bytes:
+    doc = {"v": 1, "w": watermark, "h": [list(pair) for pair in history[-_HISTORY:]]}
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _origin_bound(history: Sequence[tuple[int, int]], ts: int) -> int:
+    """The newest published watermark whose computation finished before ``ts`` (0: none):
+    a lower bound of the origin of work an upstream run left at ``ts``."""
+    best = 0
+    for finished, watermark in history:
+        if finished < ts:
+            best = max(best, watermark)
+    return best
+
+
+def _cas(store: Store, observer: str, qualifier: bytes, expected: bytes | None, new: bytes) -> bool:
+    return store.compare_and_set(META_TABLE, _row(observer), META_FAMILY, qualifier, expected, new)
+
+
+def begin_catch_up(store: Store, observer: str) -> None:
+    """Record that ``observer`` starts catching up (its watermark is 0 until
+    :func:`finish_catch_up`), and reset its published watermark to 0.  The floor is written
+    first, so a computation that read the old published value fails its compare-and-set."""
+    _set(store, observer, _FLOOR, Floor(0, 0, False).encode())
+    _set(store, observer, _PUBLISHED, _encode_published(0))
+
+
+def finish_catch_up(store: Store, observer: str, floor: int, until: int) -> None:
+    """The catch-up of ``observer`` left every notification it owed, at or below ``until``;
+    the oldest change among them committed at ``floor`` (``until`` if none)."""
+    _set(store, observer, _FLOOR, Floor(floor, until, True).encode())
+
+
+def catch_up_owed(store: Store, observer: str) -> bool:
+    """Whether a catch-up of ``observer`` was begun and never finished."""
+    _, floor_bytes = _read_meta(store, observer)
+    floor = Floor.decode(floor_bytes) if floor_bytes else None
+    return floor is not None and not floor.done
+
+
+def _set(store: Store, observer: str, qualifier: bytes, value: bytes) -> None:
+    for _ in range(100):
+        cells = store.read_row(META_TABLE, _row(observer), columns=[(META_FAMILY, qualifier)])
+        versions = cells.get((META_FAMILY, qualifier))
+        current = versions[0][1] if versions else None
+        if _cas(store, observer, qualifier, current or None, value):
+            return
+    raise PercolatorError(f"watermark record of {observer!r} kept changing under us")
+
+
+# --------------------------------------------------------------------------- computation
+
+
+def _parked_counts(store: Store) -> dict[str, int]:
+    stop = _PARKED_PREFIX[:-1] + b"0"
+    options = ScanOptions(start=_PARKED_PREFIX, stop=stop, qualifiers=[_PARKED_QUALIFIER])
+    counts: dict[str, int] = {}
+    for _, cells in store.scan(META_TABLE, META_FAMILY, options):
+        try:
+            name = str(json.loads(cells[_PARKED_QUALIFIER][1])["observer"])
+        except (ValueError, KeyError, TypeError):
+            continue  # a malformed record is reported by `percolator notifications list`
+        counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def _scan_own(
+    store: Store,
+    result: ObserverWatermark,
+    table: str,
+    columns: Sequence[str],
+    origin: Callable[[str, str, int], int],
+) -> int:
+    """Steps 3 and 4 for one table: the lowest bound from locks and notifications, each
+    mapped to the oldest origin it may carry (``origin``, see "Cascading")."""
+    bound = result.now_ts
+    qualifiers = [c.encode("utf-8") for c in columns]
+    for row, cells in store.scan(table, LOCK, ScanOptions(qualifiers=qualifiers)):
+        for qualifier, (_, value) in cells.items():
+            try:
+                lock = LockCell.decode(value).lock
+            except RecordError:
+                continue  # reported by the reads that meet it; not ours to judge here
+            if lock is None:
+                continue
+            column = qualifier.decode("utf-8")
+            bound = min(bound, lock.start_ts, origin(table, column, lock.start_ts))
+            result.locks += 1
+            if len(result.lock_samples) < _SAMPLES:
+                result.lock_samples.append((table, row, column, lock.start_ts))
+    dirty: list[bytes] = []
+    for row, _ in store.scan(table, NOTIFY, ScanOptions(qualifiers=qualifiers)):
+        dirty.append(row)
+    for start in range(0, len(dirty), 200):
+        rows = dirty[start : start + 200]
+        found = store.read_rows(
+            table,
+            rows,
+            columns=[(NOTIFY, q) for q in qualifiers],
+            max_versions=_ALL_VERSIONS,
+        )
+        for row, row_cells in found.items():
+            for (_, qualifier), versions in sorted(row_cells.items()):
+                if not versions:
+                    continue
+                oldest = min(version for version, _ in versions)
+                bound = min(bound, oldest, origin(table, qualifier.decode("utf-8"), oldest))
+                result.pending += 1
+                if len(result.pending_samples) < _SAMPLES:
+                    result.pending_samples.append(
+                        Notification(table, row, qualifier.decode(), oldest)
+                    )
+    return bound
+
+
+def _upstream(regs: Sequence[Registration]) -> dict[str, set[str]]:
+    """Observer -> the observers directly upstream of it (see the module docstring)."""
+    watched: dict[str, set[tuple[str, str]]] = {}
+    outputs: dict[str, set[tuple[str, str]] | None] = {}
+    for reg in regs:
+        watched.setdefault(reg.observer, set()).add((reg.table, reg.column))
+        declared = None if reg.outputs is None else set(reg.outputs)
+        if reg.observer in outputs and outputs[reg.observer] is not None and declared is not None:
+            outputs[reg.observer] = outputs[reg.observer] | declared  # type: ignore[operator]
+        elif reg.observer not in outputs or declared is None:
+            outputs[reg.observer] = declared
+    upstream: dict[str, set[str]] = {name: set() for name in watched}
+    for name, cols in watched.items():
+        for other, out in outputs.items():
+            if other != name and (out is None or out & cols):
+                upstream[name].add(other)
+    return upstream
+
+
+def compute_watermarks(
+    store: Store,
+    oracle: TimestampOracle,
+    *,
+    publish: bool = True,
+) -> dict[str, ObserverWatermark]:
+    """The watermark of every registered observer (see the module docstring for the
+    guarantee and the order of reads).  ``publish``: store the result as the observer's
+    last published watermark (compare-and-set; a lost race leaves the other value).
+
+    Read-only apart from the published values and finished floors.  Cost: one scan of the
+    lock and notify families of every watched column, one read per dirty row batch."""
+    regs = list(registrations(store).values())
+    by_observer: dict[str, list[Registration]] = {}
+    for reg in regs:
+        by_observer.setdefault(reg.observer, []).append(reg)
+    upstream = _upstream(regs)
+    outputs: dict[str, set[tuple[str, str]] | None] = {}
+    for reg in regs:
+        declared = None if reg.outputs is None else set(reg.outputs)
+        known = outputs.get(reg.observer, set())
+        outputs[reg.observer] = None if declared is None or known is None else known | declared
+    now_ts = oracle.get_timestamp()
+    # Published values and floors first: a catch-up that resets them after this read makes
+    # the compare-and-set below fail (see begin_catch_up).
+    meta = {name: _read_meta(store, name) for name in by_observer}
+    histories = {name: _decode_published(meta[name][0])[1] for name in by_observer}
+    parked = _parked_counts(store)
+    results: dict[str, ObserverWatermark] = {}
+    for name, own_regs in sorted(by_observer.items()):
+
+        def origin(table: str, column: str, ts: int, name: str = name) -> int:
+            bound = ts
+            for other in upstream.get(name, ()):
+                out = outputs.get(other)
+                if out is None or (table, column) in out:
+                    bound = min(bound, _origin_bound(histories.get(other, []), ts))
+            return bound
+
+        result = ObserverWatermark(name, 0, now_ts, parked=parked.get(name, 0))
+        result.columns = sorted((r.table, r.column) for r in own_regs)
+        bound = now_ts
+        tables: dict[str, list[str]] = {}
+        for reg in own_regs:
+            tables.setdefault(reg.table, []).append(reg.column)
+        for table, columns in sorted(tables.items()):
+            bound = min(bound, _scan_own(store, result, table, sorted(columns), origin))
+        floor_bytes = meta[name][1]
+        floor = Floor.decode(floor_bytes) if floor_bytes else None
+        if floor is not None:
+            if not floor.done:
+                result.catching_up = True
+                bound = 0
+            elif bound <= floor.until:
+                bound = min(bound, floor.floor)
+            elif publish:
+                # Every catch-up notification is processed: the floor has done its job.
+                _cas(store, name, _FLOOR, floor_bytes, _TOMBSTONE)
+        result.own = bound
+        results[name] = result
+    # Taken after every read: a run that commits after it started after those reads.
+    finished_ts = oracle.get_timestamp() if publish else 0
+    for name, result in results.items():
+        # Transitive closure: everything upstream of upstream holds this one back too.
+        seen: set[str] = set()
+        frontier = list(upstream.get(name, ()))
+        effective, held_by = result.own, None
+        while frontier:
+            other = frontier.pop()
+            if other in seen or other == name or other not in results:
+                continue
+            seen.add(other)
+            if results[other].own < effective:
+                effective, held_by = results[other].own, other
+            frontier.extend(upstream.get(other, ()))
+        published_bytes = meta[name][0]
+        published, history = _decode_published(published_bytes)
+        if published > effective:
+            result.watermark, result.held_by = published, None
+        else:
+            result.watermark, result.held_by = effective, held_by
+        if publish:
+            record = _encode_published(
+                result.watermark, [*history, (finished_ts, result.watermark)]
+            )
+            _cas(store, name, _PUBLISHED, published_bytes, record)
+    return results
+
+
+def watermarks(
+    store: Store, oracle: TimestampOracle, observers: Iterable[str] | None = None
+) -> dict[str, ObserverWatermark]:
+    """:func:`compute_watermarks`, restricted to ``observers`` (None: all); raises
+    InvalidArgumentError naming an observer that is not registered."""
+    results = compute_watermarks(store, oracle)
+    if observers is None:
+        return results
+    wanted = list(observers)
+    unknown = [n for n in wanted if n not in results]
+    if unknown:
+        raise InvalidArgumentError(
+            f"observer(s) {', '.join(map(repr, unknown))} not registered; registered: "
+            f"{', '.join(sorted(results)) or 'none'}"
+        )
+    return {n: results[n] for n in wanted}
+
+
+def wait_for(
+    store: Store,
+    oracle: TimestampOracle,
+    ts: int | None = None,
+    observers: Iterable[str] | None = None,
+    *,
+    timeout: float = 60.0,
+    poll_s: float = 0.05,
+) -> dict[str, ObserverWatermark]:
+    """Return once the watermark of every observer in ``observers`` (None: every registered
+    observer) is above ``ts`` (None: a fresh timestamp): then every change they watch that
+    committed before ``ts`` is processed, and - through cascading - so is what upstream
+    observers derived from it.  Returns the watermarks that passed.
+
+    Raises WatermarkTimeoutError after ``timeout`` seconds naming each observer still
+    behind and what holds it (pending notifications with samples, locks, parked ones,
+    upstream observers); InvalidArgumentError for an unknown observer or a bad timeout.
+    Read-only apart from publishing watermarks."""
+    if not isinstance(timeout, (int, float)) or timeout < 0:
+        raise InvalidArgumentError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
+    names = list(observers) if observers is not None else None
+    target = ts if ts is not None else oracle.get_timestamp()
+    deadline = time.monotonic() + timeout
+    delay = poll_s
+    while True:
+        current = watermarks(store, oracle, names)
+        behind = [w for w in current.values() if w.watermark <= target]
+        if not behind:
+            return current
+        if time.monotonic() >= deadline:
+            raise WatermarkTimeoutError(
+                f"timed out after {timeout:g} s waiting for the watermark of "
+                f"{len(behind)} observer(s) to pass {target}: "
+                + " | ".join(w.describe() for w in behind)
+            )
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 0.5)

@@ -1,0 +1,197 @@
+"""Partitioned scanning (observers/partition.py): key groups leased to live workers, moved
+when a worker dies, and fenced so that a paused worker commits nothing for a group it lost.
+
+Workers here share one in-process client (one oracle); a "killed" worker stops renewing
+its leases and heartbeat without releasing anything, as SIGKILL would leave them.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Callable, Iterator
+
+import pytest
+from percolator.observers.partition import KeyGroupLeases, group_of
+from percolator.observers.runner import RunResult
+from percolator.observers.worker import Worker, WorkerOptions
+
+import percolator
+from percolator.errors import ConfigError
+from percolator.notifications import Notification
+from tests.observers import helpers
+from tests.observers.conftest import connect
+from tests.observers.helpers import EVENTS, Gate, RunLogger, runs
+
+GROUPS = 16
+LEASE_MS = 1000
+
+
+def options(
+    on_commit: Callable[[str, Notification, RunResult], None] | None = None,
+) -> WorkerOptions:
+    return WorkerOptions(
+        threads=2,
+        idle_sleep_s=0.01,
+        housekeeping_s=0.1,
+        partitioned=True,
+        key_groups=GROUPS,
+        lease_ms=LEASE_MS,
+        on_commit=on_commit,
+    )
+
+
+def until(condition: Callable[[], bool], timeout: float, what: str) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if condition():
+            return time.monotonic() - started
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def kill(worker: Worker) -> None:
+    """Stop a worker the way SIGKILL would: no lease released, no heartbeat any more."""
+    assert worker.leases is not None
+    worker.leases.rebalance = lambda: {}  # type: ignore[method-assign]
+    worker.leases.release_all = lambda: None  # type: ignore[method-assign]
+    worker.stop(drain_timeout_s=0)
+
+
+@pytest.fixture
+def workers() -> Iterator[list[Worker]]:
+    started: list[Worker] = []
+    yield started
+    for worker in started:
+        worker.stop(drain_timeout_s=2)
+
+
+def test_the_key_group_of_a_row_is_a_stable_hash() -> None:
+    assert group_of(b"row", 64) == zlib.crc32(b"row") % 64
+    assert {group_of(b"r%d" % i, 8) for i in range(200)} == set(range(8))
+
+
+def test_bad_partitioning_options_are_refused(local_client: percolator.Client) -> None:
+    with pytest.raises(ConfigError, match="key_groups"):
+        WorkerOptions(partitioned=True, key_groups=0)
+    with pytest.raises(ConfigError, match="lease"):
+        KeyGroupLeases(local_client, "w", groups=4, lease_ms=10)
+
+
+def test_two_workers_split_the_groups_and_each_runs_only_its_own(
+    local_client: percolator.Client, workers: list[Worker]
+) -> None:
+    client = local_client
+    seen: dict[str, list[bytes]] = {"a": [], "b": []}
+
+    def recorder(key: str) -> Callable[[str, Notification, RunResult], None]:
+        return lambda _, notification, __: seen[key].append(notification.row)
+
+    a = Worker(client, [RunLogger()], options(recorder("a")))
+    b = Worker(client, [RunLogger()], options(recorder("b")))
+    for worker in (a, b):
+        worker.start()
+        workers.append(worker)
+    assert a.leases is not None and b.leases is not None
+    leases_a, leases_b = a.leases, b.leases
+    until(
+        lambda: len(leases_a.owned()) == len(leases_b.owned()) == GROUPS // 2,
+        10,
+        "an even split of the key groups",
+    )
+    groups_a, groups_b = set(leases_a.owned()), set(leases_b.owned())
+    assert not groups_a & groups_b and groups_a | groups_b == set(range(GROUPS))
+    rows = [b"row%03d" % i for i in range(40)]
+    with client.transaction() as txn:
+        for row in rows:
+            txn.set(EVENTS, row, "value", b"x")
+    client.wait_for(observers=["run-logger"], timeout=60)
+    assert {group_of(r, GROUPS) for r in seen["a"]} <= groups_a
+    assert {group_of(r, GROUPS) for r in seen["b"]} <= groups_b
+    assert sorted(seen["a"] + seen["b"]) == rows
+    covered = runs(client.snapshot())
+    assert helpers.duplicate_runs(covered) == [] and sorted(covered) == rows
+    assert helpers.uncovered(client, "run-logger", EVENTS, "value", rows) == []
+
+
+def _killed_workers_groups_are_taken_over(client: percolator.Client, workers: list[Worker]) -> None:
+    a = Worker(client, [RunLogger()], options())
+    a.start()
+    workers.append(a)
+    assert a.leases is not None
+    leases_a = a.leases
+    until(lambda: len(leases_a.owned()) == GROUPS, 5, "the only worker to hold every group")
+    kill(a)
+    killed_at = time.monotonic()
+    b = Worker(client, [RunLogger()], options())
+    b.start()
+    workers.append(b)
+    assert b.leases is not None
+    leases_b = b.leases
+    until(lambda: len(leases_b.owned()) == GROUPS, 10, "the survivor to take every group")
+    took = time.monotonic() - killed_at
+    # The dead worker's leases and heartbeat end one lease after their last renewal; the
+    # survivor looks every housekeeping interval (0.1 s).
+    assert took <= LEASE_MS / 1000 + 0.5, f"took {took:.2f} s"
+    with client.transaction() as txn:
+        txn.set(EVENTS, b"after", "value", b"x")
+    client.wait_for(observers=["run-logger"], timeout=30)
+    assert runs(client.snapshot()) == {b"after": [txn.commit_ts]}
+
+
+def test_a_killed_workers_groups_are_taken_over_within_the_lease(
+    local_client: percolator.Client, workers: list[Worker]
+) -> None:
+    _killed_workers_groups_are_taken_over(local_client, workers)
+
+
+@pytest.mark.hbase
+def test_a_killed_workers_groups_are_taken_over_on_hbase(
+    hbase_store_url: str, workers: list[Worker]
+) -> None:
+    client = connect(hbase_store_url)
+    try:
+        helpers.create_tables(client)
+        _killed_workers_groups_are_taken_over(client, workers)
+    finally:
+        for worker in workers:
+            worker.stop(drain_timeout_s=2)
+        client.close()
+
+
+def test_a_paused_worker_that_lost_its_group_commits_nothing_for_it(
+    local_client: percolator.Client, workers: list[Worker]
+) -> None:
+    client = local_client
+    committed: dict[str, list[bytes]] = {"a": [], "b": []}
+
+    def recorder(key: str) -> Callable[[str, Notification, RunResult], None]:
+        return lambda _, notification, __: committed[key].append(notification.row)
+
+    gate_a, gate_b = Gate(), Gate()
+    a = Worker(client, [gate_a], options(recorder("a")))
+    a.start()
+    workers.append(a)
+    assert a.leases is not None
+    leases_a = a.leases
+    until(lambda: len(leases_a.owned()) == GROUPS, 5, "worker a to hold every group")
+    with client.transaction() as txn:
+        txn.set(EVENTS, b"held", "gated", b"x")
+    assert gate_a.entered.wait(10), "worker a never started the run"
+    # a is "paused" in the middle of its run: it renews nothing any more.
+    leases_a.rebalance = lambda: {}  # type: ignore[method-assign]
+    b = Worker(client, [gate_b], options(recorder("b")))
+    b.start()
+    workers.append(b)
+    assert b.leases is not None
+    leases_b = b.leases
+    until(lambda: leases_b.claim(b"held") is not None, 10, "worker b to take the row's group")
+    assert gate_b.entered.wait(10), "worker b never ran the notification"
+    # a wakes up before b commits: without the fence its run would commit (no conflict yet).
+    gate_a.release.set()
+    until(lambda: not a.processor._inflight, 10, "worker a's run to end")
+    assert committed["a"] == []
+    gate_b.release.set()
+    client.wait_for(observers=["gate"], timeout=30)
+    assert committed["b"] == [b"held"]
+    assert runs(client.snapshot(), b"gate:") == {b"held": [txn.commit_ts]}
