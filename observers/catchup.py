@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from percolator import notifications, watermark
 from percolator.errors import InvalidArgumentError
 from percolator.layout import LOCK, WRITE
-from percolator.notifications import observer_transaction, read_ack, registrations
+from percolator.notifications import read_ack, registrations
 from percolator.protocol.cells import CellKey
 from percolator.records import LockCell, RecordError
 from percolator.store.base import ScanOptions
@@ -92,7 +92,7 @@ def catch_up(
         ) -> None:
             nonlocal oldest
             owed: list[tuple[bytes, str, int | None]] = []
-            txn = observer_transaction(client)
+            txn = client.observer_transaction()
             try:
                 for row, column, cell in page:
                     if cell.lock is not None:

@@ -32,7 +32,7 @@ import percolator
 from percolator import failpoints, notifications, watermark
 from percolator.errors import InvalidArgumentError
 from percolator.layout import LOCK, WRITE
-from percolator.notifications import observer_transaction, read_ack
+from percolator.notifications import read_ack
 from percolator.protocol.cells import CellKey
 from percolator.records import LockCell
 from percolator.testing import ProtocolHarness
@@ -76,7 +76,7 @@ def committed_changes(client: percolator.Client, rows: list[bytes]) -> dict[byte
 
 
 def acks(client: percolator.Client, observer: str, rows: list[bytes]) -> dict[bytes, int | None]:
-    txn = observer_transaction(client)
+    txn = client.observer_transaction()
     try:
         return {row: read_ack(txn, observer, EVENTS, row, "value") for row in rows}
     finally:
