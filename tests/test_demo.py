@@ -34,6 +34,10 @@ def check_run(result: subprocess.CompletedProcess[str], store_url: str | None) -
     assert summary["identical"] is True and summary["matches_reference"] is True
     assert summary["changes"] >= 2 and summary["observer_runs_live"] >= summary["changes"]
     assert summary["incremental_s"] > 0 and summary["recompute_s"] > 0
+    per_change = summary["incremental_s"] / summary["changes"]
+    expected = summary["recompute_s"] / (per_change * summary["documents"])
+    assert abs(summary["break_even_fraction"] - expected) < 1e-9
+    assert "break-even change fraction" in result.stderr
     steps = [step["name"] for step in summary["steps"]]
     assert steps == [
         "oracle", "generate corpus", "Spark backfill", "observers to quiescence",

@@ -192,6 +192,15 @@ class DemoReport:
     def speedup(self) -> float:
         return self.recompute_s / self.incremental_s if self.incremental_s > 0 else 0.0
 
+    @property
+    def break_even(self) -> float:
+        """The change fraction at which processing changes incrementally costs as much as a
+        full recompute: recompute time / (incremental time per change x corpus size)."""
+        if not self.changes or not self.incremental_s or not self.documents:
+            return 0.0
+        per_change = self.incremental_s / self.changes
+        return self.recompute_s / (per_change * self.documents)
+
 
 def _header(out: TextIO, number: int, title: str) -> None:
     print(f"\n[{number}/7] {title}", file=out, flush=True)
@@ -476,7 +485,8 @@ def _print_summary(report: DemoReport, out: TextIO) -> None:
               f"over {len(latencies)} runs", file=out)
     if report.incremental_s:
         print(f"  incremental {report.incremental_s:.2f} s vs full recompute "
-              f"{report.recompute_s:.2f} s: {report.speedup:.1f}x", file=out)
+              f"{report.recompute_s:.2f} s: {report.speedup:.1f}x; break-even change "
+              f"fraction {report.break_even:.1%} (incremental is cheaper below it)", file=out)
     ok = report.identical and report.matches_reference
     print(f"  result: {'OK - incremental == recompute == reference' if ok else 'FAILED'}",
           file=out)
@@ -499,6 +509,7 @@ def _as_json(report: DemoReport) -> dict[str, Any]:
         "incremental_s": report.incremental_s,
         "recompute_s": report.recompute_s,
         "speedup": report.speedup,
+        "break_even_fraction": report.break_even,
         "identical": report.identical,
         "matches_reference": report.matches_reference,
         "problems": report.problems,
