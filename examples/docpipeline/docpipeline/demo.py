@@ -340,14 +340,16 @@ def _run_pipeline(
             row = notification.row.decode("utf-8", "replace")
             live_queue.put(LiveRun(observer, row, latency * 1000))
 
+    _header(out, 3, "backfill the corpus with Spark (exactly once, through transactions)")
+    started = time.monotonic()
+    # Spark first: it forks to start its JVM, and a process that already runs gRPC threads
+    # (the oracle client below) must not fork (the JVM launch then fails at random).
+    spark = build_session(args.master, app_name="percolator-demo")
     with percolator.connect(store_url, oracle=oracle_url) as client:
         pipeline.create_tables(client)
         observers = pipeline.observers()
         register_observers(client, observers)
 
-        _header(out, 3, "backfill the corpus with Spark (exactly once, through transactions)")
-        started = time.monotonic()
-        spark = build_session(args.master, app_name="percolator-demo")
         backfill = run_backfill(spark, BackfillOptions(
             store=store_url, table=reference.DOCUMENTS, inputs=(str(source),), key="url",
             oracle=oracle_url, progress_interval_s=3.0,
