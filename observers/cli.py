@@ -55,6 +55,18 @@ def register_worker(subparsers: Any) -> None:
     worker.add_argument("--threads", type=int, default=4, help="observer runs in parallel")
     worker.add_argument("--scanners", type=int, default=1, help="scanner threads")
     worker.add_argument(
+        "--partitioned",
+        action="store_true",
+        help="lease key groups of the notify space with the other workers and run only "
+        "their notifications (fenced); default: random scanning of everything",
+    )
+    worker.add_argument(
+        "--key-groups", type=int, default=64, help="key groups (the same in every worker)"
+    )
+    worker.add_argument(
+        "--lease-ms", type=int, default=10_000, help="how long a worker's key groups stay leased"
+    )
+    worker.add_argument(
         "--failure-limit",
         type=int,
         default=5,
@@ -174,6 +186,9 @@ def run_worker(args: argparse.Namespace) -> int:
         drain_timeout_s=args.drain_timeout,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
+        partitioned=args.partitioned,
+        key_groups=args.key_groups,
+        lease_ms=args.lease_ms,
     )
     # --observers-from: observers imported from a module path, to try code without
     # packaging it; then only the plugins named with --observer run beside them.

@@ -201,7 +201,8 @@ def test_a_worker_with_no_observer_installed_says_so_and_exits(
     url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(
-        importlib.metadata, "entry_points",
+        importlib.metadata,
+        "entry_points",
         _without_observer_plugins(importlib.metadata.entry_points),
     )
     assert cli.main(["worker", "--store", url]) == 2
@@ -221,9 +222,33 @@ def test_a_worker_process_with_no_observer_installed_exits(url: str) -> None:
         f"sys.exit(main(['worker', '--store', {url!r}]))\n"
     )
     result = subprocess.run(
-        [sys.executable, "-c", code], cwd=PROJECT_ROOT, env=cli_env(None),
-        capture_output=True, text=True, timeout=60,
+        [sys.executable, "-c", code],
+        cwd=PROJECT_ROOT,
+        env=cli_env(None),
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 2
     assert NO_OBSERVERS_INSTALLED in result.stderr
     assert "worker ready" not in result.stdout
+
+
+def test_worker_partitioned_flags(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    parser = cli.load_commands().parser
+    args = parser.parse_args(["worker", "--partitioned", "--key-groups", "8", "--lease-ms", "500"])
+    assert (args.partitioned, args.key_groups, args.lease_ms) == (True, 8, 500)
+    assert parser.parse_args(["worker"]).partitioned is False
+    code = cli.main(
+        [
+            "worker",
+            "--store",
+            f"embedded:{tmp_path / 's'}",
+            "--create",
+            "--partitioned",
+            "--lease-ms",
+            "10",
+        ]
+    )
+    assert code == 2
+    assert "lease_ms must be an int >= 100" in capsys.readouterr().err
