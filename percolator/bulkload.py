@@ -56,7 +56,7 @@ from __future__ import annotations
 import contextlib
 import json
 import struct
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import asdict, dataclass, replace
 
 from percolator.errors import ConfigError, TableExistsError, TransactionError
@@ -285,7 +285,7 @@ def renew_lease(store: Store, table: str, load_id: str, lease_ms: int = DEFAULT_
 
 
 def cell_puts(
-    state: LoadState, row: bytes, cells: Iterable[tuple[bytes, bytes]], notify: Sequence[bytes]
+    state: LoadState, row: bytes, cells: Iterable[tuple[bytes, bytes]], notify: Collection[bytes]
 ) -> list[Put]:
     """The puts of one loaded row: per cell its data, write record, committed lock cell and,
     for qualifiers in ``notify``, a notification.  Identical for every call with the same
