@@ -271,6 +271,18 @@ def _ensure_table(store: Store, table: str, state: LoadState) -> LoadState:
     return new
 
 
+def clear_state(store: Store, table: str) -> None:
+    """Forget a dropped table's load state (so the name can be created or loaded again).
+    Written as ``ready`` with no load, which means an ordinary table: a delete would mask
+    later compare-and-sets of the row."""
+    for _ in range(20):
+        state, raw = read_state(store, table)
+        if state is None or (state.state == READY and not state.load_id):
+            return
+        if _cas(store, table, raw, LoadState(READY, "", 0, 0, 0, "no")):
+            return
+
+
 def renew_lease(store: Store, table: str, load_id: str, lease_ms: int = DEFAULT_LEASE_MS) -> None:
     """Extend the lease (and the GC reservation) of a running load; a no-op after the
     publish.  Raises BulkLoadError if another load took the table."""

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from percolator.bulkload import check_usable
+from percolator.bulkload import check_usable, clear_state
 from percolator.context import ClientOptions, EngineContext
 from percolator.errors import (
     InvalidArgumentError,
@@ -114,6 +114,7 @@ class Client:
     def drop_table(self, name: str) -> None:
         check_table_name(name)
         self.store.drop_table(name)
+        clear_state(self.store, name)  # a dropped table is no longer being loaded
         with self._tables_lock:
             self._tables.discard(name)
 
