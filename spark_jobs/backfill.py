@@ -695,6 +695,32 @@ def _check_partition(
     yield stats
 
 
+def _mapped_with_digest(
+    values: Sequence[object], plan: MappingPlan
+) -> tuple[bytes, Cells, bytes] | BadRow:
+    mapped = map_row(values, plan)
+    if isinstance(mapped, BadRow):
+        return mapped
+    return mapped[0], mapped[1], row_digest(*mapped)
+
+
+def _check_mapped(
+    max_examples: int, items: Iterable[tuple[bytes, Cells, bytes] | BadRow]
+) -> Iterator[_CheckStats]:
+    """:func:`_check_partition` over rows mapped by :func:`_mapped_with_digest`."""
+    stats = _CheckStats()
+    for item in items:
+        stats.rows += 1
+        if isinstance(item, BadRow):
+            stats.by_reason[item.reason] = stats.by_reason.get(item.reason, 0) + 1
+            if len(stats.examples) < max_examples:
+                stats.examples.append(item)
+            continue
+        stats.good += 1
+        stats.digest_sum = (stats.digest_sum + int.from_bytes(item[2], "big")) % (1 << 256)
+    yield stats
+
+
 def _too_many_bad(options: BackfillOptions, bad: int, rows: int) -> str | None:
     """Why the bad rows fail the job, or None if they are within the limits."""
     if options.max_bad_rows is None and options.max_bad_fraction is None:
@@ -1036,9 +1062,16 @@ def prepare_input(
     options: BackfillOptions,
     emit: Callable[[str], None],
     df: DataFrame | None = None,
+    *,
+    persist: bool = False,
 ) -> PreparedInput:
     """Read (or take ``df``), map and check the whole input; BadRowsError or ConfigError
-    before anything is written."""
+    before anything is written.
+
+    ``persist``: map each row once, keep the result (memory, else disk) and return it as
+    ``rows`` - items ``(key, cells, row digest)`` or :class:`BadRow` - so the write pass
+    neither reads the input again nor maps it twice (the caller unpersists).  Otherwise
+    ``rows`` are the projected input tuples."""
     import_pyspark()
     started = time.monotonic()
     master = session_master(spark)
@@ -1055,13 +1088,24 @@ def prepare_input(
     plan, projected = plan_mapping(
         df, options.key, options.columns, max_value_bytes=options.max_value_bytes
     )
+    examples = options.examples
     rows: RDD[Any] = projected.rdd.map(tuple)
+    if persist:
+        from pyspark import StorageLevel
+
+        rows = rows.map(lambda values: _mapped_with_digest(values, plan)).persist(
+            StorageLevel.MEMORY_AND_DISK
+        )
+
+    def check(it: Iterable[Any]) -> Iterator[_CheckStats]:
+        if persist:
+            return _check_mapped(examples, it)
+        return _check_partition(plan, examples, it)
 
     # Pass 1: map every row, count and sample the bad ones, digest the good ones.
     emit(f"checking input {what}")
-    examples = options.examples
     try:
-        parts = rows.mapPartitions(lambda it: _check_partition(plan, examples, it)).collect()
+        parts = rows.mapPartitions(check).collect()
     except Exception as exc:
         raise ConfigError(
             f"cannot read input {what}: {spark_failure_reason(exc)}"
