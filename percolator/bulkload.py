@@ -301,20 +301,32 @@ def cell_puts(
 ) -> list[Put]:
     """The puts of one loaded row: per cell its data, write record, committed lock cell and,
     for qualifiers in ``notify``, a notification.  Identical for every call with the same
-    arguments (idempotent re-puts)."""
-    write = WriteRecord(Kind.PUT, state.start_ts).encode()
-    lock = state.committed_lock()
-    # Lock cells carry store time (milliseconds, below every hybrid timestamp: readers read
-    # them with ``before=read_ts + 1``); a later compare-and-set stamps at least this.
-    lock_version = physical_ms(state.commit_ts)
-    puts: list[Put] = []
-    for qualifier, value in cells:
-        puts.append(Put(row, DATA, qualifier, state.start_ts, value))
-        puts.append(Put(row, WRITE, qualifier, state.commit_ts, write))
-        puts.append(Put(row, LOCK, qualifier, lock_version, lock))
-        if qualifier in notify:
-            puts.append(Put(row, NOTIFY, qualifier, state.commit_ts, NOTIFY_VALUE))
-    return puts
+    arguments (idempotent re-puts).  :class:`CellWriter` does the same for many rows."""
+    return CellWriter(state, notify).puts(row, cells)
+
+
+class CellWriter:
+    """Builds the puts of loaded rows (the encodings are computed once per load)."""
+
+    def __init__(self, state: LoadState, notify: Collection[bytes]) -> None:
+        self._start_ts = state.start_ts
+        self._commit_ts = state.commit_ts
+        self._write = WriteRecord(Kind.PUT, state.start_ts).encode()
+        self._lock = state.committed_lock()
+        # Lock cells carry store time (milliseconds, below every hybrid timestamp: readers
+        # read them with ``before=read_ts + 1``); a later compare-and-set stamps at least this.
+        self._lock_version = physical_ms(state.commit_ts)
+        self._notify = frozenset(notify)
+
+    def puts(self, row: bytes, cells: Iterable[tuple[bytes, bytes]]) -> list[Put]:
+        out: list[Put] = []
+        for qualifier, value in cells:
+            out.append(Put(row, DATA, qualifier, self._start_ts, value))
+            out.append(Put(row, WRITE, qualifier, self._commit_ts, self._write))
+            out.append(Put(row, LOCK, qualifier, self._lock_version, self._lock))
+            if qualifier in self._notify:
+                out.append(Put(row, NOTIFY, qualifier, self._commit_ts, NOTIFY_VALUE))
+        return out
 
 
 def verify_table(store: Store, table: str, state: LoadState) -> None:

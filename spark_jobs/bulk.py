@@ -28,6 +28,7 @@ that is live, or to add rows to one that already holds data.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -56,9 +57,9 @@ import percolator
 from percolator.bulkload import (
     DEFAULT_LEASE_MS,
     BulkLoadError,
+    CellWriter,
     LoadState,
     begin_load,
-    cell_puts,
     publish_load,
     renew_lease,
 )
@@ -150,12 +151,11 @@ def _bulk_partition(
 
     try:
         inject_failure(plan.inject, partition, 0)
+        writer = CellWriter(plan.state, plan.notify)
         puts: list[Put] = []
         rows = 0
         for key, cells in _merged(items, stats):
-            puts += cell_puts(
-                plan.state, key, [(c.encode("utf-8"), v) for c, v in cells.items()], plan.notify
-            )
+            puts += writer.puts(key, [(c.encode("utf-8"), v) for c, v in cells.items()])
             stats.cells_written += len(cells)
             rows += 1
             if rows >= plan.batch_size:
@@ -260,8 +260,10 @@ def _load(
     report.unnotified_columns = [] if notify else targets
     notify_q = frozenset(c.encode("utf-8") for c in report.notified_columns)
     batch_size = options.batch_size or DEFAULT_BULK_BATCH_SIZE
-    buckets = options.buckets or default_buckets(
-        checked.good, batch_size, spark.sparkContext.defaultParallelism
+    parallelism = spark.sparkContext.defaultParallelism
+    # A multiple of the cores: no last wave of tasks that leaves cores idle.
+    buckets = options.buckets or parallelism * math.ceil(
+        default_buckets(checked.good, batch_size, parallelism) / parallelism
     )
     report.buckets, report.batch_size = buckets, batch_size
     bulk_plan = _BulkPlan(
