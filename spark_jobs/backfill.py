@@ -1081,10 +1081,10 @@ def prepare_input(
             raise ConfigError("backfill needs at least one input path (or a DataFrame)")
         fmt = options.format or detect_format(options.inputs)
         df = load_input(spark, options.inputs, fmt, options.reader_options, options.schema)
-        what = f"{list(options.inputs)} ({fmt})"
+        what, read_as = f"{list(options.inputs)} ({fmt})", f"{list(options.inputs)} as {fmt}"
     else:
         fmt = "dataframe"
-        what = "a DataFrame"
+        what = read_as = "a DataFrame"
     plan, projected = plan_mapping(
         df, options.key, options.columns, max_value_bytes=options.max_value_bytes
     )
@@ -1108,7 +1108,7 @@ def prepare_input(
         parts = rows.mapPartitions(check).collect()
     except Exception as exc:
         raise ConfigError(
-            f"cannot read input {what}: {spark_failure_reason(exc)}"
+            f"cannot read input {read_as}: {spark_failure_reason(exc)}"
         ) from None
     checked = _CheckStats()
     for part in parts:

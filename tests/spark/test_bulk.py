@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from percolator.store.base import ScanOptions
 from percolator.timestamps import now_ms
 from tests.spark.helpers import ITEMS, RUNS, RunCounter, connect, runs_per_row, table_rows
 from tests.spark.test_backfill import ROWS, item_rows, options, write_json, write_parquet
+from tests.spark.test_cli import JOB_MARKER, kill_marked
 
 pytestmark = pytest.mark.spark
 
@@ -157,10 +159,14 @@ def test_killed_driver_then_rerun_leaves_each_row_once(
     path = write_json(tmp_path / "in", rows, files=2)
     script = tmp_path / "driver.py"
     script.write_text(_DRIVER)
-    proc = subprocess.run(
-        [sys.executable, str(script), embedded_url, path],
-        capture_output=True, text=True, timeout=300, env={**os.environ},
-    )
+    marker = uuid.uuid4().hex
+    try:
+        proc = subprocess.run(
+            [sys.executable, str(script), embedded_url, path],
+            capture_output=True, text=True, timeout=300, env={**os.environ, JOB_MARKER: marker},
+        )
+    finally:
+        kill_marked(marker)  # the dead driver's JVM and Python workers, if any are left
     assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
     assert "FINISHED" not in proc.stdout
     with connect(embedded_url) as client:
