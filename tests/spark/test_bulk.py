@@ -22,17 +22,11 @@ from percolator.spark_jobs.bulk import backfill, run_bulk_load
 from percolator.spark_jobs.session import SparkJobError
 
 from percolator.bulkload import (
-    BulkLoadError,
     TableLoadingError,
-    begin_load,
-    publish_load,
     read_state,
 )
 from percolator.layout import DATA, LOCK, NOTIFY, WRITE
-from percolator.protocol.gc import published_min_start_ts
-from percolator.store import open_store
 from percolator.store.base import ScanOptions
-from percolator.timestamps import now_ms
 from tests.spark.helpers import ITEMS, RUNS, RunCounter, connect, runs_per_row, table_rows
 from tests.spark.test_backfill import ROWS, item_rows, options, write_json, write_parquet
 from tests.spark.test_cli import JOB_MARKER, kill_marked
@@ -176,44 +170,6 @@ def test_killed_driver_then_rerun_leaves_each_row_once(
     report = run_bulk_load(spark, options(embedded_url, path, buckets=8, batch_size=5))
     assert report.load_start_ts == state.start_ts and report.load_commit_ts == state.commit_ts
     check_loaded_once(embedded_url, rows)
-
-
-def test_transaction_racing_the_fence_is_refused(embedded_url: str) -> None:
-    store = open_store(embedded_url)
-    with connect(embedded_url) as client, connect(embedded_url) as racer:
-        # A table the load creates: every client finds it loading.
-        begun = begin_load(store, client.oracle.get_timestamp, ITEMS, "load-1")
-        assert begun.state.created == "yes"
-        for attempt in (
-            lambda: racer.run(lambda t: t.set(ITEMS, b"r", "value", b"x"), max_attempts=1),
-            lambda: racer.snapshot().get(ITEMS, b"r", "value"),
-            lambda: racer.create_table(ITEMS),
-        ):
-            with pytest.raises(TableLoadingError, match="'items' is being bulk-loaded"):
-                attempt()
-        # GC holds its safe point below the running load.
-        oldest, _ = published_min_start_ts(store, now_ms())
-        assert oldest is not None and oldest <= begun.state.start_ts
-        client.gc(life_time_ms=0)
-        assert client.safe_point(refresh=True) <= begun.state.start_ts
-        publish_load(store, ITEMS, "load-1")
-        racer.run(lambda t: t.set(ITEMS, b"r", "value", b"x"), max_attempts=1)
-
-        # An existing empty table a client already uses: a write racing the load is found at
-        # the publish, which refuses; the table stays fenced, nothing silently overwritten.
-        client.create_table("empty")
-        racer.create_table("empty")
-        begun = begin_load(store, client.oracle.get_timestamp, "empty", "load-2")
-        assert begun.state.created == "no"
-        racer.run(lambda t: t.set("empty", b"r", "value", b"racer"), max_attempts=1)
-        with pytest.raises(BulkLoadError, match="written by a transaction during load"):
-            publish_load(store, "empty", "load-2")
-        with connect(embedded_url) as fresh, pytest.raises(TableLoadingError):
-            fresh.snapshot().get("empty", b"r", "value")
-        # A table holding cells cannot be bulk-loaded at all.
-        with pytest.raises(BulkLoadError, match="already holds cells"):
-            begin_load(store, client.oracle.get_timestamp, ITEMS, "load-3")
-    store.close()
 
 
 def test_observers_process_bulk_loaded_rows_exactly_once(
