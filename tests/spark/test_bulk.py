@@ -4,6 +4,7 @@ transactional mode."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -223,3 +224,34 @@ def test_bulk_load_into_hbase_equals_the_transactional_load(
         by_bulk = dict(snapshot.scan("by_bulk"))
     assert len(by_bulk) == ROWS
     assert by_bulk == by_txn
+
+
+def test_cli_bulk_mode_loads_and_no_notify_needs_it(
+    spark: Any,
+    embedded_url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import argparse
+
+    from percolator.spark_jobs.cli import register_backfill, run_backfill_command
+
+    from percolator.errors import ConfigError
+
+    rows = item_rows(30)
+    path = write_json(tmp_path / "in", rows, files=1)
+    parser = argparse.ArgumentParser()
+    register_backfill(parser.add_subparsers())
+    base = [path, "--store", embedded_url, "--table", ITEMS, "--key", "id", "--format", "json",
+            "--column", "value", "--column", "rank", "--json"]
+    with pytest.raises(ConfigError, match="--no-notify applies to --mode bulk only"):
+        run_backfill_command(parser.parse_args(["backfill", *base, "--no-notify"]))
+    args = parser.parse_args(["backfill", *base, "--mode", "bulk", "--no-notify"])
+    assert args.mode == "bulk"
+    # The test session's warm Spark instead of a new JVM.
+    monkeypatch.setattr("percolator.spark_jobs.cli._session", lambda args, name: spark)
+    assert run_backfill_command(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["mode"], report["rows_written"]) == ("bulk", 30)
+    check_loaded_once(embedded_url, [(k, v, r) for k, v, r in rows])
