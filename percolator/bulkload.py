@@ -222,6 +222,13 @@ def begin_load(
                 f"table {table!r} is being bulk-loaded by load {state.load_id!r}; {lease}"
             )
         existed = store.table_exists(table)
+        if existed:
+            families = {f.name for f in store.table_families(table)}
+            if families != {f.name for f in TABLE_FAMILIES}:
+                raise BulkLoadError(
+                    f"table {table!r} exists but is not an engine table (families "
+                    f"{sorted(families)})"
+                )
         if existed and _has_lock_cells(store, table):
             raise BulkLoadError(
                 f"table {table!r} already holds cells: a bulk load only fills a new or empty "
