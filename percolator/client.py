@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from percolator import watermark
+from percolator.bulkload import check_usable, clear_state
 from percolator.context import ClientOptions, EngineContext
 from percolator.errors import (
     ConflictError,
@@ -90,8 +91,11 @@ class Client:
     # ---------------------------------------------------------------- tables
 
     def create_table(self, name: str) -> None:
-        """Create a user table with the engine's families.  Idempotent."""
+        """Create a user table with the engine's families.  Idempotent.  Raises
+        TableLoadingError for a table being bulk-loaded (checked again after the create: a
+        load may have fenced the name just before, see percolator/bulkload.py)."""
         check_table_name(name)
+        check_usable(self.store, name)
         try:
             self.store.create_table(name, TABLE_FAMILIES)
             # A new table under the name of a dropped one starts uncollected.
@@ -104,6 +108,7 @@ class Client:
                     f"table {name!r} exists but is not an engine table "
                     f"(families {sorted(families)}, expected {sorted(expected)})"
                 ) from None
+        check_usable(self.store, name)
         with self._tables_lock:
             self._tables.add(name)
 
@@ -132,6 +137,7 @@ class Client:
                     )
         self.store.drop_table(name)
         forget_table_progress(self.store, name)
+        clear_state(self.store, name)  # a dropped table is no longer being loaded
         with self._tables_lock:
             self._tables.discard(name)
 
@@ -140,14 +146,19 @@ class Client:
 
         return [t for t in self.store.list_tables() if not t.startswith(SYSTEM_TABLE_PREFIX)]
 
-    def _check_table(self, name: str) -> None:
-        """Raise at the call for an unknown or malformed table (cached: no round trip for a
-        table this client already knows)."""
+    def _check_table(self, name: str, *, allow_loading: bool = False) -> None:
+        """Raise at the call for an unknown or malformed table, or (TableLoadingError) one
+        being bulk-loaded unless ``allow_loading`` (cached: no round trip for a table this
+        client already knows; a usable table never becomes loading, see
+        percolator/bulkload.py)."""
         if name in self._tables:
             return
         check_table_name(name)
         if not self.store.table_exists(name):
             raise TableNotFoundError(name)
+        if allow_loading:
+            return
+        check_usable(self.store, name)
         with self._tables_lock:
             self._tables.add(name)
 
@@ -227,7 +238,9 @@ class Client:
         every = self.list_tables()
         names = tables if tables is not None else every
         for name in names:
-            self._check_table(name)
+            # GC may pass over a table being loaded: it holds only the load's committed
+            # cells, each the newest (and only) version GC would keep.
+            self._check_table(name, allow_loading=True)
         report = run_gc(
             self.store,
             self._ctx.resolver,

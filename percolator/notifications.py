@@ -97,6 +97,13 @@ class Notification:
         return f"{self.table}/{self.row!r}/{self.column}@{self.notify_ts}"
 
 
+def notification_put(row: bytes, qualifier: bytes, notify_ts: int) -> Put:
+    """The notify cell of one user cell at ``notify_ts``, for a writer that batches it with
+    other puts of the same rows (the bulk loader); everyone else calls
+    :func:`put_notifications`."""
+    return Put(row, NOTIFY, qualifier, notify_ts, NOTIFY_VALUE)
+
+
 def put_notifications(store: Store, keys: Iterable[CellKey], notify_ts: int) -> None:
     """Leave a notification at ``notify_ts`` on every cell of ``keys`` (one batched blind
     put per table; idempotent).

@@ -213,8 +213,6 @@ class BackfillOptions:
     def __post_init__(self) -> None:
         if isinstance(self.inputs, str):
             raise InvalidArgumentError("inputs must be a sequence of paths, not one string")
-        if not self.inputs:
-            raise ConfigError("backfill needs at least one input path")
         check_table_name(self.table)
         check_table_name(self.progress_table)
         if self.progress_table == self.table:
@@ -294,6 +292,13 @@ class BackfillReport:
     #: the whole run, and the part spent checking the input before writing
     seconds: float = 0.0
     check_seconds: float = 0.0
+    #: ``transactional`` or ``bulk`` (percolator/spark_jobs/bulk.py); a bulk load's
+    #: timestamps, and its observed columns that did / did not get notifications
+    mode: str = "transactional"
+    load_start_ts: int = 0
+    load_commit_ts: int = 0
+    notified_columns: list[str] = field(default_factory=list)
+    unnotified_columns: list[str] = field(default_factory=list)
 
     @property
     def rate(self) -> float:
@@ -302,12 +307,36 @@ class BackfillReport:
         return done / self.seconds if self.seconds > 0 else 0.0
 
     def summary(self) -> str:
+        if self.mode == "bulk":
+            return self._bulk_summary()
         lines = [
             f"backfill {self.job_id} into {self.table}: {self.rows_read} rows read, "
             f"{self.rows_written} written, {self.rows_skipped} already committed before, "
             f"{self.bad_rows} bad; {self.batches_written} batches committed, "
             f"{self.batches_skipped} skipped; {self.seconds:.1f} s ({self.rate:.0f} rows/s)"
         ]
+        if self.duplicate_keys:
+            lines.append(
+                f"  {self.duplicate_keys} rows repeated an earlier key (merged into one row; "
+                "later columns win in (key, row digest) order)"
+            )
+        lines.extend(_bad_row_lines(self.bad_by_reason, self.examples))
+        return "\n".join(lines)
+
+    def _bulk_summary(self) -> str:
+        done = (f"{self.rows_written} written and published" if self.rows_written or
+                not self.rows_skipped else
+                f"nothing written: the load was published before ({self.rows_skipped} rows)")
+        lines = [
+            f"bulk load {self.job_id} into {self.table}: {self.rows_read} rows read, {done}, "
+            f"{self.bad_rows} bad; start_ts {self.load_start_ts}, commit_ts "
+            f"{self.load_commit_ts}; {self.seconds:.1f} s ({self.rate:.0f} rows/s)"
+        ]
+        if self.notified_columns:
+            lines.append(f"  observers will process columns {self.notified_columns}")
+        if self.unnotified_columns:
+            lines.append(f"  NOT notified (by choice): observed columns "
+                         f"{self.unnotified_columns}; observers will not see the loaded rows")
         if self.duplicate_keys:
             lines.append(
                 f"  {self.duplicate_keys} rows repeated an earlier key (merged into one row; "
@@ -335,6 +364,11 @@ class BackfillReport:
             "batch_size": self.batch_size,
             "seconds": self.seconds,
             "check_seconds": self.check_seconds,
+            "mode": self.mode,
+            "load_start_ts": self.load_start_ts,
+            "load_commit_ts": self.load_commit_ts,
+            "notified_columns": list(self.notified_columns),
+            "unnotified_columns": list(self.unnotified_columns),
         }
 
 
@@ -661,6 +695,32 @@ def _check_partition(
     yield stats
 
 
+def _mapped_with_digest(
+    values: Sequence[object], plan: MappingPlan
+) -> tuple[bytes, Cells, bytes] | BadRow:
+    mapped = map_row(values, plan)
+    if isinstance(mapped, BadRow):
+        return mapped
+    return mapped[0], mapped[1], row_digest(*mapped)
+
+
+def _check_mapped(
+    max_examples: int, items: Iterable[tuple[bytes, Cells, bytes] | BadRow]
+) -> Iterator[_CheckStats]:
+    """:func:`_check_partition` over rows mapped by :func:`_mapped_with_digest`."""
+    stats = _CheckStats()
+    for item in items:
+        stats.rows += 1
+        if isinstance(item, BadRow):
+            stats.by_reason[item.reason] = stats.by_reason.get(item.reason, 0) + 1
+            if len(stats.examples) < max_examples:
+                stats.examples.append(item)
+            continue
+        stats.good += 1
+        stats.digest_sum = (stats.digest_sum + int.from_bytes(item[2], "big")) % (1 << 256)
+    yield stats
+
+
 def _too_many_bad(options: BackfillOptions, bad: int, rows: int) -> str | None:
     """Why the bad rows fail the job, or None if they are within the limits."""
     if options.max_bad_rows is None and options.max_bad_fraction is None:
@@ -799,8 +859,8 @@ def _write_batch(
     raise AssertionError("unreachable")
 
 
-def _inject(plan: _WritePlan, partition: int, handled: int) -> None:
-    inject = plan.inject
+def inject_failure(inject: InjectedFailure | None, partition: int, handled: int) -> None:
+    """Fail the running task as ``inject`` asks (testing aid, see InjectedFailure)."""
     if inject is None or handled != inject.after_batches:
         return
     from pyspark import TaskContext
@@ -828,7 +888,7 @@ def _write_partition(
     stats = _WriteStats(partition=partition)
     client = percolator.connect(plan.store, oracle=plan.oracle, **plan.client_options)
     try:
-        _inject(plan, partition, 0)
+        inject_failure(plan.inject, partition, 0)
         for ordinal, rows in enumerate(_batches(items, plan.batch_size)):
             marker = marker_row(plan.job_id, partition, ordinal)
             try:
@@ -843,7 +903,7 @@ def _write_partition(
                 stats.batches_skipped += 1
                 stats.rows_skipped += len(rows)
             progress.add(len(rows))
-            _inject(plan, partition, ordinal + 1)
+            inject_failure(plan.inject, partition, ordinal + 1)
     finally:
         client.close()
     yield stats
@@ -983,45 +1043,84 @@ class _ProgressReporter:
 # --------------------------------------------------------------------------- the job
 
 
-def run_backfill(
+@dataclass
+class PreparedInput:
+    """The input after the check pass (shared by the transactional and the bulk mode)."""
+
+    store: str
+    plan: MappingPlan
+    rows: Any  # RDD of projected tuples
+    checked: _CheckStats
+    job_id: str
+    report: BackfillReport
+    started: float
+
+
+def prepare_input(
     spark: SparkSession,
     options: BackfillOptions,
+    emit: Callable[[str], None],
+    df: DataFrame | None = None,
     *,
-    progress: Callable[[str], None] | None = None,
-) -> BackfillReport:
-    """Run (or resume) a backfill; see the module docstring for the guarantees.
+    persist: bool = False,
+) -> PreparedInput:
+    """Read (or take ``df``), map and check the whole input; BadRowsError or ConfigError
+    before anything is written.
 
-    Raises ConfigError before anything is written for bad arguments, missing or unreadable
-    input, a mapping that does not fit the schema, or input that changed since an earlier
-    run of the same job; :class:`BadRowsError` (nothing written) when too many rows cannot
-    be mapped; :class:`SparkJobError` if the write job fails (batches committed so far stay
-    committed: re-run to finish)."""
+    ``persist``: map each row once, keep the result (memory, else disk) and return it as
+    ``rows`` - items ``(key, cells, row digest)`` or :class:`BadRow` - so the write pass
+    neither reads the input again nor maps it twice (the caller unpersists).  Otherwise
+    ``rows`` are the projected input tuples."""
     import_pyspark()
-    emit = progress or (lambda message: log.info("%s", message))
     started = time.monotonic()
     master = session_master(spark)
     store = check_store_for_spark(options.store, master)
-    fmt = options.format or detect_format(options.inputs)
-    df = load_input(spark, options.inputs, fmt, options.reader_options, options.schema)
+    if df is None:
+        if not options.inputs:
+            raise ConfigError("backfill needs at least one input path (or a DataFrame)")
+        fmt = options.format or detect_format(options.inputs)
+        df = load_input(spark, options.inputs, fmt, options.reader_options, options.schema)
+        what, read_as = f"{list(options.inputs)} ({fmt})", f"{list(options.inputs)} as {fmt}"
+    else:
+        fmt = "dataframe"
+        what = read_as = "a DataFrame"
     plan, projected = plan_mapping(
         df, options.key, options.columns, max_value_bytes=options.max_value_bytes
     )
-    job_id = options.job_id or default_job_id(options, fmt, plan)
-    report = BackfillReport(job_id=job_id, table=options.table)
+    examples = options.examples
     rows: RDD[Any] = projected.rdd.map(tuple)
+    if persist:
+        from pyspark import StorageLevel
+
+        rows = rows.map(lambda values: _mapped_with_digest(values, plan)).persist(
+            StorageLevel.MEMORY_AND_DISK
+        )
+
+    def check(it: Iterable[Any]) -> Iterator[_CheckStats]:
+        if persist:
+            return _check_mapped(examples, it)
+        return _check_partition(plan, examples, it)
 
     # Pass 1: map every row, count and sample the bad ones, digest the good ones.
-    emit(f"checking input {list(options.inputs)} ({fmt})")
-    examples = options.examples
+    emit(f"checking input {what}")
     try:
-        parts = rows.mapPartitions(lambda it: _check_partition(plan, examples, it)).collect()
+        parts = rows.mapPartitions(check).collect()
     except Exception as exc:
         raise ConfigError(
-            f"cannot read input {list(options.inputs)} as {fmt}: {spark_failure_reason(exc)}"
+            f"cannot read input {read_as}: {spark_failure_reason(exc)}"
         ) from None
     checked = _CheckStats()
     for part in parts:
         checked.merge(part, options.examples)
+    if options.job_id:
+        job_id = options.job_id
+    elif options.inputs and fmt != "dataframe":
+        job_id = default_job_id(options, fmt, plan)
+    else:
+        # A DataFrame has no paths to name it: its content does (same rows, same id).
+        doc = json.dumps([plan.fingerprint(), options.table, f"{checked.digest_sum:064x}"])
+        job_id = f"{options.table}-{hashlib.sha256(doc.encode()).hexdigest()[:16]}"
+    report = BackfillReport(job_id=job_id, table=options.table)
     report.check_seconds = time.monotonic() - started
     report.rows_read, report.rows_good = checked.rows, checked.good
     report.bad_rows = checked.rows - checked.good
@@ -1032,6 +1131,28 @@ def run_backfill(
         raise BadRowsError(f"backfill {job_id}: {why}; nothing was written\n{details}", report)
     if report.bad_rows:
         emit(f"{report.bad_rows} bad rows will be skipped (within the allowed limit)")
+    return PreparedInput(store, plan, rows, checked, job_id, report, started)
+
+
+def run_backfill(
+    spark: SparkSession,
+    options: BackfillOptions,
+    *,
+    progress: Callable[[str], None] | None = None,
+    df: DataFrame | None = None,
+) -> BackfillReport:
+    """Run (or resume) a transactional backfill of ``options.inputs`` (or of ``df``); see
+    the module docstring for the guarantees.
+
+    Raises ConfigError before anything is written for bad arguments, missing or unreadable
+    input, a mapping that does not fit the schema, or input that changed since an earlier
+    run of the same job; :class:`BadRowsError` (nothing written) when too many rows cannot
+    be mapped; :class:`SparkJobError` if the write job fails (batches committed so far stay
+    committed: re-run to finish)."""
+    emit = progress or (lambda message: log.info("%s", message))
+    prepared = prepare_input(spark, options, emit, df)
+    store, plan, rows, checked = prepared.store, prepared.plan, prepared.rows, prepared.checked
+    job_id, report, started = prepared.job_id, prepared.report, prepared.started
 
     with percolator.connect(options.store, oracle=options.oracle, **options.client_options) as c:
         c.create_table(options.table)

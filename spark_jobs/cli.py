@@ -44,10 +44,12 @@ def _pairs(values: Sequence[str], what: str) -> dict[str, str]:
 def register_backfill(subparsers: Any) -> None:
     backfill: argparse.ArgumentParser = subparsers.add_parser(
         "backfill",
-        help="load Parquet/CSV/JSON into a table through transactions (Spark, exactly once)",
-        description="Load rows into a table with Spark: one transaction per batch, with its "
-        "progress marker, so a re-run (or a retried task) never writes a row twice.  The "
-        "whole input is checked before anything is written.",
+        help="load Parquet/CSV/JSON into a table with Spark, exactly once",
+        description="Load rows into a table with Spark.  Transactional mode (default): one "
+        "transaction per batch, with its progress marker, so a re-run (or a retried task) "
+        "never writes a row twice.  Bulk mode (--mode bulk): a new or empty table is fenced "
+        "and each cell's committed state is put directly at the load's timestamps, then "
+        "published at once.  The whole input is checked before anything is written.",
     )
     backfill.add_argument("inputs", nargs="+", metavar="INPUT",
                           help="files, directories or URLs Spark can read")
@@ -78,6 +80,13 @@ def register_backfill(subparsers: Any) -> None:
                           help="larger values make their row bad (default 64 MiB)")
     backfill.add_argument("--progress-interval", type=float, default=5.0, metavar="SECONDS",
                           help="how often progress is printed (default %(default)s)")
+    backfill.add_argument("--mode", choices=("transactional", "bulk"), default="transactional",
+                          help="transactional (default; live tables: one transaction per "
+                          "batch) or bulk (a new or empty table, fenced until the load is "
+                          "published, at the speed of batched puts)")
+    backfill.add_argument("--no-notify", action="store_true",
+                          help="bulk mode: leave no notifications (observers will not "
+                          "process the loaded rows; the report says so)")
     backfill.add_argument("--forget", action="store_true",
                           help="delete the progress of --job-id instead of loading (a later "
                           "run then writes every row again)")
@@ -142,6 +151,8 @@ def run_backfill_command(args: argparse.Namespace) -> int:
         run_backfill,
     )
 
+    if args.no_notify and args.mode != "bulk":
+        raise ConfigError("--no-notify applies to --mode bulk only")
     if args.forget:
         if not args.job_id:
             raise ConfigError("--forget needs --job-id")
@@ -175,7 +186,14 @@ def run_backfill_command(args: argparse.Namespace) -> int:
     if options.format is None:
         detect_format(options.inputs)
     spark = _session(args, "percolator-backfill")
-    report = run_backfill(spark, options, progress=_progress("backfill"))
+    if args.mode == "bulk":
+        from percolator.spark_jobs.bulk import run_bulk_load
+
+        report = run_bulk_load(
+            spark, options, progress=_progress("backfill"), notify=not args.no_notify
+        )
+    else:
+        report = run_backfill(spark, options, progress=_progress("backfill"))
     print(json.dumps(report.as_dict(), sort_keys=True) if args.json else report.summary())
     return 0
 

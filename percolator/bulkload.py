@@ -1,0 +1,380 @@
+"""Bulk load: write the committed state of cells directly, behind a table fence.
+
+A bulk load is **one transaction written without the two-phase commit**: every cell it
+writes gets its data at the load's ``start_ts``, its write record ``PUT@start_ts`` at the
+load's ``commit_ts`` and its lock cell set to ``Committed{commit_ts, start_ts, PUT}`` (plus,
+for observed columns, a notification at ``commit_ts``), all with blind batched puts.  Both
+timestamps are drawn from the oracle once, when the load begins, and kept in the load's
+record, so every writer of the load (a retried Spark task, a re-run of a killed job) puts
+**identical cells at identical versions**: re-putting is idempotent, and every cell ends
+with exactly one version per family.
+
+The fence (table state in the meta table)
+-----------------------------------------
+Row ``b"tables/" + table`` of the meta table, qualifier ``state``, JSON (format 1)::
+
+    {"v": 1, "state": "loading" | "ready", "load_id": ID, "start_ts": S, "commit_ts": C,
+     "lease_expires_ms": T, "created": "pending" | "yes" | "no"}
+
+written only by compare-and-set.  A table without this row is an ordinary table.
+
+* A load begins only on a table that does not exist or holds no lock cell (is empty), by
+  setting the state to ``loading`` (compare-and-set from what it read).  The row is written
+  **before** the table is created, so a client that finds the table created by the load
+  also finds it ``loading``.
+* While a table is ``loading``, clients refuse every transactional read and write of it
+  with :class:`TableLoadingError` (retryable: it succeeds after the publish); observers
+  therefore back off on its notifications instead of running them early.
+* **Publish** flips ``loading`` to ``ready`` with compare-and-set: readers see none of the
+  load (refused) or all of it.  A client caches a table it saw ``ready`` or without a state
+  and never checks again: a table enters ``loading`` only while empty, and a table the
+  load itself created (``created = yes``) was never usable by any client before.
+* A table that existed before the load (``created`` is ``no``, or ``pending`` when a run
+  died before creating it and someone else created it) may have been cached by a client
+  that could still write it during the load.  Its publish therefore first **verifies** the
+  table: every lock cell must hold exactly the load's committed state and every cell's
+  newest write record must be the load's; otherwise the publish fails naming the cell and
+  the table stays fenced (nothing is silently overwritten).
+* The **lease** (``lease_expires_ms``) is renewed by the running loader.  A re-run with the
+  same load id takes the load over at once (it writes the same cells at the same
+  versions, so two writers of one load never disagree); another load id is refused while
+  the lease runs and afterwards too (the table holds part of the other load: re-run it, or
+  drop the table).  A re-run after the publish (``ready`` with the same load id) writes
+  nothing.
+
+Garbage collection
+------------------
+While a load runs, its ``start_ts`` is published like a live transaction's (a row
+``clients/bulkload/<table>/<load id>``, read by
+:func:`percolator.protocol.gc.published_min_start_ts`),
+valid until the lease expires, so the safe point stays below the load.  After the publish
+GC sees the loaded cells as one ordinary committed transaction at ``commit_ts``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import struct
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import asdict, dataclass, replace
+
+from percolator.errors import ConfigError, TableExistsError, TransactionError
+from percolator.layout import (
+    DATA,
+    LOCK,
+    META_FAMILY,
+    META_TABLE,
+    TABLE_FAMILIES,
+    WRITE,
+    check_table_name,
+    ensure_meta_table,
+)
+from percolator.notifications import notification_put
+from percolator.readers import CLIENTS_PREFIX
+from percolator.records import CommitInfo, Kind, LockCell, WriteRecord
+from percolator.store.base import Delete, Put, ScanOptions, Store
+from percolator.timestamps import describe, now_ms, physical_ms
+
+STATE_PREFIX = b"tables/"
+STATE_QUALIFIER = b"state"
+LOADING = "loading"
+READY = "ready"
+DEFAULT_LEASE_MS = 60_000
+_U64 = struct.Struct(">Q")
+
+
+class TableLoadingError(TransactionError):
+    """The table is being bulk-loaded: transactions may neither read nor write it until the
+    load is published.  Retryable: the same work succeeds after the publish."""
+
+    retryable = True
+
+    def __init__(self, table: str, state: LoadState) -> None:
+        super().__init__(
+            f"table {table!r} is being bulk-loaded (load {state.load_id!r}): transactions "
+            "cannot read or write it until the load is published"
+        )
+        self.table = table
+        self.load_id = state.load_id
+
+
+class BulkLoadError(ConfigError):
+    """A bulk load cannot begin or be published (the message says why); nothing of the
+    table's earlier contents was changed."""
+
+
+@dataclass(frozen=True)
+class LoadState:
+    """A table's state in the meta table (see the module docstring)."""
+
+    state: str
+    load_id: str
+    start_ts: int
+    commit_ts: int
+    lease_expires_ms: int
+    created: str = "pending"
+
+    def encode(self) -> bytes:
+        return json.dumps({"v": 1, **asdict(self)}, sort_keys=True).encode()
+
+    @staticmethod
+    def decode(raw: bytes) -> LoadState:
+        doc = json.loads(raw)
+        if doc.get("v") != 1:
+            raise ConfigError(f"table state has unknown format {doc.get('v')!r}")
+        doc.pop("v")
+        return LoadState(**doc)
+
+    def committed_lock(self) -> bytes:
+        """The exact bytes of every loaded cell's lock cell."""
+        return LockCell(last_commit=CommitInfo(self.commit_ts, self.start_ts, Kind.PUT)).encode()
+
+
+def state_row(table: str) -> bytes:
+    return STATE_PREFIX + table.encode("utf-8")
+
+
+def read_state(store: Store, table: str) -> tuple[LoadState | None, bytes | None]:
+    """The table's load state and its exact bytes (for compare-and-set); (None, None) for
+    an ordinary table."""
+    cells = store.read_row(META_TABLE, state_row(table), columns=[(META_FAMILY, STATE_QUALIFIER)])
+    versions = cells.get((META_FAMILY, STATE_QUALIFIER))
+    if not versions:
+        return None, None
+    raw = versions[0][1]
+    return LoadState.decode(raw), raw
+
+
+def check_usable(store: Store, table: str) -> None:
+    """Raise :class:`TableLoadingError` if ``table`` is being loaded.  Once this returned,
+    the table never needs checking again (see the module docstring)."""
+    state, _ = read_state(store, table)
+    if state is not None and state.state == LOADING:
+        raise TableLoadingError(table, state)
+
+
+def _cas(store: Store, table: str, expected: bytes | None, new: LoadState) -> bool:
+    return store.compare_and_set(
+        META_TABLE, state_row(table), META_FAMILY, STATE_QUALIFIER, expected, new.encode()
+    )
+
+
+def _has_lock_cells(store: Store, table: str) -> bool:
+    return any(True for _ in store.scan(table, LOCK, ScanOptions(batch_size=1, limit=1)))
+
+
+def reservation_row(table: str, load_id: str) -> bytes:
+    # One row per load: the row is deleted at the publish (a delete marker that would mask
+    # a later put of the same row).
+    return CLIENTS_PREFIX + b"bulkload/" + table.encode("utf-8") + b"/" + load_id.encode()
+
+
+def _reserve(store: Store, table: str, state: LoadState) -> None:
+    """Hold the GC safe point below ``start_ts`` until the lease expires (the format of
+    ``Client.publish_min_start_ts``: min start_ts, expiry ms)."""
+    value = _U64.pack(state.start_ts) + _U64.pack(state.lease_expires_ms)
+    row = reservation_row(table, state.load_id)
+    store.put(META_TABLE, [Put(row, META_FAMILY, b"min_start_ts", 1, value)])
+
+
+@dataclass(frozen=True)
+class Begun:
+    """The result of :func:`begin_load`: the load's state; ``published`` if this load id
+    was published earlier (a re-run after success: write nothing)."""
+
+    state: LoadState
+    published: bool
+
+
+def begin_load(
+    store: Store,
+    timestamp: Callable[[], int],
+    table: str,
+    load_id: str,
+    *,
+    lease_ms: int = DEFAULT_LEASE_MS,
+) -> Begun:
+    """Fence ``table`` for load ``load_id`` (or take over / recognise that load).
+
+    Refuses (:class:`BulkLoadError`, nothing changed) a table that holds cells, or one that
+    another load fences.  ``timestamp`` draws oracle timestamps (twice, for a new load)."""
+    check_table_name(table)
+    ensure_meta_table(store)
+    for _ in range(20):
+        state, raw = read_state(store, table)
+        if state is not None and state.load_id == load_id:
+            if state.state == READY:
+                return Begun(state, published=True)
+            renewed = replace(state, lease_expires_ms=now_ms() + lease_ms)
+            if not _cas(store, table, raw, renewed):
+                continue
+            _reserve(store, table, renewed)
+            return Begun(_ensure_table(store, table, renewed), published=False)
+        if state is not None and state.state == LOADING:
+            lease = (
+                "its lease is live" if state.lease_expires_ms > now_ms() else
+                "its loader is gone (lease expired): re-run that load to finish it, or drop "
+                "the table"
+            )
+            raise BulkLoadError(
+                f"table {table!r} is being bulk-loaded by load {state.load_id!r}; {lease}"
+            )
+        existed = store.table_exists(table)
+        if existed:
+            families = {f.name for f in store.table_families(table)}
+            if families != {f.name for f in TABLE_FAMILIES}:
+                raise BulkLoadError(
+                    f"table {table!r} exists but is not an engine table (families "
+                    f"{sorted(families)})"
+                )
+        if existed and _has_lock_cells(store, table):
+            raise BulkLoadError(
+                f"table {table!r} already holds cells: a bulk load only fills a new or empty "
+                "table (use the transactional mode for live tables)"
+            )
+        start_ts = timestamp()
+        commit_ts = timestamp()
+        new = LoadState(LOADING, load_id, start_ts, commit_ts, now_ms() + lease_ms,
+                        "no" if existed else "pending")
+        if not _cas(store, table, raw, new):
+            continue
+        # Checked again now that the fence is up: a transaction that wrote between the
+        # first check and the compare-and-set is caught here.
+        if existed and _has_lock_cells(store, table):
+            _unfence(store, table, new, raw)
+            raise BulkLoadError(f"table {table!r} was written while the load began; refused")
+        _reserve(store, table, new)
+        return Begun(_ensure_table(store, table, new), published=False)
+    raise BulkLoadError(f"the state of table {table!r} kept changing; try again")
+
+
+def _unfence(store: Store, table: str, ours: LoadState, previous: bytes | None) -> None:
+    """Put back the state the load replaced (we hold the fence, nobody else writes it)."""
+    # Not a delete: a delete marker would mask later compare-and-sets of the row.
+    # ``ready`` with no load is an ordinary table.
+    back = previous if previous is not None else LoadState(READY, "", 0, 0, 0, "no").encode()
+    store.compare_and_set(
+        META_TABLE, state_row(table), META_FAMILY, STATE_QUALIFIER, ours.encode(), back
+    )
+
+
+def _ensure_table(store: Store, table: str, state: LoadState) -> LoadState:
+    """Create the table of a ``pending`` load and record whether this load created it."""
+    if state.created != "pending":
+        return state
+    try:
+        store.create_table(table, TABLE_FAMILIES)
+        created = "yes"
+    except TableExistsError:
+        # Created by someone else after the fence went up (they see ``loading``), or by
+        # an earlier run of this load that died before recording it: verify at publish.
+        created = "no"
+    _, raw = read_state(store, table)
+    new = replace(state, created=created)
+    if not _cas(store, table, raw, new):
+        raise BulkLoadError(f"the state of table {table!r} changed under the load; re-run it")
+    return new
+
+
+def clear_state(store: Store, table: str) -> None:
+    """Forget a dropped table's load state (so the name can be created or loaded again).
+    Written as ``ready`` with no load, which means an ordinary table: a delete would mask
+    later compare-and-sets of the row."""
+    for _ in range(20):
+        state, raw = read_state(store, table)
+        if state is None or (state.state == READY and not state.load_id):
+            return
+        if _cas(store, table, raw, LoadState(READY, "", 0, 0, 0, "no")):
+            return
+
+
+def renew_lease(store: Store, table: str, load_id: str, lease_ms: int = DEFAULT_LEASE_MS) -> None:
+    """Extend the lease (and the GC reservation) of a running load; a no-op after the
+    publish.  Raises BulkLoadError if another load took the table."""
+    state, raw = read_state(store, table)
+    if state is None or state.load_id != load_id:
+        raise BulkLoadError(f"load {load_id!r} lost table {table!r}")
+    if state.state != LOADING:
+        return
+    renewed = replace(state, lease_expires_ms=now_ms() + lease_ms)
+    if _cas(store, table, raw, renewed):
+        _reserve(store, table, renewed)
+
+
+def cell_puts(
+    state: LoadState, row: bytes, cells: Iterable[tuple[bytes, bytes]], notify: Collection[bytes]
+) -> list[Put]:
+    """The puts of one loaded row: per cell its data, write record, committed lock cell and,
+    for qualifiers in ``notify``, a notification.  Identical for every call with the same
+    arguments (idempotent re-puts).  :class:`CellWriter` does the same for many rows."""
+    return CellWriter(state, notify).puts(row, cells)
+
+
+class CellWriter:
+    """Builds the puts of loaded rows (the encodings are computed once per load)."""
+
+    def __init__(self, state: LoadState, notify: Collection[bytes]) -> None:
+        self._start_ts = state.start_ts
+        self._commit_ts = state.commit_ts
+        self._write = WriteRecord(Kind.PUT, state.start_ts).encode()
+        self._lock = state.committed_lock()
+        # Lock cells carry store time (milliseconds, below every hybrid timestamp: readers
+        # read them with ``before=read_ts + 1``); a later compare-and-set stamps at least this.
+        self._lock_version = physical_ms(state.commit_ts)
+        self._notify = frozenset(notify)
+
+    def puts(self, row: bytes, cells: Iterable[tuple[bytes, bytes]]) -> list[Put]:
+        out: list[Put] = []
+        for qualifier, value in cells:
+            out.append(Put(row, DATA, qualifier, self._start_ts, value))
+            out.append(Put(row, WRITE, qualifier, self._commit_ts, self._write))
+            out.append(Put(row, LOCK, qualifier, self._lock_version, self._lock))
+            if qualifier in self._notify:
+                out.append(notification_put(row, qualifier, self._commit_ts))
+        return out
+
+
+def verify_table(store: Store, table: str, state: LoadState) -> None:
+    """BulkLoadError naming the first cell not written by this load alone."""
+    lock = state.committed_lock()
+    for row, cells in store.scan(table, LOCK, ScanOptions(batch_size=1000)):
+        for qualifier, (_, value) in cells.items():
+            if value != lock:
+                raise BulkLoadError(
+                    f"table {table!r} cell {row!r}/{qualifier!r} was written by a transaction "
+                    f"during load {state.load_id!r} ({LockCell.decode(value)}); the load is not "
+                    "published and the table stays fenced: drop it and load again"
+                )
+    write = WriteRecord(Kind.PUT, state.start_ts).encode()
+    for row, cells in store.scan(table, WRITE, ScanOptions(batch_size=1000)):
+        for qualifier, (commit_ts, value) in cells.items():
+            if commit_ts != state.commit_ts or value != write:
+                raise BulkLoadError(
+                    f"table {table!r} cell {row!r}/{qualifier!r} has a commit at "
+                    f"{describe(commit_ts)} that is not load {state.load_id!r}'s; the load is "
+                    "not published and the table stays fenced: drop it and load again"
+                )
+
+
+def publish_load(store: Store, table: str, load_id: str) -> LoadState:
+    """Make the load visible: verify a table the load did not create, then compare-and-set
+    ``loading`` to ``ready`` and drop the GC reservation.  Idempotent (a published load
+    returns its state)."""
+    for _ in range(20):
+        state, raw = read_state(store, table)
+        if state is None or state.load_id != load_id:
+            raise BulkLoadError(f"load {load_id!r} does not hold table {table!r}")
+        if state.state == READY:
+            break
+        if state.created != "yes":
+            verify_table(store, table, state)
+        if _cas(store, table, raw, replace(state, state=READY)):
+            state = replace(state, state=READY)
+            break
+    else:
+        raise BulkLoadError(f"the state of table {table!r} kept changing; try again")
+    with contextlib.suppress(Exception):  # expires with the lease anyway
+        row = reservation_row(table, load_id)
+        store.delete_versions(META_TABLE, [Delete(row, META_FAMILY, b"min_start_ts", 2**62)])
+    return state
