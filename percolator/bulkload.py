@@ -46,7 +46,7 @@ Garbage collection
 ------------------
 While a load runs, its ``start_ts`` is published like a live transaction's (a row
 ``clients/bulkload/<table>/<load id>``, read by
-:func:`percolator.protocol.gc.published_min_start_ts`),
+:func:`percolator.readers.live_readers`),
 valid until the lease expires, so the safe point stays below the load.  After the publish
 GC sees the loaded cells as one ordinary committed transaction at ``commit_ts``.
 """

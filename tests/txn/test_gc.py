@@ -9,7 +9,8 @@ import pytest
 import percolator
 from percolator.errors import SafePointError
 from percolator.layout import DATA, WRITE
-from percolator.protocol.gc import lock_report, read_safe_point
+from percolator.protocol.gc import lock_report
+from percolator.readers import read_safe_point
 
 # Garbage collection on every backend, and with every kind of oracle.
 pytestmark = pytest.mark.every_oracle
