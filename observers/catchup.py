@@ -80,6 +80,10 @@ def catch_up(
     for reg in regs:
         by_table.setdefault(reg.table, []).append((reg.column, reg.weak))
     for table, columns in sorted(by_table.items()):
+        if not store.table_exists(table):
+            # Registered before its table exists (e.g. ahead of a bulk load that creates
+            # it): there is no data to owe; what is written later notifies as usual.
+            continue
         weak = {column: is_weak for column, is_weak in columns}
         qualifiers = [column.encode("utf-8") for column in sorted(weak)]
         page: list[tuple[bytes, str, LockCell]] = []

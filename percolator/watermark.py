@@ -289,6 +289,8 @@ def _scan_own(
     """Steps 3 and 4 for one table: the lowest bound from locks and notifications, each
     mapped to the oldest origin it may carry (``origin``, see "Cascading")."""
     bound = result.now_ts
+    if not store.table_exists(table):
+        return bound  # registered ahead of its table: no change can be pending there yet
     qualifiers = [c.encode("utf-8") for c in columns]
     for row, cells in store.scan(table, LOCK, ScanOptions(qualifiers=qualifiers)):
         for qualifier, (_, value) in cells.items():

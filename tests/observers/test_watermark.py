@@ -538,3 +538,25 @@ def test_status_reports_each_watermark(tmp_path: Path) -> None:
     assert mark["watermark"] <= txn.commit_ts and mark["lag_ms"] >= 0
     text = run_cli(["status", "--store", url])
     assert "watermark run-logger:" in text.stdout and "1 parked" in text.stdout
+
+
+def test_catch_up_of_a_table_that_does_not_exist_yet_owes_nothing(
+    local_client: percolator.Client,
+) -> None:
+    """An observer registered ahead of its table (a bulk load creates it later) registers
+    without error, owes nothing, and its watermark is not held by a catch-up."""
+
+    class Ahead(Observer):
+        name = "ahead"
+        table = "created_later"
+        columns = ("c",)
+
+        def process(self, txn: Transaction, row: bytes, column: str) -> None:
+            pass
+
+    from percolator.observers.catchup import catch_up
+
+    register_observers(local_client, [Ahead()])  # catches up by default: nothing to scan
+    report = catch_up(local_client, "ahead")
+    assert report.owed == 0 and report.scanned == 0
+    assert not compute_watermarks(local_client.store, local_client.oracle)["ahead"].catching_up
