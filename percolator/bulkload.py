@@ -44,10 +44,9 @@ written only by compare-and-set.  A table without this row is an ordinary table.
 
 Garbage collection
 ------------------
-While a load runs, its ``start_ts`` is published like a live transaction's (a row
-``clients/bulkload/<table>/<load id>``, read by
-:func:`percolator.readers.live_readers`),
-valid until the lease expires, so the safe point stays below the load.  After the publish
+While a load runs, its ``start_ts`` is held by a named safe-point reservation
+(``bulkload:<table>:<load id>``, :func:`percolator.readers.reserve_safe_point`), valid
+until the lease expires, so the safe point stays below the load.  After the publish
 GC sees the loaded cells as one ordinary committed transaction at ``commit_ts``.
 """
 
@@ -55,7 +54,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import struct
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import asdict, dataclass, replace
 
@@ -71,9 +69,9 @@ from percolator.layout import (
     ensure_meta_table,
 )
 from percolator.notifications import notification_put
-from percolator.readers import CLIENTS_PREFIX
+from percolator.readers import release_safe_point, reserve_safe_point
 from percolator.records import CommitInfo, Kind, LockCell, WriteRecord
-from percolator.store.base import Delete, Put, ScanOptions, Store
+from percolator.store.base import Put, ScanOptions, Store
 from percolator.timestamps import describe, now_ms, physical_ms
 
 STATE_PREFIX = b"tables/"
@@ -81,7 +79,6 @@ STATE_QUALIFIER = b"state"
 LOADING = "loading"
 READY = "ready"
 DEFAULT_LEASE_MS = 60_000
-_U64 = struct.Struct(">Q")
 
 
 class TableLoadingError(TransactionError):
@@ -164,18 +161,15 @@ def _has_lock_cells(store: Store, table: str) -> bool:
     return any(True for _ in store.scan(table, LOCK, ScanOptions(batch_size=1, limit=1)))
 
 
-def reservation_row(table: str, load_id: str) -> bytes:
-    # One row per load: the row is deleted at the publish (a delete marker that would mask
-    # a later put of the same row).
-    return CLIENTS_PREFIX + b"bulkload/" + table.encode("utf-8") + b"/" + load_id.encode()
+def reservation_name(table: str, load_id: str) -> str:
+    """The load's named safe-point reservation (percolator/readers.py; status lists it)."""
+    return f"bulkload:{table}:{load_id}".replace("/", "%2F")
 
 
 def _reserve(store: Store, table: str, state: LoadState) -> None:
-    """Hold the GC safe point below ``start_ts`` until the lease expires (the format of
-    ``Client.publish_min_start_ts``: min start_ts, expiry ms)."""
-    value = _U64.pack(state.start_ts) + _U64.pack(state.lease_expires_ms)
-    row = reservation_row(table, state.load_id)
-    store.put(META_TABLE, [Put(row, META_FAMILY, b"min_start_ts", 1, value)])
+    """Hold the GC safe point below ``start_ts`` until the lease expires."""
+    ttl_ms = max(1, state.lease_expires_ms - now_ms())
+    reserve_safe_point(store, reservation_name(table, state.load_id), state.start_ts, ttl_ms)
 
 
 @dataclass(frozen=True)
@@ -375,6 +369,5 @@ def publish_load(store: Store, table: str, load_id: str) -> LoadState:
     else:
         raise BulkLoadError(f"the state of table {table!r} kept changing; try again")
     with contextlib.suppress(Exception):  # expires with the lease anyway
-        row = reservation_row(table, load_id)
-        store.delete_versions(META_TABLE, [Delete(row, META_FAMILY, b"min_start_ts", 2**62)])
+        release_safe_point(store, reservation_name(table, load_id))
     return state

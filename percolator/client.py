@@ -8,7 +8,6 @@ are not (one thread per transaction).
 from __future__ import annotations
 
 import logging
-import struct
 import threading
 import uuid
 from collections.abc import Callable, Iterable
@@ -48,10 +47,6 @@ from percolator.watermark import ObserverWatermark
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-_U64 = struct.Struct(">Q")
-# A client publishes its oldest live transaction this often, valid for four periods.
-PUBLISH_INTERVAL_S = 30.0
 
 
 class Client:
