@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from percolator.command_options import add_store_option, open_existing_store
+from percolator.commands.display import show_bytes
 from percolator.errors import ConfigError
 from percolator.layout import DATA, LOCK, NOTIFY, WRITE, encode_row
 from percolator.records import LockCell, WriteRecord
@@ -42,15 +43,6 @@ class CellState:
     writes: list[dict[str, Any]] = field(default_factory=list)
     data: list[dict[str, Any]] = field(default_factory=list)
     notify: list[int] = field(default_factory=list)
-
-
-def show_bytes(raw: bytes) -> str:
-    """Bytes as text where they are printable UTF-8, else ``0x`` + hex."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return "0x" + raw.hex()
-    return text if text.isprintable() else "0x" + raw.hex()
 
 
 def preview(value: bytes) -> str:

@@ -36,6 +36,7 @@ from typing import Any
 
 from percolator import notifications
 from percolator.command_options import add_oracle_option, add_store_option, connect_existing
+from percolator.commands.display import show_bytes
 from percolator.errors import ConfigError, OracleError
 from percolator.layout import LOCK, SYSTEM_TABLE_PREFIX
 from percolator.records import LockCell
@@ -94,15 +95,6 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def _show_row(row: bytes) -> str:
-    """Rows as text when they are printable UTF-8, else as hex (marked)."""
-    try:
-        text = row.decode("utf-8")
-    except UnicodeDecodeError:
-        return "0x" + row.hex()
-    return text if text.isprintable() else "0x" + row.hex()
-
-
 def _bucket(age_ms: int) -> str:
     for bound, label in AGE_BUCKETS:
         if age_ms < bound:
@@ -129,11 +121,11 @@ def scan_locks(store: Store, tables: list[str], *, oldest: int, scan_limit: int)
                 report.expired += expired
                 report.by_age[_bucket(age)] += 1
                 primary = (
-                    f"{lock.primary_table}/{_show_row(lock.primary_row)}/{lock.primary_column}"
+                    f"{lock.primary_table}/{show_bytes(lock.primary_row)}/{lock.primary_column}"
                 )
                 entries.append(
                     LockEntry(
-                        table, _show_row(row), qualifier.decode("utf-8"), lock.start_ts, age,
+                        table, show_bytes(row), qualifier.decode("utf-8"), lock.start_ts, age,
                         lock.ttl_ms, expired, primary,
                     )
                 )
