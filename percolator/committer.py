@@ -50,14 +50,13 @@ from percolator.notifications import put_notifications
 from percolator.protocol.cells import CellKey, Mutation, RawCell
 from percolator.protocol.commit import (
     commit_cell,
-    commit_index_put,
     commit_primary,
-    write_record_puts,
+    put_commit_records,
 )
 from percolator.protocol.lock import extend_lock
 from percolator.protocol.prewrite import prewrite
 from percolator.protocol.rollback import rollback_cell
-from percolator.records import Kind, LockInfo
+from percolator.records import LockInfo
 from percolator.timestamps import now_ms
 
 log = logging.getLogger(__name__)
@@ -265,19 +264,12 @@ class Committer:
         ctx = self._ctx
         try:
             failpoints.failpoint("commit.after_primary")
-            by_table: dict[str, list[tuple[CellKey, Kind]]] = {}
-            for m in (self.primary, *self.secondaries):
-                by_table.setdefault(m.key.table, []).append((m.key, m.kind))
-
-            primary = self.primary.key
+            cells = [(m.key, m.kind) for m in (self.primary, *self.secondaries)]
 
             def put_records() -> None:
-                for table, cells in by_table.items():
-                    puts = write_record_puts(cells, self.start_ts, commit_ts)
-                    if table == primary.table:
-                        # Same row as the primary's record, in the same atomic row put.
-                        puts.append(commit_index_put(primary, self.start_ts, commit_ts))
-                    ctx.store.put(table, puts)
+                # The primary's commit-index entry first, then every record (MUST, see
+                # percolator/protocol/commit.py).
+                put_commit_records(ctx.store, self.primary.key, cells, self.start_ts, commit_ts)
 
             with self._locked_guard:
                 lock_bytes = dict(self._locked)

@@ -17,6 +17,18 @@ one of three:
 The primary's write record is put after the commit point, with those of the secondaries:
 until it lands, the primary's ``Committed{commit_ts}`` carries the commit by itself.
 
+**The commit index** (:func:`commit_index_put`) lets a status check find a primary's commit
+in one read (protocol/resolve.py).  A prewrite that is about to replace the primary's
+``Committed{commit_ts}`` writes a missing record *and* index entry first, but it judges
+"missing" by the record alone.  So, MUST: **the index entry is stored before the primary's
+write record**, by every writer of that record (:func:`put_commit_records`, the roll-forward
+in :func:`commit_cell`, the prewrite's repair), in a separate, earlier put: a put is atomic
+per row *and version* only (on HBase one call per version), and the entry (at ``start_ts``)
+and the record (at ``commit_ts``) have different versions.  Otherwise a crash between them,
+or a resolver rolling the primary forward from stale lock bytes, leaves a record without an
+entry; the next commit of the cell replaces the lock cell's copy; and a later status check
+judges the committed transaction rolled back and rolls its remaining secondaries back.
+
 For a secondary cell (and for lazy roll-forward by a resolver, :func:`commit_cell`) the order
 is fixed:
 
@@ -63,12 +75,31 @@ def commit_index_put(key: CellKey, start_ts: int, commit_ts: int) -> Put:
     :func:`percolator.layout.commit_index_qualifier`).  With it a status check is one read
     of one version however long the primary's history has grown since (protocol/resolve.py).
 
-    Written with the primary's write record after the commit point, and by a prewrite that
-    re-puts a missing record of the previous commit (it does not know whether that cell was a
-    primary, so it writes the entry anyway: one small cell, collected by GC)."""
+    Written before the primary's write record (module docstring: MUST), and by a prewrite
+    that re-puts a missing record of the previous commit (it does not know whether that cell
+    was a primary, so it writes the entry anyway: one small cell, collected by GC)."""
     return Put(
         key.row, WRITE, commit_index_qualifier(key.qualifier), start_ts, _U64.pack(commit_ts)
     )
+
+
+def put_commit_records(
+    store: Store,
+    primary: CellKey | None,
+    cells: Sequence[tuple[CellKey, Kind]],
+    start_ts: int,
+    commit_ts: int,
+) -> None:
+    """Store the write records of ``start_ts``'s ``cells`` at ``commit_ts``, and first, in
+    its own put, the commit-index entry of ``primary`` (``None``: no primary among the
+    cells).  Idempotent; call only once the transaction is known to be committed."""
+    if primary is not None:
+        store.put(primary.table, [commit_index_put(primary, start_ts, commit_ts)])
+    by_table: dict[str, list[tuple[CellKey, Kind]]] = {}
+    for key, kind in cells:
+        by_table.setdefault(key.table, []).append((key, kind))
+    for table, table_cells in by_table.items():
+        store.put(table, write_record_puts(table_cells, start_ts, commit_ts))
 
 
 def commit_primary(
@@ -154,8 +185,18 @@ def commit_cell(
             # decide from the primary), so only an explicit rollback marker means "no".
             return cell.rolled_back != start_ts
         if not write_record_done:
-            assert cell.lock is not None
-            store.put(key.table, write_record_puts([(key, cell.lock.kind)], start_ts, commit_ts))
+            lock = cell.lock
+            assert lock is not None
+            # Rolling the primary itself forward (a resolver that read its lock before the
+            # commit point): its index entry must precede its record (module docstring).
+            is_primary = (lock.primary_table, lock.primary_row, lock.primary_column) == (
+                key.table,
+                key.row,
+                key.column,
+            )
+            put_commit_records(
+                store, key if is_primary else None, [(key, lock.kind)], start_ts, commit_ts
+            )
             write_record_done = True
         if commit_lock(store, key, lock_bytes, commit_ts):
             return True

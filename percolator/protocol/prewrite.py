@@ -9,7 +9,8 @@ Per cell, in this order:
    back, abort.
 3. **Blind puts**: the data at ``start_ts``, and the write record of the lock cell's latest
    commit if the history lacks it, so that commit's record exists before the lock cell
-   forgets it (design notes §3, MUST).
+   forgets it (design notes §3, MUST), preceded by its commit-index entry in a put of its
+   own (protocol/commit.py, MUST).
 4. **Compare-and-set** the lock cell from the exact bytes read to ``Locked{start_ts, ...}``
    (keeping the previous commit inside).
 
@@ -93,9 +94,10 @@ def prewrite(
             else:
                 ready.append(raw)
         if ready:
-            puts, history_missing = _puts([by_key[raw.key] for raw in ready], ready, start_ts)
+            index_puts, puts = _puts([by_key[raw.key] for raw in ready], ready, start_ts)
             lock_args = (store, ready, by_key, start_ts, make_lock, executor, on_locked)
-            if history_missing or executor is None:
+            if index_puts or executor is None:
+                _put_all(store, index_puts)
                 _put_all(store, puts)
                 failpoints.failpoint("prewrite.before_lock")
                 outcomes = _lock_all(*lock_args)
@@ -164,10 +166,11 @@ def _check(raw: RawCell, start_ts: int, resolver: LockResolver) -> _Verdict:
 
 def _puts(
     mutations: Sequence[Mutation], raws: Sequence[RawCell], start_ts: int
-) -> tuple[dict[str, list[Put]], bool]:
-    """The blind puts of step 3 by table, and whether any history record was missing."""
+) -> tuple[dict[str, list[Put]], dict[str, list[Put]]]:
+    """The blind puts of step 3 by table: the commit-index entries of missing history
+    records (to be stored first), and the rest.  No entries: no record was missing."""
+    index_by_table: dict[str, list[Put]] = {}
     by_table: dict[str, list[Put]] = {}
-    history_missing = False
     for mutation, raw in zip(mutations, raws, strict=True):
         key = mutation.key
         puts = by_table.setdefault(key.table, [])
@@ -175,13 +178,16 @@ def _puts(
             puts.append(Put(key.row, DATA, key.qualifier, start_ts, mutation.value))
         last = raw.lock_cell.last_commit
         if last is not None and (raw.write is None or raw.write[0] != last.commit_ts):
+            # The commit may have been a primary's whose committer died before writing its
+            # record and index: the index must exist before the lock cell forgets the
+            # commit, and before the record (whose presence is all this check looks at:
+            # protocol/commit.py).
+            index_by_table.setdefault(key.table, []).append(
+                commit_index_put(key, last.start_ts, last.commit_ts)
+            )
             record = WriteRecord(last.kind, last.start_ts)
             puts.append(Put(key.row, WRITE, key.qualifier, last.commit_ts, record.encode()))
-            # The commit may have been a primary's whose committer died before writing its
-            # record and index: the index must exist before the lock cell forgets the commit.
-            puts.append(commit_index_put(key, last.start_ts, last.commit_ts))
-            history_missing = True
-    return by_table, history_missing
+    return index_by_table, by_table
 
 
 def _put_all(store: Store, by_table: dict[str, list[Put]]) -> None:

@@ -217,7 +217,9 @@ class Store(abc.ABC):
     def put(self, table: str, puts: Sequence[Put]) -> None:
         """Blind-write versions, batched in as few round trips as the store allows.
 
-        Atomic per row; idempotent.  Versions must be in ``[0, MAX_VERSION]``."""
+        Atomic per row *and version* only (see the module docstring): a caller that needs
+        one cell stored before another puts them in separate calls, in that order.
+        Idempotent.  Versions must be in ``[0, MAX_VERSION]``."""
 
     @abc.abstractmethod
     def compare_and_set(

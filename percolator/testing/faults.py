@@ -15,6 +15,10 @@ land between two calls::
     store.hang("scan", until=gate)                      # blocks until gate.set()
     store.before("compare_and_set", lambda call: other_writer(), times=1)
 
+``FaultyStore(inner, split_puts=True)`` performs each ``put`` as one call per (row, version),
+each seen by the rules as a ``put`` of its own: the weakest atomicity the Store contract
+allows (HBase's), on any backend, so a test can stop a put half-way.
+
 Each rule names one method and, optionally, a predicate on the :class:`Call` (its arguments by
 name) and how many matching calls it applies to (``times``; ``None``: every one).  A rule is
 used up when a matching call *takes* it, which happens before any hook runs: so a hook may call
@@ -33,6 +37,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from percolator.errors import StoreUnavailableError
@@ -106,9 +111,13 @@ class FaultyStore(Store):
     """``inner`` with scripted faults; see the module docstring.  Thread-safe: rules are taken
     under a lock, and hooks, hangs and the inner call run outside it."""
 
-    def __init__(self, inner: Store) -> None:
+    def __init__(self, inner: Store, *, split_puts: bool = False) -> None:
         super().__init__()
         self.inner = inner
+        #: perform each ``put`` as one call per (row, version), in first-appearance order,
+        #: each its own ``put`` call for the rules: the weakest atomicity the Store contract
+        #: allows (HBase's), so a test can stop a put half-way.
+        self.split_puts = split_puts
         self.url = inner.url
         self.stats = inner.stats
         self._rules: list[Rule] = []
@@ -306,7 +315,15 @@ class FaultyStore(Store):
         self._leave(call, fault, afters, None)
 
     def put(self, table: str, puts: Sequence[Put]) -> None:
-        self._call("put", {"table": table, "puts": puts}, lambda: self.inner.put(table, puts))
+        if not self.split_puts:
+            self._call("put", {"table": table, "puts": puts}, lambda: self.inner.put(table, puts))
+            return
+        groups: dict[tuple[bytes, int], list[Put]] = {}
+        for p in puts:
+            groups.setdefault((p.row, p.version), []).append(p)
+        for group in groups.values():
+            perform = partial(self.inner.put, table, group)
+            self._call("put", {"table": table, "puts": group}, perform)
 
     def compare_and_set(
         self,

@@ -10,8 +10,9 @@ import pytest
 
 from percolator.errors import ConflictError, LockWaitTimeoutError, TransactionAbortedError
 from percolator.layout import DATA, WRITE
+from percolator.protocol.cells import fetch_cells
 from percolator.protocol.lock import commit_lock
-from percolator.protocol.resolve import TxnState, find_commit_in_history
+from percolator.protocol.resolve import TxnOutcome, TxnState, find_commit_in_history, resolve_lock
 from percolator.records import Kind, WriteRecord
 from percolator.store import Store
 from percolator.testing import ProtocolHarness
@@ -177,6 +178,28 @@ def test_committed_primary_overwritten_later_still_rolls_secondary_forward(
     h.must_commit_primary(p, h.ts(20), h.ts(21))
     # The lock cell now holds T20's commit; T10's is found in the write history.
     assert find_commit_in_history(h.store, h.key(*p), h.ts(10)) == h.ts(11)
+    h.must_status(p, h.ts(10), TxnState.COMMITTED, commit_ts=h.ts(11))
+    h.must_get(b"s", C, h.ts(30), b"S")
+
+
+def test_primary_rolled_forward_from_stale_lock_bytes_keeps_its_commit_findable(
+    h: ProtocolHarness,
+) -> None:
+    # A resolver read the primary's lock before the commit point and learnt the outcome
+    # after it: it rolls the primary itself forward from stale bytes (the compare-and-set
+    # fails, but the write record is put).  The committer died before writing any record.
+    p = (b"p", C)
+    h.must_prewrite([(b"p", C, b"P"), (b"s", C, b"S")], primary=p, start_ts=h.ts(10))
+    stale = fetch_cells(h.store, [h.key(*p)], before=None, with_data=False)[h.key(*p)]
+    assert stale.lock_cell.lock is not None
+    h.must_commit_primary(p, h.ts(10), h.ts(11))
+    committed = TxnOutcome(TxnState.COMMITTED, commit_ts=h.ts(11))
+    assert resolve_lock(h.store, h.key(*p), stale.lock_cell.lock, stale.lock_bytes, committed)
+    assert write_history(h, b"p", C) == [(h.ts(11), WriteRecord(Kind.PUT, h.ts(10)))]
+    # A later commit replaces T10's in the primary's lock cell; the prewrite finds T10's
+    # record present, so only the commit index can still tell T10 committed.
+    h.must_prewrite([(b"p", C, b"P2")], primary=p, start_ts=h.ts(20))
+    h.must_commit_primary(p, h.ts(20), h.ts(21))
     h.must_status(p, h.ts(10), TxnState.COMMITTED, commit_ts=h.ts(11))
     h.must_get(b"s", C, h.ts(30), b"S")
 
