@@ -47,7 +47,7 @@ from percolator.observers.options import WorkerOptions
 from percolator.observers.parking import ParkingLot
 from percolator.observers.partition import KeyGroupLeases
 from percolator.observers.processor import NotificationProcessor
-from percolator.observers.worker_metrics import WorkerMetrics
+from percolator.observers.worker_metrics import LOCK_OUTCOMES, WorkerMetrics
 
 from percolator import notifications, watermark
 from percolator.errors import ConfigError, PercolatorError
@@ -116,6 +116,8 @@ class Worker:
             lambda: self._watermark_gauges()[0],
             lambda: self._watermark_gauges()[1],
         )
+        locks_met = self.metrics.locks_met
+        client.on_lock_met(lambda age_s, outcome: locks_met.observe(age_s, outcome=outcome))
         self._positions = ScannerPositions(client, self.worker_id)
         self._stopping = threading.Event()
         self._abort = threading.Event()
@@ -183,7 +185,9 @@ class Worker:
         finish_registration(self.client, self.observers)
         self._tables = sorted({o.table for o in self.observers})
         self.processor.refresh_parked(self._tables)
-        self.metrics.registry.declare(observer=[o.name for o in self.observers])
+        self.metrics.registry.declare(
+            observer=[o.name for o in self.observers], outcome=LOCK_OUTCOMES
+        )
         if self.options.metrics_port is not None:
             self._metrics_server = MetricsServer(
                 self.metrics.registry, self.options.metrics_host, self.options.metrics_port

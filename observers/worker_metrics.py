@@ -1,13 +1,18 @@
 """The metrics of a worker (Prometheus, through observers/metrics.py): backlog and parked
 cells per observer, low watermark and its lag, commit-to-run latency, committed runs,
-skipped runs (already acknowledged), conflicts, failures, parkings, scanner passes and
-jumps."""
+skipped runs (already acknowledged), conflicts, failures, parkings, the age of the locks its
+runs met, scanner passes and jumps."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from percolator.observers.metrics import LATENCY_BUCKETS, Labels, Registry
+
+#: Lock-age buckets, in seconds: a lock met within its TTL (seconds) is ordinary; one met
+#: minutes after its transaction began is a dead client's leftover or a long transaction.
+LOCK_AGE_BUCKETS = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0)
+LOCK_OUTCOMES = ("alive", "committed", "rolled_back")
 
 
 class WorkerMetrics:
@@ -48,6 +53,14 @@ class WorkerMetrics:
             "From the commit of an observed change to the commit of the run that saw it.",
             LATENCY_BUCKETS,
             ("observer",),
+        )
+        self.locks_met = registry.histogram(
+            "percolator_locks_met_age_seconds",
+            "Age (since its transaction started) of each lock of another transaction that "
+            "this worker's runs met, by what that transaction was judged: alive (waited for "
+            "or conflicted with), committed or rolled_back (resolved then).",
+            LOCK_AGE_BUCKETS,
+            ("outcome",),
         )
         self.passes = registry.counter(
             "percolator_scanner_passes_total", "Complete scanner passes over a table."

@@ -251,6 +251,18 @@ class Client:
         self.safe_point(refresh=True)
         return report
 
+    def on_lock_met(self, listener: Callable[[float, str], None]) -> None:
+        """Call ``listener(age_s, outcome)`` for every lock of another transaction that this
+        client's reads, writes and GC meet: how long ago that transaction started, and what
+        it was judged to be (``"alive"``: still running, waited for or conflicted with;
+        ``"committed"`` / ``"rolled_back"``: resolved then).  Old locks met mean clients
+        that died holding locks, or long transactions in everyone's way (the worker exports
+        this as ``percolator_locks_met_age_seconds``).  The listener runs on the thread that
+        met the lock and must be quick."""
+        self._ctx.resolver.add_listener(
+            lambda age_s, state: listener(age_s, state.name.lower())
+        )
+
     # ---------------------------------------------------------------- live readers
 
     def min_active_start_ts(self) -> int | None:

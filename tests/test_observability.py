@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
-from percolator.observers.worker_metrics import WorkerMetrics
+from percolator.observers.worker_metrics import LOCK_OUTCOMES, WorkerMetrics
 from percolator.oracle.lease import Role
 from percolator.oracle.metrics import OracleMetrics
 
@@ -64,7 +64,7 @@ def test_the_expression_reader() -> None:
 def exported() -> set[str]:
     """Every sample name the worker and the oracle expose, and ``up``."""
     worker = WorkerMetrics(lambda: {(("observer", "o"),): 1.0}, lambda: {(("observer", "o"),): 0})
-    worker.registry.declare(observer=["o"])
+    worker.registry.declare(observer=["o"], outcome=LOCK_OUTCOMES)
     info = SimpleNamespace(epoch=1, high_water=2, last_issued=1, renewals=0, fenced=0)
     node = SimpleNamespace(info=lambda: info, role=Role.ACTIVE)
     oracle = OracleMetrics(node)  # type: ignore[arg-type]

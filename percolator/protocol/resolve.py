@@ -42,7 +42,7 @@ from percolator.protocol.commit import commit_cell
 from percolator.protocol.rollback import rollback_cell, try_rollback_cell
 from percolator.records import LockInfo, WriteRecord
 from percolator.store.base import Store
-from percolator.timestamps import now_ms
+from percolator.timestamps import now_ms, physical_ms
 
 _U64 = struct.Struct(">Q")
 
@@ -195,9 +195,17 @@ class LockResolver:
         self._cache_size = cache_size
         self._lock = threading.Lock()
         self._clock_ms = clock_ms
+        self._listeners: list[Callable[[float, TxnState], None]] = []
         self.rolled_forward = 0
         self.rolled_back = 0
         self.status_checks = 0
+
+    def add_listener(self, listener: Callable[[float, TxnState], None]) -> None:
+        """Call ``listener(age_s, state)`` for every lock :meth:`resolve` is given: how long
+        ago its transaction started, by this resolver's clock, and the state it was judged
+        in.  For metrics: old locks met mean dead clients' leftovers or long transactions in
+        the way.  Listeners run on the resolving thread and must be quick."""
+        self._listeners.append(listener)
 
     def cached_status(self, start_ts: int) -> TxnOutcome | None:
         with self._lock:
@@ -234,6 +242,10 @@ class LockResolver:
         lock = raw.lock_cell.lock
         assert lock is not None
         status = self.status(primary_of(lock), lock.start_ts)
+        if self._listeners:
+            age_s = max(0.0, (self._clock_ms() - physical_ms(lock.start_ts)) / 1000)
+            for listener in self._listeners:
+                listener(age_s, status.state)
         if resolve_lock(self._store, raw.key, lock, raw.lock_bytes, status):
             with self._lock:
                 if status.state is TxnState.COMMITTED:

@@ -17,6 +17,7 @@ from percolator.observers.worker import Worker, WorkerOptions
 
 import percolator
 from percolator.errors import ConfigError
+from percolator.testing import ProtocolHarness
 from percolator.transaction import Transaction
 from tests.observers import helpers
 from tests.observers.helpers import CONTROL, EVENTS, MIRROR, runs
@@ -181,6 +182,35 @@ def test_metrics_show_backlog_runs_and_latency(
     assert metrics['percolator_observer_latency_seconds_count{observer="gate"}'] == 5
     assert metrics['percolator_observer_latency_seconds_bucket{observer="gate",le="+Inf"}'] == 5
     assert metrics["percolator_scanner_passes_total"] >= 1
+
+
+def test_metrics_show_the_age_of_locks_the_runs_met(
+    local_client: percolator.Client, start_worker: Callable[..., Worker]
+) -> None:
+    gate = helpers.Gate()
+    worker = start_worker([gate], WorkerOptions(threads=1, idle_sleep_s=0.01, metrics_port=0))
+    zero = scrape(worker)
+    for outcome in ("alive", "committed", "rolled_back"):
+        assert zero[f'percolator_locks_met_age_seconds_count{{outcome="{outcome}"}}'] == 0
+    set_cells(local_client, "gated", {b"g0": b"x"})
+    assert gate.entered.wait(10)  # the only thread is held: g1 waits
+    set_cells(local_client, "gated", {b"g1": b"x"})
+    # A client that died in its prewrite leaves a lock on g1, expired at once.
+    dead = ProtocolHarness(local_client.store, EVENTS)
+    dead.prewrite(
+        [(b"g1", "gated", b"dead")],
+        primary=(b"g1", "gated"),
+        start_ts=local_client.oracle.get_timestamp(),
+        ttl_ms=1,
+    )
+    time.sleep(0.3)
+    gate.release.set()
+    wait_quiet(local_client, [EVENTS])
+    met = scrape(worker)
+    assert met['percolator_locks_met_age_seconds_count{outcome="rolled_back"}'] == 1
+    assert met['percolator_locks_met_age_seconds_bucket{outcome="rolled_back",le="0.1"}'] == 0
+    assert met['percolator_locks_met_age_seconds_bucket{outcome="rolled_back",le="5.0"}'] == 1
+    assert local_client.snapshot().get(EVENTS, b"g1", "gated") == b"x"
 
 
 def test_stop_lets_a_run_in_flight_finish(
