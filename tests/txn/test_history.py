@@ -346,7 +346,9 @@ def engine_client(store: Store | str) -> percolator.Client:
 
 
 @pytest.mark.parametrize("faults", [False, True], ids=["clean", "failpoints"])
-def test_threads_history_has_no_anomalies(store: Store, store_url: str, faults: bool) -> None:
+def test_threads_history_has_no_anomalies(
+    store: Store, store_url: str, faults: bool, caplog: pytest.LogCaptureFixture
+) -> None:
     """Threads of one client on 4 hot keys, lock TTL 100 ms; with ``failpoints``, a random
     commit-path failpoint raises every 50 ms or so (see FailpointChaos)."""
     hbase = store_url.startswith("hbase")
@@ -362,7 +364,10 @@ def test_threads_history_has_no_anomalies(store: Store, store_url: str, faults: 
     assert settled.stats["committed"] >= threads * count * 0.4, settled.summary()
     assert settled.stats["ww"] > 0 and settled.stats["wr"] > 0 and settled.stats["rw"] > 0
     if faults:
-        assert errors.get("FailpointError", 0) > 0, f"no failpoint fired: {errors}"
+        # A failpoint after the commit point is logged, not raised (the transaction is
+        # committed): both kinds count as faults that struck.
+        logged = [r for r in caplog.records if "failpoint" in r.getMessage()]
+        assert errors.get("FailpointError", 0) + len(logged) > 0, f"no failpoint fired: {errors}"
     client.close()
 
 
