@@ -26,6 +26,9 @@ import pytest
 
 import percolator
 from percolator.layout import WRITE
+from percolator.protocol.cells import CellKey
+from percolator.protocol.rollback import rollback_cell
+from percolator.records import LockCell
 from percolator.store.memory import MemoryStore
 from percolator.testing import FaultyStore, ManualOracle, ProtocolHarness
 from percolator.testing.faults import Call
@@ -123,3 +126,37 @@ def test_prewrite_dying_while_repairing_history_keeps_the_old_commit_findable() 
     h.must_prewrite([(b"p", "c", b"P3")], primary=p, start_ts=h.ts(30))
     h.must_commit_primary(p, h.ts(30), h.ts(31))
     h.must_get(b"s", "c", h.ts(40), b"S")
+
+
+def test_a_committed_transaction_that_lost_a_secondary_says_so_loudly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The tripwire for the bug above: if another client ever rolls back a secondary of a
+    transaction whose primary committed, the committer logs an error naming the cell."""
+    inner = MemoryStore()
+    store = FaultyStore(inner)
+    client = percolator.connect(store, oracle=ManualOracle())
+    try:
+        for table in TABLES:
+            client.create_table(table)
+        txn = client.transaction()
+        txn.set("ua", b"a", "x", b"primary")
+        txn.set("ub", b"b", "y", b"secondary")
+        secondary = CellKey("ub", b"b", "y")
+
+        def roll_back_secondary(call: Call) -> None:
+            rollback_cell(inner, secondary, txn.start_ts)
+
+        # Just before the secondary's commit compare-and-set (the primary has committed).
+        store.before(
+            "compare_and_set",
+            roll_back_secondary,
+            times=1,
+            when=lambda call: call["table"] == "ub" and call["row"] == b"b"
+            and LockCell.decode(call["new"]).lock is None,
+        )
+        txn.commit()
+        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert any("atomicity is broken" in e and "ub/b'b'/y" in e for e in errors), errors
+    finally:
+        client.close()
