@@ -26,7 +26,8 @@ import pytest
 
 import percolator
 from percolator.layout import WRITE
-from percolator.protocol.cells import CellKey
+from percolator.protocol.cells import CellKey, fetch_cells
+from percolator.protocol.resolve import TxnOutcome, TxnState, resolve_lock
 from percolator.protocol.rollback import rollback_cell
 from percolator.records import LockCell
 from percolator.store.memory import MemoryStore
@@ -160,3 +161,19 @@ def test_a_committed_transaction_that_lost_a_secondary_says_so_loudly(
         assert any("atomicity is broken" in e and "ub/b'b'/y" in e for e in errors), errors
     finally:
         client.close()
+
+
+def test_a_resolver_finding_a_committed_cell_rolled_back_says_so_loudly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    h = ProtocolHarness(MemoryStore())
+    p = (b"p", "c")
+    h.must_prewrite([(b"p", "c", b"P"), (b"s", "c", b"S")], primary=p, start_ts=h.ts(10))
+    stale = h.must_locked(b"s", "c", h.ts(10))
+    h.must_commit_primary(p, h.ts(10), h.ts(11))
+    raw = fetch_cells(h.store, [h.key(b"s", "c")], before=None, with_data=False)
+    rollback_cell(h.store, h.key(b"s", "c"), h.ts(10))  # what only a protocol bug does
+    committed = TxnOutcome(TxnState.COMMITTED, commit_ts=h.ts(11))
+    resolve_lock(h.store, h.key(b"s", "c"), stale, raw[h.key(b"s", "c")].lock_bytes, committed)
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert any("atomicity is broken" in e and "t/b's'/c" in e for e in errors), errors
