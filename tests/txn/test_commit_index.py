@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import uuid
+from collections.abc import Callable
 
 import pytest
 
@@ -41,15 +42,23 @@ class Died(BaseException):
     """The client process is gone: nothing after this reaches the store."""
 
 
-def _die_after_write_put(store: FaultyStore, n: int) -> list[bool]:
-    """After the ``n``-th put carrying a write-family cell, every call raises :class:`Died`
-    before reaching the store (all threads of the client: the secondaries' compare-and-sets
-    run beside the record puts).  Returns a flag list: ``[True]`` once it died."""
+_WRITING = ("put", "compare_and_set", "read_rows", "delete_versions")
+
+
+def _is_write_put(call: Call) -> bool:
+    return call.method == "put" and any(p.family == WRITE for p in call["puts"])
+
+
+def _die_after(store: FaultyStore, n: int, counts: Callable[[Call], bool]) -> list[bool]:
+    """After the ``n``-th call for which ``counts`` is true has reached the store, every
+    call raises :class:`Died` before reaching it (all threads of the client: the
+    secondaries' compare-and-sets run beside the record puts).  Returns a flag list:
+    ``[True]`` once it died."""
     died: list[bool] = []
     seen = itertools.count(1)
 
-    def after_put(call: Call, _result: object) -> None:
-        if any(p.family == WRITE for p in call["puts"]) and next(seen) == n:
+    def after(call: Call, _result: object) -> None:
+        if not died and counts(call) and next(seen) == n:
             died.append(True)
             raise Died
 
@@ -57,18 +66,24 @@ def _die_after_write_put(store: FaultyStore, n: int) -> list[bool]:
         if died:
             raise Died
 
-    store.after("put", after_put)
-    for method in ("put", "compare_and_set", "read_rows", "delete_versions"):
+    for method in _WRITING:
+        store.after(method, after)
         store.before(method, refuse)
     return died
+
+
+def _die_after_write_put(store: FaultyStore, n: int) -> list[bool]:
+    """:func:`_die_after` the ``n``-th put carrying a write-family cell."""
+    return _die_after(store, n, _is_write_put)
 
 
 CELLS = [("ua", "a", "x"), ("ua", "a", "y"), ("ua", "b", "x"), ("ub", "b", "y")]
 
 
-def _trial(n: int) -> bool:
+def _trial(n: int, counts: Callable[[Call], bool] = _is_write_put) -> bool:
     """Commit a transaction over :data:`CELLS` with its client dying after its ``n``-th
-    write-family put, then check it from another client.  False: it never got that far."""
+    call that ``counts``, then check it from another client: all of it or none of it, and
+    all of it if it died after the commit point.  False: it never got that far."""
     inner = MemoryStore()
     store = FaultyStore(inner, split_puts=True)
     oracle = ManualOracle()
@@ -84,18 +99,30 @@ def _trial(n: int) -> bool:
         txn = dying.transaction()
         for table, row, column in cells:
             txn.set(table, row, column, b"v-" + column.encode())
-        died = _die_after_write_put(store, n)
+        # Whether the commit point (the primary's compare-and-set to Committed) applied.
+        point: list[bool] = []
+        store.after(
+            "compare_and_set",
+            lambda call, applied: point.append(bool(applied)),
+            when=lambda call: (call["table"], call["row"]) == cells[0][:2]
+            and call["qualifier"] == b"x"
+            and LockCell.decode(call["new"]).lock is None,
+        )
+        died = _die_after(store, n, counts)
         with contextlib.suppress(Died):
             txn.commit()
         if not died:
             return False
-        # Another client commits over the primary: its lock cell forgets the dead commit.
+        # Another client commits over the primary (once the dead lock expired, if the
+        # commit point was not reached): its lock cell forgets the dead transaction.
         primary = cells[0]
-        survivor.run(lambda t: t.set(*primary, b"later"))
+        survivor.run(lambda t: t.set(*primary, b"later"), max_attempts=50)
         snapshot = survivor.snapshot()
         found = {cell: snapshot.get(*cell) for cell in cells}
-        expected = {cell: b"v-" + cell[2].encode() for cell in cells} | {primary: b"later"}
-        assert found == expected, f"client died after write-family put {n}"
+        committed = {cell: b"v-" + cell[2].encode() for cell in cells} | {primary: b"later"}
+        rolled_back = {cell: None for cell in cells} | {primary: b"later"}
+        expected = committed if any(point) else rolled_back
+        assert found == expected, f"client died after call {n} (commit point: {point})"
         return True
     finally:
         store.clear()  # the dead client may unregister now
@@ -109,6 +136,14 @@ def test_client_dying_after_any_record_put_leaves_its_transaction_committed() ->
         n += 1
     # The primary's index, its row's records, the other row's, the other table's.
     assert n > 3, f"only {n - 1} write-family puts: the store no longer splits them"
+
+
+def test_client_dying_after_any_store_call_leaves_all_or_nothing() -> None:
+    """The same at every store call of the commit, reads and compare-and-sets included."""
+    n = 1
+    while _trial(n, lambda call: True):
+        n += 1
+    assert n > 10, f"only {n - 1} store calls: the commit no longer reached the store?"
 
 
 def test_prewrite_dying_while_repairing_history_keeps_the_old_commit_findable() -> None:
