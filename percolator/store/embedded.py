@@ -9,7 +9,8 @@ What is atomic and durable
 --------------------------
 * Every write call (:meth:`~EmbeddedStore.put`, :meth:`~EmbeddedStore.delete_versions`, a
   batch of any size) is **one** SQLite ``BEGIN IMMEDIATE`` transaction: all of it or nothing,
-  across processes.  That is more than the contract promises (atomic per row); callers must
+  across processes.  That is more than the contract promises (atomic per row and version,
+  as HBase is: tests model that with ``FaultyStore(split_puts=True)``); callers must
   not rely on it.
 * :meth:`~EmbeddedStore.compare_and_set` reads and writes inside one ``IMMEDIATE``
   transaction, which holds the database's single write lock: it is atomic against every
