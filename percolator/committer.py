@@ -294,22 +294,10 @@ class Committer:
                 # which puts any missing record first (design notes §3, MUST).
                 records = ctx.executor.submit(put_records)
                 try:
-                    done = run_all(ctx.executor, commit_secondary, self.secondaries)
+                    run_all(ctx.executor, commit_secondary, self.secondaries)
                 finally:
                     wait([records])
                 records.result()
-                lost = [m.key for m, ok in zip(self.secondaries, done, strict=True) if not ok]
-                if lost:
-                    # Never expected: resolvers decide from the primary, which says committed.
-                    # Said loudly, because the transaction is no longer all-or-nothing.
-                    log.error(
-                        "transaction %d committed at %d, but another client rolled back its "
-                        "cells %s: atomicity is broken (a protocol bug; please report it)",
-                        self.start_ts,
-                        commit_ts,
-                        ", ".join(map(str, lost)),
-                        extra={"start_ts": self.start_ts, "commit_ts": commit_ts},
-                    )
                 failpoints.failpoint("commit.after_write_records")
             failpoints.failpoint("commit.after_secondaries")
             return True

