@@ -7,7 +7,9 @@ from rows recently seen dirty) and wraps around.  Scanners publish where they ar
 (:class:`ScannerPositions`); one that catches up with another scanner (the other's position
 falls inside the batch it just scanned) jumps to a new random row instead of trailing it and
 racing it for the same cells.  Positions of scanners in other processes are shared through
-the meta table.
+the meta table, except between partitioned workers: they scan disjoint key groups
+(observers/partition.py), so another worker's position says nothing about this one's work,
+and a partitioned scanner reads only its worker's groups (a filter evaluated in the store).
 """
 
 from __future__ import annotations
@@ -53,11 +55,13 @@ class _Position:
 
 class ScannerPositions:
     """Where every scanner is: this process's in memory, other processes' through the
-    meta table (rows ``scanner/<worker id>/<n>``, published by :meth:`sync`)."""
+    meta table (rows ``scanner/<worker id>/<n>``, published by :meth:`sync`), unless
+    ``shared`` is False (then :meth:`sync` does nothing: positions stay in the process)."""
 
-    def __init__(self, client: Client, worker_id: str) -> None:
+    def __init__(self, client: Client, worker_id: str, *, shared: bool = True) -> None:
         self._client = client
         self._worker_id = worker_id
+        self._shared = shared
         self._lock = threading.Lock()
         self._local: dict[int, _Position] = {}
         self._remote: list[_Position] = []
@@ -83,6 +87,8 @@ class ScannerPositions:
 
     def sync(self) -> None:
         """Publish this process's positions and reload the others' (two store calls)."""
+        if not self._shared:
+            return
         store = self._client.store
         with self._lock:
             local = dict(self._local)
@@ -142,7 +148,11 @@ _SAMPLE_SIZE = 64
 class NotificationFinder:
     """The scanners of one worker: each runs :meth:`scan_loop` in its own thread, finds the
     dirty cells of ``columns`` (table -> observed columns) and hands each notification to
-    ``offer``, which may block (back-pressure) and says whether it took it."""
+    ``offer``, which may block (back-pressure) and says whether it took it.
+
+    ``hash_ranges`` (partitioned workers) returns, at the start of each table pass, the
+    row-hash ranges of the key groups the worker holds: only their notifications are read
+    (plus legacy ones, which ``offer`` checks), and nothing when it holds none."""
 
     def __init__(
         self,
@@ -155,8 +165,10 @@ class NotificationFinder:
         stopping: threading.Event,
         scan_batch: int,
         idle_sleep_s: float,
+        hash_ranges: Callable[[], list[tuple[int, int]]] | None = None,
     ) -> None:
         self._store = store
+        self._hash_ranges = hash_ranges
         self._columns = {table: list(cs) for table, cs in columns.items()}
         self._tables = sorted(self._columns)
         self._positions = positions
@@ -204,6 +216,9 @@ class NotificationFinder:
     def scan_table(self, index: int, table: str, rng: random.Random) -> int:
         """One pass over ``table``'s notifications from a random row, wrapping around.
         Returns how many notifications it queued."""
+        hash_ranges = None if self._hash_ranges is None else self._hash_ranges()
+        if hash_ranges is not None and not hash_ranges:
+            return 0  # partitioned, and no key group held now
         start = self._random_start(table, rng)
         segments: list[tuple[bytes, bytes | None]] = [(start, None)]
         if start:
@@ -220,6 +235,7 @@ class NotificationFinder:
                 start=seg_start,
                 stop=seg_stop,
                 batch_size=self._scan_batch,
+                hash_ranges=hash_ranges,
             )
             for row, notifications in found:
                 if self._stopping.is_set():

@@ -1,10 +1,14 @@
 """Partitioned scanning: key groups leased to live workers, with a fencing sequence.
 
-The notify space is divided into a fixed number of *key groups* (``crc32(row) % groups``,
-the same in every worker: set ``key_groups`` alike everywhere).  A worker runs only the
-notifications of the groups it holds a lease on, so workers stop racing each other for the
-same cells (Flink's key groups, MillWheel's key intervals).  Random scanning (no
-partitioning) stays the default, for a single worker.
+The notify space is divided into a fixed number of *key groups*: equal ranges of the
+32-bit row hash (:func:`percolator.notifications.row_hash`), group ``g`` of ``G`` holding
+the rows with ``hash * G >> 32 == g`` (``G`` the same in every worker: set ``key_groups``
+alike everywhere).  A worker runs only the notifications of the groups it holds a lease
+on, so workers stop racing each other for the same cells (Flink's key groups, MillWheel's
+key intervals), and it *reads* only those: every notify cell stores its row's hash, and
+the scan selects the held hash ranges in the store (a value filter that HBase's region
+server evaluates; :meth:`KeyGroupLeases.hash_ranges`).  Random scanning (no partitioning)
+stays the default, for a single worker.
 
 Meta-table records (format version 1, each written by compare-and-set only):
 
@@ -38,13 +42,13 @@ import math
 import random
 import threading
 import time
-import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from percolator.errors import ConfigError
 from percolator.layout import META_FAMILY, META_TABLE
+from percolator.notifications import HASH_SPACE, row_hash
 from percolator.store.base import Put, ScanOptions
 
 if TYPE_CHECKING:
@@ -58,7 +62,26 @@ _LEASE = b"l"
 
 def group_of(row: bytes, groups: int) -> int:
     """The key group of ``row`` (stable across processes and versions)."""
-    return zlib.crc32(row) % groups
+    return row_hash(row) * groups // HASH_SPACE
+
+
+def group_hash_range(group: int, groups: int) -> tuple[int, int]:
+    """The half-open range of row hashes in ``group``: exactly the hashes ``h`` with
+    ``h * groups // HASH_SPACE == group``."""
+    return (-(-group * HASH_SPACE // groups), -(-(group + 1) * HASH_SPACE // groups))
+
+
+def merged_hash_ranges(held: Iterable[int], groups: int) -> list[tuple[int, int]]:
+    """The hash ranges of the ``held`` groups, adjacent groups merged into one range (a
+    shorter filter for the store)."""
+    merged: list[tuple[int, int]] = []
+    for group in sorted(set(held)):
+        low, high = group_hash_range(group, groups)
+        if merged and merged[-1][1] == low:
+            merged[-1] = (merged[-1][0], high)
+        else:
+            merged.append((low, high))
+    return merged
 
 
 @dataclass(frozen=True)
@@ -185,6 +208,11 @@ class KeyGroupLeases:
         now = self._now_ms()
         with self._lock:
             return {g: seq for g, (seq, deadline) in self._owned.items() if deadline > now}
+
+    def hash_ranges(self) -> list[tuple[int, int]]:
+        """The row-hash ranges of the groups held now, for the scanners' store-side filter
+        (empty: nothing to scan)."""
+        return merged_hash_ranges(self.owned(), self.groups)
 
     def claim(self, row: bytes) -> tuple[int, int] | None:
         """``(group, seq)`` if this worker holds ``row``'s group now, else None."""

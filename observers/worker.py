@@ -118,7 +118,10 @@ class Worker:
         )
         locks_met = self.metrics.locks_met
         client.on_lock_met(lambda age_s, outcome: locks_met.observe(age_s, outcome=outcome))
-        self._positions = ScannerPositions(client, self.worker_id)
+        # Partitioned workers scan disjoint key groups: no jumping on each other's positions.
+        self._positions = ScannerPositions(
+            client, self.worker_id, shared=not self.options.partitioned
+        )
         self._stopping = threading.Event()
         self._abort = threading.Event()
         #: the key groups this worker leases (partitioned scanning), else None
@@ -203,6 +206,7 @@ class Worker:
             stopping=self._stopping,
             scan_batch=self.options.scan_batch,
             idle_sleep_s=self.options.idle_sleep_s,
+            hash_ranges=self.leases.hash_ranges if self.leases is not None else None,
         )
         for index in range(self.options.threads):
             thread = threading.Thread(

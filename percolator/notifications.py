@@ -17,6 +17,12 @@ timestamp of a trigger).  The value carries nothing.
   still in flight (a delete marker masks older versions written later): lost.  Written
   after the commit point, a crash in between loses it.  Before the commit point the worst
   case is a spurious notification of an aborted transaction, which the observer run skips.
+* **value** (:func:`notify_value`): the row's 32-bit hash (CRC-32) as 8 lowercase hex
+  digits, so that a scan can select the notifications of a range of row hashes in the store
+  (:func:`hash_ranges_filter`, a value filter the HBase region server evaluates): that is
+  how a worker that holds some key groups (percolator/observers/partition.py) reads only
+  theirs.  Notifications written before the hash was stored hold ``b"1"``; every hash
+  filter selects them too, and the scanner's caller drops the ones that are not its own.
 * **scan** (:func:`scan_notifications`, :func:`pending`): only the notify family is read
   (Percolator's separate locality group), so finding dirty cells costs in proportion to the
   dirty cells, not to the table.  A scan sees the newest version of each dirty cell: several
@@ -64,6 +70,7 @@ import os
 import struct
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -75,8 +82,36 @@ from percolator.store.base import Delete, Put, ScanOptions, Store
 
 # --------------------------------------------------------------------------- notify family
 
-#: The value of every notify cell: the version is the hint, the value carries nothing.
-NOTIFY_VALUE = b"1"
+#: The value of notify cells written before the row hash was stored (still read).
+LEGACY_NOTIFY_VALUE = b"1"
+#: Row hashes are 32-bit: every hash is below this.
+HASH_SPACE = 1 << 32
+
+
+def row_hash(row: bytes) -> int:
+    """The 32-bit hash of ``row`` that key groups are cut from (stable across processes,
+    platforms and versions: CRC-32)."""
+    return zlib.crc32(row)
+
+
+def notify_value(row: bytes) -> bytes:
+    """The value of ``row``'s notify cells: its :func:`row_hash`, 8 lowercase hex digits
+    (fixed width, so byte order is numeric order)."""
+    return b"%08x" % row_hash(row)
+
+
+def hash_ranges_filter(ranges: Iterable[tuple[int, int]]) -> list[tuple[bytes, bytes | None]]:
+    """The :attr:`ScanOptions.value_ranges` that select the notifications of rows whose
+    hash lies in one of the half-open ``[low, high)`` ``ranges`` (``0 <= low < high <=
+    HASH_SPACE``), plus every notification written before hashes were stored."""
+    found: list[tuple[bytes, bytes | None]] = [
+        (b"%08x" % low, None if high >= HASH_SPACE else b"%08x" % high)
+        for low, high in ranges
+        if low < high
+    ]
+    if found:
+        found.append((LEGACY_NOTIFY_VALUE, LEGACY_NOTIFY_VALUE + b"\x00"))
+    return found
 
 
 @dataclass(frozen=True, order=True)
@@ -101,7 +136,7 @@ def notification_put(row: bytes, qualifier: bytes, notify_ts: int) -> Put:
     """The notify cell of one user cell at ``notify_ts``, for a writer that batches it with
     other puts of the same rows (the bulk loader); everyone else calls
     :func:`put_notifications`."""
-    return Put(row, NOTIFY, qualifier, notify_ts, NOTIFY_VALUE)
+    return Put(row, NOTIFY, qualifier, notify_ts, notify_value(row))
 
 
 def put_notifications(store: Store, keys: Iterable[CellKey], notify_ts: int) -> None:
@@ -111,7 +146,7 @@ def put_notifications(store: Store, keys: Iterable[CellKey], notify_ts: int) -> 
     The commit calls this with its ``commit_ts`` before its commit point (see the module
     docstring for why neither earlier nor later); a trigger with a fresh oracle timestamp."""
     for table, group in group_by_table(keys).items():
-        store.put(table, [Put(k.row, NOTIFY, k.qualifier, notify_ts, NOTIFY_VALUE) for k in group])
+        store.put(table, [notification_put(k.row, k.qualifier, notify_ts) for k in group])
 
 
 def scan_notifications(
@@ -123,16 +158,25 @@ def scan_notifications(
     stop: bytes | None = None,
     batch_size: int = 1000,
     limit: int | None = None,
+    hash_ranges: Iterable[tuple[int, int]] | None = None,
 ) -> Iterator[tuple[bytes, list[Notification]]]:
     """The dirty cells of ``table`` in row order, one row at a time: ``(row, notifications
     of that row)`` with the newest notify version of each cell, ordered by column.
 
     Reads only the notify family, from ``start`` (inclusive) to ``stop`` (exclusive, None:
     the end), ``batch_size`` rows per store round trip, at most ``limit`` rows; ``columns``
-    restricts it to those columns (None: every column).  Not a snapshot across rows."""
+    restricts it to those columns (None: every column).  ``hash_ranges`` (None: every row)
+    keeps, in the store, the rows whose :func:`row_hash` lies in one of these half-open
+    ranges, and the notifications written before hashes were stored, of any row (the
+    caller checks those itself).  Not a snapshot across rows."""
     qualifiers = [c.encode("utf-8") for c in columns] if columns is not None else None
     options = ScanOptions(
-        start=start, stop=stop, qualifiers=qualifiers, batch_size=batch_size, limit=limit
+        start=start,
+        stop=stop,
+        qualifiers=qualifiers,
+        batch_size=batch_size,
+        limit=limit,
+        value_ranges=None if hash_ranges is None else hash_ranges_filter(hash_ranges),
     )
     for row, cells in store.scan(table, NOTIFY, options):
         found = [

@@ -103,6 +103,13 @@ class ScanOptions:
     scan to qualifiers of the scanned family.  ``batch_size`` is how many rows one store
     round trip fetches.  ``before`` is an exclusive upper bound on versions; only the newest
     version below it is returned for each cell.
+
+    ``value_ranges`` (None: no filter) keeps only versions whose value lies in one of the
+    half-open ranges ``[low, high)`` (``high`` None: no upper bound; bytes compare
+    unsigned), applied to each version *before* the newest is chosen (as HBase's
+    ``ValueFilter`` on the region server does), so a filtered-out newest version may leave
+    an older matching one; rows left without a cell are skipped.  The store filters before
+    anything is sent to the caller: what is filtered out costs no transfer.
     """
 
     start: bytes = b""
@@ -111,6 +118,7 @@ class ScanOptions:
     before: int | None = None
     batch_size: int = 1000
     limit: int | None = None
+    value_ranges: Sequence[tuple[bytes, bytes | None]] | None = None
 
 
 @dataclass

@@ -163,6 +163,23 @@ def check_scan_options(opts: object) -> None:
     _check_int("scan batch_size", opts.batch_size, 1, None)
     if opts.limit is not None:
         _check_int("scan limit", opts.limit, 0, None)
+    if opts.value_ranges is not None:
+        for item in check_sequence(opts.value_ranges, "scan value_ranges"):
+            if (
+                not isinstance(item, tuple)
+                or len(item) != 2
+                or not isinstance(item[0], bytes)
+                or not (item[1] is None or isinstance(item[1], bytes))
+            ):
+                raise InvalidArgumentError(
+                    f"scan value_ranges must hold (bytes, bytes or None) pairs, got {item!r}"
+                )
+
+
+def value_in_ranges(value: bytes, ranges: Sequence[tuple[bytes, bytes | None]]) -> bool:
+    """Whether ``value`` lies in one of the half-open ``[low, high)`` ranges
+    (:attr:`ScanOptions.value_ranges`)."""
+    return any(low <= value and (high is None or value < high) for low, high in ranges)
 
 
 def check_put(put: object, table_families: Mapping[str, object]) -> None:

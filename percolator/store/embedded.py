@@ -670,6 +670,9 @@ class EmbeddedStore(Store):
                     params.extend(qualifiers)
                 where.append("version < ?")
                 params.append(upper)
+                if opts.value_ranges is not None:
+                    # Filtered per version before max() picks the newest, as HBase does.
+                    where.append(_value_ranges_sql(opts.value_ranges, params))
                 sql = (
                     "SELECT row, qualifier, max(version), value FROM cells"
                     f" WHERE {' AND '.join(where)}"
@@ -824,3 +827,17 @@ def _rollback(conn: sqlite3.Connection) -> None:
 
 def _reopen(path: str, busy_timeout_s: float) -> EmbeddedStore:
     return EmbeddedStore(path, busy_timeout_s=busy_timeout_s)
+
+
+def _value_ranges_sql(ranges: Sequence[tuple[bytes, bytes | None]], params: list[object]) -> str:
+    """The SQL condition of :attr:`ScanOptions.value_ranges` (values are BLOBs, which
+    SQLite compares as unsigned bytes), appending its parameters to ``params``."""
+    terms = []
+    for low, high in ranges:
+        if high is None:
+            terms.append("value >= ?")
+            params.append(low)
+        else:
+            terms.append("(value >= ? AND value < ?)")
+            params.extend([low, high])
+    return "(" + (" OR ".join(terms) or "0") + ")"

@@ -876,6 +876,7 @@ class HBaseStore(Store):
             specs = [self._column_spec(family, q) for q in dict.fromkeys(opts.qualifiers)]
         empty = (
             (opts.stop is not None and opts.stop <= opts.start)
+            or (opts.value_ranges is not None and not opts.value_ranges)
             or opts.limit == 0
             or not specs
             or opts.before == 0
@@ -900,6 +901,9 @@ class HBaseStore(Store):
                 timestamp=opts.before,
                 columns=specs,
                 caching=count,
+                filterString=(
+                    None if opts.value_ranges is None else value_filter(opts.value_ranges)
+                ),
             )
             scanner_id = self._call(
                 "scan", "scannerOpenWithScan", hname, tscan, {}, table=table, idempotent=True
@@ -1101,3 +1105,21 @@ class HBaseStore(Store):
 
     def __repr__(self) -> str:
         return f"HBaseStore({self.url!r})"
+
+
+def value_filter(ranges: Sequence[tuple[bytes, bytes | None]]) -> bytes:
+    """:attr:`ScanOptions.value_ranges` in HBase's filter language: an OR of
+    ``ValueFilter`` range pairs with binary comparators, evaluated on the region server.
+    ``ranges`` must not be empty."""
+
+    def quoted(value: bytes) -> bytes:
+        # The filter language quotes with ' and escapes a quote by doubling it.
+        return b"'binary:" + value.replace(b"'", b"''") + b"'"
+
+    terms = []
+    for low, high in ranges:
+        term = b"ValueFilter(>=, " + quoted(low) + b")"
+        if high is not None:
+            term = b"(" + term + b" AND ValueFilter(<, " + quoted(high) + b"))"
+        terms.append(term)
+    return b" OR ".join(terms)

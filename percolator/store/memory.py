@@ -64,6 +64,7 @@ from percolator.store.checks import (
     check_sequence,
     check_table_name,
     selection_by_family,
+    value_in_ranges,
 )
 
 
@@ -241,7 +242,16 @@ class MemoryStore(Store):
                         cell = row_cells.get(qualifier)
                         if cell is None:
                             continue
-                        versions = _versions_in_range(cell, upper, 0, 1)
+                        if opts.value_ranges is None:
+                            versions = _versions_in_range(cell, upper, 0, 1)
+                        else:
+                            # The filter applies to each version before the newest is
+                            # chosen (HBase's ValueFilter does the same).
+                            versions = [
+                                version
+                                for version in _versions_in_range(cell, upper, 0, len(cell.values))
+                                if value_in_ranges(version[1], opts.value_ranges)
+                            ][:1]
                         if versions:
                             found[qualifier] = versions[0]
                     if found:

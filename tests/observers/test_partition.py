@@ -12,13 +12,27 @@ import zlib
 from collections.abc import Callable, Iterator
 
 import pytest
-from percolator.observers.partition import KeyGroupLeases, group_of
+from percolator.observers.api import register_observers
+from percolator.observers.partition import (
+    KeyGroupLeases,
+    group_hash_range,
+    group_of,
+    merged_hash_ranges,
+)
 from percolator.observers.runner import RunResult
 from percolator.observers.worker import Worker, WorkerOptions
 
 import percolator
 from percolator.errors import ConfigError
-from percolator.notifications import Notification
+from percolator.layout import NOTIFY
+from percolator.notifications import (
+    HASH_SPACE,
+    LEGACY_NOTIFY_VALUE,
+    Notification,
+    row_hash,
+    scan_notifications,
+)
+from percolator.store.base import Put
 from tests.observers import helpers
 from tests.observers.conftest import connect
 from tests.observers.helpers import EVENTS, Gate, RunLogger, runs
@@ -67,8 +81,96 @@ def workers() -> Iterator[list[Worker]]:
 
 
 def test_the_key_group_of_a_row_is_a_stable_hash() -> None:
-    assert group_of(b"row", 64) == zlib.crc32(b"row") % 64
+    assert group_of(b"row", 64) == zlib.crc32(b"row") * 64 >> 32
     assert {group_of(b"r%d" % i, 8) for i in range(200)} == set(range(8))
+
+
+@pytest.mark.parametrize("groups", [1, 3, 7, 16, 64])
+def test_a_groups_hash_range_holds_exactly_its_rows(groups: int) -> None:
+    ranges = [group_hash_range(g, groups) for g in range(groups)]
+    assert ranges[0][0] == 0 and ranges[-1][1] == HASH_SPACE
+    assert all(ranges[g][1] == ranges[g + 1][0] for g in range(groups - 1))
+    for i in range(500):
+        row = b"r%d" % i
+        low, high = ranges[group_of(row, groups)]
+        assert low <= row_hash(row) < high
+    for g, (low, high) in enumerate(ranges):  # the bounds themselves
+        assert group_of_hash(low, groups) == g and group_of_hash(high - 1, groups) == g
+
+
+def group_of_hash(value: int, groups: int) -> int:
+    return value * groups // HASH_SPACE
+
+
+def test_held_groups_merge_into_few_hash_ranges() -> None:
+    assert merged_hash_ranges([], 4) == []
+    assert merged_hash_ranges([3, 0, 1], 4) == [(0, 1 << 31), (3 << 30, 1 << 32)]
+    assert merged_hash_ranges(range(4), 4) == [(0, 1 << 32)]
+
+
+def test_a_hash_filter_selects_exactly_the_held_groups_rows_in_the_store(
+    local_client: percolator.Client,
+) -> None:
+    _hash_filter_selects_held_groups(local_client)
+
+
+@pytest.mark.hbase
+def test_a_hash_filter_selects_exactly_the_held_groups_rows_on_hbase(hbase_store_url: str) -> None:
+    client = connect(hbase_store_url)
+    try:
+        helpers.create_tables(client)
+        _hash_filter_selects_held_groups(client)
+    finally:
+        client.close()
+
+
+def test_notifications_written_before_hashes_reach_their_groups_owner(
+    local_client: percolator.Client, workers: list[Worker]
+) -> None:
+    client = local_client
+    register_observers(client, [RunLogger()])
+    rows = [b"old%02d" % i for i in range(20)]
+    with client.transaction() as txn:
+        for row in rows:
+            txn.set(EVENTS, row, "value", b"x")
+    # Rewrite them as the previous format did: same version, value b"1".
+    legacy = [
+        Put(n.row, NOTIFY, b"value", n.notify_ts, LEGACY_NOTIFY_VALUE)
+        for n in pending_in(client, None)
+    ]
+    client.store.put(EVENTS, legacy)
+    held = [0, 1, 2]
+    assert {n.row for n in pending_in(client, merged_hash_ranges(held, GROUPS))} == set(rows)
+    a = Worker(client, [RunLogger()], options())
+    b = Worker(client, [RunLogger()], options())
+    for worker in (a, b):
+        worker.start()
+        workers.append(worker)
+    client.wait_for(observers=["run-logger"], timeout=60)
+    covered = runs(client.snapshot())
+    assert helpers.duplicate_runs(covered) == [] and sorted(covered) == rows
+
+
+def _hash_filter_selects_held_groups(client: percolator.Client) -> None:
+    register_observers(client, [RunLogger()])
+    rows = [b"row%03d" % i for i in range(200)]
+    with client.transaction() as txn:
+        for row in rows:
+            txn.set(EVENTS, row, "value", b"x")
+    for held in ([0], [1, 2], [0, 5, 6, 15], list(range(GROUPS)), []):
+        ranges = merged_hash_ranges(held, GROUPS)
+        found = [n.row for n in pending_in(client, ranges)]
+        assert found == [r for r in rows if group_of(r, GROUPS) in held], held
+
+
+def pending_in(
+    client: percolator.Client, ranges: list[tuple[int, int]] | None
+) -> list[Notification]:
+    return [
+        n
+        for _, found in scan_notifications(client.store, EVENTS, ["value"], hash_ranges=ranges)
+        for n in found
+    ]
 
 
 def test_bad_partitioning_options_are_refused(local_client: percolator.Client) -> None:
@@ -89,6 +191,16 @@ def test_two_workers_split_the_groups_and_each_runs_only_its_own(
 
     a = Worker(client, [RunLogger()], options(recorder("a")))
     b = Worker(client, [RunLogger()], options(recorder("b")))
+    # What each worker's scanners read (before the worker's own check of the group).
+    read: dict[str, list[bytes]] = {"a": [], "b": []}
+    for key, worker in (("a", a), ("b", b)):
+        offer = worker._offer
+
+        def counting(notification: Notification, key: str = key, offer=offer) -> bool:  # type: ignore[no-untyped-def]
+            read[key].append(notification.row)
+            return offer(notification)
+
+        worker._offer = counting  # type: ignore[method-assign]
     for worker in (a, b):
         worker.start()
         workers.append(worker)
@@ -108,6 +220,9 @@ def test_two_workers_split_the_groups_and_each_runs_only_its_own(
     client.wait_for(observers=["run-logger"], timeout=60)
     assert {group_of(r, GROUPS) for r in seen["a"]} <= groups_a
     assert {group_of(r, GROUPS) for r in seen["b"]} <= groups_b
+    # Each worker read only its own groups' notifications: the store filtered the rest.
+    assert {group_of(r, GROUPS) for r in read["a"]} <= groups_a
+    assert {group_of(r, GROUPS) for r in read["b"]} <= groups_b
     assert sorted(seen["a"] + seen["b"]) == rows
     covered = runs(client.snapshot())
     assert helpers.duplicate_runs(covered) == [] and sorted(covered) == rows

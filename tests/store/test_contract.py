@@ -504,6 +504,32 @@ def test_scan_before_returns_newest_below(store: Store, table: str) -> None:
     ]
 
 
+def test_scan_value_ranges_filter_values_in_the_store(store: Store, table: str) -> None:
+    values = [b"05", b"10", b"1f", b"20", b"a'b", b"ab", b"\xff\x00"]
+    store.put(table, [Put(b"r%d" % i, "d", b"q", 1, v) for i, v in enumerate(values)])
+
+    def scanned(ranges: list[tuple[bytes, bytes | None]], **options: object) -> list[bytes]:
+        found = store.scan(table, "d", ScanOptions(value_ranges=ranges, **options))  # type: ignore[arg-type]
+        return [cells[b"q"][1] for _, cells in found]
+
+    assert scanned([(b"10", b"20")]) == [b"10", b"1f"]
+    assert scanned([(b"10", b"11"), (b"a", None)]) == [b"10", b"a'b", b"ab", b"\xff\x00"]
+    assert scanned([(b"a'b", b"a'c")]) == [b"a'b"]  # a quote in a bound is escaped
+    assert scanned([(b"", None)]) == values
+    assert scanned([]) == []
+    assert scanned([(b"0", b"2")], batch_size=1, limit=2) == [b"05", b"10"]
+    assert scanned([(b"0", b"2")], start=b"r2") == [b"1f"]
+    assert scanned([(b"0", b"2")], before=1) == []
+
+
+def test_scan_value_ranges_apply_to_each_version(store: Store, table: str) -> None:
+    store.put(table, [Put(b"r", "d", b"q", 1, b"keep"), Put(b"r", "d", b"q", 2, b"drop")])
+    only_keep = ScanOptions(value_ranges=[(b"keep", b"keeq")])
+    assert list(store.scan(table, "d", only_keep)) == [(b"r", {b"q": (1, b"keep")})]
+    only_drop = ScanOptions(value_ranges=[(b"drop", b"droq")])
+    assert list(store.scan(table, "d", only_drop)) == [(b"r", {b"q": (2, b"drop")})]
+
+
 def test_scan_returns_only_the_scanned_family(store: Store, table: str) -> None:
     store.put(
         table,
@@ -641,6 +667,9 @@ BAD_SCANS = [
     ("d", ScanOptions(limit=-1)),
     ("d", ScanOptions(start="text")),  # type: ignore[arg-type]
     ("d", ScanOptions(stop="text")),  # type: ignore[arg-type]
+    ("d", ScanOptions(value_ranges=[(b"a",)])),  # type: ignore[list-item]
+    ("d", ScanOptions(value_ranges=[("a", None)])),  # type: ignore[list-item]
+    ("d", ScanOptions(value_ranges=[(b"a", "b")])),  # type: ignore[list-item]
 ]
 
 
