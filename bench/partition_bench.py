@@ -2,6 +2,7 @@
 
     python bench/partition_bench.py                         # embedded store, 1 2 4 workers
     python bench/partition_bench.py --workers 1,2,4,8 --rows 800 --json out.json
+    python bench/partition_bench.py --hbase hbase://127.0.0.1:9090   # a fresh prefix per run
 
 For each worker count N and each mode (``random``: every worker scans and runs everything,
 jumping away from other scanners; ``partitioned``: key groups leased to workers,
@@ -113,9 +114,13 @@ def lease_owners(client: percolator.Client) -> set[str]:
     return owners
 
 
-def one_run(workers: int, mode: str, rows: int) -> dict[str, Any]:
+def one_run(workers: int, mode: str, rows: int, hbase: str | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="pbench-") as tmp:
         url = f"embedded:{tmp}/store"
+        if hbase is not None:
+            # A fresh table prefix per run: the runs must not see each other's leftovers.
+            sep = "&" if "?" in hbase else "?"
+            url = f"{hbase}{sep}prefix=pb{os.getpid()}_{workers}{mode[0]}_"
         client = percolator.connect(url)
         Copy().setup(client)
         register_observers(client, [Copy()])
@@ -155,6 +160,9 @@ def one_run(workers: int, mode: str, rows: int) -> dict[str, Any]:
                 out, _ = proc.communicate(input="", timeout=120)
                 for key, value in json.loads(out.strip().splitlines()[-1]).items():
                     totals[key] += value
+            if hbase is not None:  # once the workers are gone
+                for table in (TABLE, OUT):
+                    client.drop_table(table)
             client.close()
     runs = max(totals["runs"], 1.0)
     return {
@@ -175,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", default="1,2,4", help="comma-separated worker counts")
     parser.add_argument("--rows", type=int, default=400)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--hbase", default=None, help="HBase URL (default: embedded stores)")
     args = parser.parse_args(argv)
     if args.child:
         return child(*args.child)
@@ -185,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     for workers in (int(n) for n in args.workers.split(",")):
         for mode in ("random", "partitioned"):
-            r = one_run(workers, mode, args.rows)
+            r = one_run(workers, mode, args.rows, args.hbase)
             results.append(r)
             print(
                 f"{r['workers']:>7} {r['mode']:12} {r['rows']:>5} {r['seconds']:>7.2f} "
@@ -196,7 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs")
     if args.json is not None:
-        doc = {"results": results, "load_average": list(load), "cpus": os.cpu_count()}
+        doc = {
+            "store": "hbase" if args.hbase else "embedded",
+            "results": results,
+            "load_average": list(load),
+            "cpus": os.cpu_count(),
+        }
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
     return 0
 
