@@ -24,6 +24,10 @@ One pass:
    than **that table's** progress: a pass killed at any step, or a pass over a subset of
    tables, leaves nothing uncollectable.
 
+6. The delete masks of the collected tables and of the meta table are forgotten
+   (:meth:`Store.compact_deletes`; on HBase its own major compactions do that), so the
+   embedded store's masks stay bounded too.
+
 Deletes are batched (one store call per 1000 cells).  Idempotent and safe to run
 concurrently with transactions and with other GC passes.
 
@@ -75,6 +79,8 @@ class GcReport:
     cells_collected: int = 0
     #: notify cells of columns no observer watches, cleaned (by the client, see gc())
     notifications_collected: int = 0
+    #: delete masks forgotten (Store.compact_deletes: embedded and memory stores)
+    delete_masks_dropped: int = 0
     clients_expired: int = 0
     tables: list[str] = field(default_factory=list)
 
@@ -83,7 +89,8 @@ class GcReport:
             f"safe point {describe(self.safe_point)}; {self.locks_resolved} locks resolved, "
             f"{self.locks_alive} alive, {self.locks_orphaned} orphaned; "
             f"{self.cells_collected} cells collected in {len(self.tables)} tables; "
-            f"{self.clients_expired} expired client records removed"
+            f"{self.clients_expired} expired client records removed; "
+            f"{self.delete_masks_dropped} delete masks dropped"
         )
 
 
@@ -180,6 +187,10 @@ def run_gc(
             META_TABLE, [Delete(row, META_FAMILY, CLIENT_QUALIFIER, 2**62) for row in expired]
         )
         report.clients_expired = len(expired)
+    # Last, so the masks of this pass's own deletes go too (the protocol never relies on a
+    # mask; see Store.compact_deletes).
+    for table in [*tables, META_TABLE]:
+        report.delete_masks_dropped += store.compact_deletes(table)
     say(report.summary())
     return report
 

@@ -28,8 +28,9 @@ What is atomic (this is the whole contract the transaction protocol relies on)
   Reads of many rows and scans are **not** a consistent snapshot across rows.
 * :meth:`Store.delete_versions` removes every version **at or below** a timestamp, and the
   delete also masks puts at or below that timestamp written **later** (HBase keeps that mask
-  until a major compaction; the embedded and memory stores keep it forever).  Never rely on
-  either: the protocol never re-puts at or below a version it deleted.
+  until a major compaction; the embedded and memory stores until :meth:`Store.compact_deletes`,
+  which garbage collection calls).  Never rely on either: the protocol never re-puts at or
+  below a version it deleted.
 
 Version ranges
 --------------
@@ -250,6 +251,17 @@ class Store(abc.ABC):
     def delete_versions(self, table: str, deletes: Sequence[Delete]) -> None:
         """Delete every version at or below each delete's timestamp (batched).  The deletes
         also mask later puts at or below that timestamp (see the module docstring)."""
+
+    @abc.abstractmethod
+    def compact_deletes(self, table: str) -> int:
+        """Forget the delete masks of ``table``, as HBase's major compaction drops its delete
+        markers: afterwards a put at or below a deleted version is stored again.  The
+        protocol never relies on a mask (see the module docstring), so this is safe at any
+        time.  Returns how many masks were dropped.
+
+        HBase: does nothing and returns 0; its region servers drop markers at their own
+        major compactions (``hbase.hregion.majorcompaction``, 7 days by default), and an
+        on-demand one rewrites every file of the table, too heavy for each GC pass."""
 
     # ------------------------------------------------------------------ lifecycle
 

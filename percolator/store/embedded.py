@@ -29,9 +29,11 @@ What is atomic and durable
   for example one stopped with SIGSTOP) raises :class:`StoreUnavailableError` and nothing
   was written; any other SQLite failure raises :class:`StoreError`.
 
-Delete masks are kept **forever** (HBase drops its delete markers at a major compaction): a
-put at or below a deleted version of the same cell is silently dropped, also a
-compare-and-set whose stamp falls under it.  The mask table holds one row per deleted cell.
+Delete masks are kept until :meth:`EmbeddedStore.compact_deletes` forgets a table's (as
+HBase drops its delete markers at a major compaction; garbage collection calls it after each
+pass): meanwhile a put at or below a deleted version of the same cell is silently dropped,
+also a compare-and-set whose stamp falls under it.  The mask table holds one row per deleted
+cell.
 
 On-disk format (format version 1)
 ---------------------------------
@@ -785,6 +787,14 @@ class EmbeddedStore(Store):
             params = [(tid, d.family, d.row, d.qualifier, d.at_or_below) for d in checked]
             conn.executemany(_DELETE_SQL, params)
             conn.executemany(_MASK_SQL, params)
+
+    def compact_deletes(self, table: str) -> int:
+        check_table_name(table)
+        self._count("compact_deletes")
+        with self._errors(f"compact_deletes({table!r})"), self._write() as conn:
+            tid, _ = self._table(conn, table)
+            dropped: int = conn.execute("DELETE FROM delete_masks WHERE tid = ?", (tid,)).rowcount
+            return dropped
 
 
 class WriteLockStats:

@@ -10,8 +10,8 @@ fast unit tests:
 * :meth:`MemoryStore.delete_versions` removes versions at or below a timestamp and leaves a
   *delete mask* on the cell: a later put at or below the masked timestamp is dropped, also a
   compare-and-set whose store-stamped version falls under it (HBase keeps its delete markers
-  until a major compaction; this store keeps the mask **forever**, for as long as the table
-  exists);
+  until a major compaction; this store keeps the mask until
+  :meth:`MemoryStore.compact_deletes`, which garbage collection calls after each pass);
 * :meth:`MemoryStore.compare_and_set` compares the newest version (``None`` or ``b""`` match an
   absent cell **or** an empty value, as HBase's ``checkAndPut`` does) and stamps the new
   version like HBase 2 does: ``max(store clock, version of the cell just compared)``.  The
@@ -337,6 +337,16 @@ class MemoryStore(Store):
                     if not row_cells:
                         del fam.rows[delete.row]
                         fam.sorted_rows.pop(bisect.bisect_left(fam.sorted_rows, delete.row))
+
+    def compact_deletes(self, table: str) -> int:
+        check_table_name(table)
+        with self._lock:
+            self.stats.count("compact_deletes")
+            dropped = 0
+            for fam in self._table(table).families.values():
+                dropped += len(fam.delete_masks)
+                fam.delete_masks.clear()
+            return dropped
 
     # ------------------------------------------------------------------ internals
 

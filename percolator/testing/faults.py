@@ -356,6 +356,12 @@ class FaultyStore(Store):
             lambda: self.inner.delete_versions(table, deletes),
         )
 
+    def compact_deletes(self, table: str) -> int:
+        dropped: int = self._call(
+            "compact_deletes", {"table": table}, lambda: self.inner.compact_deletes(table)
+        )
+        return dropped
+
     def close(self) -> None:
         self.inner.close()
 
