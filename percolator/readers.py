@@ -183,9 +183,37 @@ def reserve_safe_point(store: Store, name: str, ts: int, ttl_ms: int) -> None:
 
 
 def release_safe_point(store: Store, name: str) -> None:
-    """Drop a reservation (kept as a released record: see :func:`set_meta_cell`)."""
+    """Drop a reservation: it becomes a released record (see :func:`set_meta_cell`), which
+    GC removes :data:`RESERVATION_KEEP_MS` later (:func:`collect_reservations`)."""
     row = RESERVE_PREFIX + name.encode("utf-8")
     set_meta_cell(store, row, RESERVE_QUALIFIER, encode_publication(0, 0))
+
+
+#: how long a released or expired reservation's record stays before GC removes it: far
+#: longer than any clock difference between the store's stamps and its clients, so that a
+#: later reservation of the same name (compare-and-set, stamped with the store's clock) is
+#: always newer than the delete marker and never hidden by it
+RESERVATION_KEEP_MS = 3_600_000
+
+
+def collect_reservations(store: Store, clock_ms: int, keep_ms: int = RESERVATION_KEEP_MS) -> int:
+    """Delete the records of reservations released or expired, and last written, more than
+    ``keep_ms`` before ``clock_ms``, so names used once (a bulk load's id) do not pile up.
+    Returns how many were removed.  Each delete stops at the version read: a concurrent
+    renewal is stamped later and survives it."""
+    deletes = []
+    options = ScanOptions(start=RESERVE_PREFIX, stop=_prefix_stop(RESERVE_PREFIX))
+    for row, cells in store.scan(META_TABLE, META_FAMILY, options):
+        found = cells.get(RESERVE_QUALIFIER)
+        if found is None:
+            continue
+        version, value = found
+        expires_ms = _U64.unpack(value[8:16])[0] if len(value) >= 16 else 0
+        if version < clock_ms - keep_ms and expires_ms < clock_ms - keep_ms:
+            deletes.append(Delete(row, META_FAMILY, RESERVE_QUALIFIER, version))
+    if deletes:
+        store.delete_versions(META_TABLE, deletes)
+    return len(deletes)
 
 
 @dataclass(frozen=True)

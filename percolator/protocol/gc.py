@@ -52,6 +52,7 @@ from percolator.readers import (
     CLIENT_QUALIFIER,
     SAFE_POINT_QUALIFIER,
     SAFE_POINT_ROW,
+    collect_reservations,
     live_readers,
     read_safe_point,
     set_meta_cell,
@@ -82,6 +83,8 @@ class GcReport:
     #: delete masks forgotten (Store.compact_deletes: embedded and memory stores)
     delete_masks_dropped: int = 0
     clients_expired: int = 0
+    #: records of reservations released or expired long ago, removed
+    reservations_removed: int = 0
     tables: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -89,7 +92,8 @@ class GcReport:
             f"safe point {describe(self.safe_point)}; {self.locks_resolved} locks resolved, "
             f"{self.locks_alive} alive, {self.locks_orphaned} orphaned; "
             f"{self.cells_collected} cells collected in {len(self.tables)} tables; "
-            f"{self.clients_expired} expired client records removed; "
+            f"{self.clients_expired} expired client records and "
+            f"{self.reservations_removed} old reservations removed; "
             f"{self.delete_masks_dropped} delete masks dropped"
         )
 
@@ -187,6 +191,7 @@ def run_gc(
             META_TABLE, [Delete(row, META_FAMILY, CLIENT_QUALIFIER, 2**62) for row in expired]
         )
         report.clients_expired = len(expired)
+    report.reservations_removed = collect_reservations(store, now_ms())
     # Last, so the masks of this pass's own deletes go too (the protocol never relies on a
     # mask; see Store.compact_deletes).
     for table in [*tables, META_TABLE]:

@@ -8,9 +8,17 @@ import pytest
 
 import percolator
 from percolator.errors import SafePointError
-from percolator.layout import DATA, WRITE
+from percolator.layout import DATA, META_FAMILY, META_TABLE, WRITE
 from percolator.protocol.gc import lock_report
-from percolator.readers import read_safe_point
+from percolator.readers import (
+    RESERVATION_KEEP_MS,
+    RESERVE_PREFIX,
+    collect_reservations,
+    read_safe_point,
+    scan_reservations,
+)
+from percolator.store.base import ScanOptions
+from percolator.timestamps import now_ms
 
 # Garbage collection on every backend, and with every kind of oracle.
 pytestmark = pytest.mark.every_oracle
@@ -104,3 +112,48 @@ def test_gc_forgets_the_delete_masks_it_leaves_behind(client: percolator.Client)
         assert report.delete_masks_dropped >= 2
         assert all(client.store.compact_deletes(t) == 0 for t in client.store.list_tables())
     assert client.snapshot().get("t", b"k0", "c") == b"v2"
+
+
+def test_a_named_reservation_holds_gc_until_released(client: percolator.Client) -> None:
+    with client.transaction() as txn:
+        txn.set("t", b"k", "c", b"old")
+    held = client.oracle.get_timestamp()
+    client.reserve_safe_point("export-1", held, ttl_ms=60_000)
+    with client.transaction() as txn:
+        txn.set("t", b"k", "c", b"new")
+    report = client.gc(life_time_ms=0)
+    assert report.safe_point <= held
+    assert client.snapshot(held).get("t", b"k", "c") == b"old"
+    assert [r.name for r in scan_reservations(client.store)] == ["export-1"]
+    client.release_safe_point("export-1")
+    assert scan_reservations(client.store) == []
+    assert client.gc(life_time_ms=0).safe_point > held
+    with pytest.raises(SafePointError):
+        client.snapshot(held).get("t", b"k", "c")
+
+
+def reservation_rows(client: percolator.Client) -> list[bytes]:
+    options = ScanOptions(start=RESERVE_PREFIX, stop=RESERVE_PREFIX[:-1] + b"0")
+    return [row for row, _ in client.store.scan(META_TABLE, META_FAMILY, options)]
+
+
+def test_gc_removes_reservation_records_long_released_or_expired(client: percolator.Client) -> None:
+    store = client.store
+    ts = client.oracle.get_timestamp()
+    client.reserve_safe_point("once", ts, ttl_ms=60_000)
+    client.release_safe_point("once")
+    client.reserve_safe_point("lapsed", ts, ttl_ms=1)
+    client.reserve_safe_point("live", ts, ttl_ms=RESERVATION_KEEP_MS * 3)
+    assert len(reservation_rows(client)) == 3
+    # Within the keep time nothing goes (a GC pass runs it with the current clock).
+    assert client.gc(life_time_ms=0).reservations_removed == 0
+    assert len(reservation_rows(client)) == 3
+    later = now_ms() + RESERVATION_KEEP_MS + 60_000
+    assert collect_reservations(store, later) == 2
+    assert reservation_rows(client) == [RESERVE_PREFIX + b"live"]
+    assert collect_reservations(store, later) == 0
+    # A name used again afterwards is a reservation like any other (its compare-and-set is
+    # stamped after the delete, so the delete marker does not hide it).
+    time.sleep(0.01)
+    client.reserve_safe_point("once", ts, ttl_ms=60_000)
+    assert {r.name for r in scan_reservations(store)} == {"once", "live"}
