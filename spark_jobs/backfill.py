@@ -52,8 +52,17 @@ The job id defaults to a hash of the inputs, format, table, key and mapping.
 
 What may be retried: everything (a task, the job, with any parallelism).  What is not
 undone: batches committed by a failed run stay committed; the re-run completes the rest.
-Progress markers are small (one cell per batch); :func:`forget_job` removes a job's
-markers (after which a re-run would load everything again).
+
+Once every batch committed, the driver marks the job *done* (column ``done`` of the job
+row) and then removes its batch markers (:func:`remove_batch_markers`), so a finished job
+keeps only its job row.  Every batch transaction also reads ``done`` and writes nothing
+once it is set, which keeps a concurrent or later run of the same job exactly once without
+the markers: a batch transaction that began before ``done`` committed still sees every
+marker (they all committed before ``done`` was written), or writes a marker that the
+removal also writes, and so conflicts and re-runs into ``done``.  A driver that dies
+between the two leaves markers that the next run of the job removes.
+:func:`forget_job` removes a job's row and markers (after which a re-run would load
+everything again).
 
 Progress (rows written, rate, remaining) is reported on the driver as tasks finish.
 """
@@ -299,6 +308,10 @@ class BackfillReport:
     load_commit_ts: int = 0
     notified_columns: list[str] = field(default_factory=list)
     unnotified_columns: list[str] = field(default_factory=list)
+    #: whether the job is done (every batch committed), and the batch markers this run
+    #: removed once it was (one small row per batch)
+    done: bool = False
+    markers_removed: int = 0
 
     @property
     def rate(self) -> float:
@@ -315,6 +328,8 @@ class BackfillReport:
             f"{self.bad_rows} bad; {self.batches_written} batches committed, "
             f"{self.batches_skipped} skipped; {self.seconds:.1f} s ({self.rate:.0f} rows/s)"
         ]
+        if self.done:
+            lines.append(f"  job done; {self.markers_removed} batch markers removed")
         if self.duplicate_keys:
             lines.append(
                 f"  {self.duplicate_keys} rows repeated an earlier key (merged into one row; "
@@ -369,6 +384,8 @@ class BackfillReport:
             "load_commit_ts": self.load_commit_ts,
             "notified_columns": list(self.notified_columns),
             "unnotified_columns": list(self.unnotified_columns),
+            "done": self.done,
+            "markers_removed": self.markers_removed,
         }
 
 
@@ -819,6 +836,8 @@ def _write_batch(
     record = json.dumps({"v": 1, "rows": len(rows), "digest": digest}, sort_keys=True).encode()
 
     def attempt(txn: Transaction) -> bool:
+        if txn.get(plan.progress_table, job_row(plan.job_id), DONE_COLUMN) is not None:
+            return False  # the job finished: every batch committed (see the module docstring)
         existing = txn.get(plan.progress_table, marker, MARKER_COLUMN)
         if existing is not None:
             if json.loads(existing).get("digest") != digest:
@@ -977,28 +996,44 @@ def _settle_job_record(
     return client.run(settle)
 
 
-def forget_job(
+def remove_batch_markers(
     client: percolator.Client, job_id: str, progress_table: str = DEFAULT_PROGRESS_TABLE
 ) -> int:
-    """Delete a job's record and progress markers (transactionally, in chunks); returns how
-    many rows were removed.  Afterwards a re-run of the job writes every row again."""
+    """Delete the batch markers of a job marked done (transactionally, in chunks), keeping
+    its job row; returns how many were removed.  Refuses a job that is not done: its markers
+    are what keeps its batches exactly once.  Idempotent."""
     check_job_id(job_id)
-    prefix = f"{job_id}/".encode()
+    if client.snapshot().get(progress_table, job_row(job_id), DONE_COLUMN) is None:
+        raise ConfigError(f"backfill job {job_id!r} is not done: its batch markers are needed")
+    return _delete_rows(client, progress_table, f"{job_id}/batch/".encode())
+
+
+def _delete_rows(client: percolator.Client, table: str, prefix: bytes) -> int:
+    """Delete every row under ``prefix`` (ending in ``/``), 500 rows per transaction."""
     stop = prefix[:-1] + b"0"  # b"0" follows b"/": exactly the rows under the prefix
     removed = 0
     while True:
         snapshot = client.snapshot()
-        chunk = list(itertools.islice(snapshot.scan(progress_table, prefix, stop), 500))
+        chunk = list(itertools.islice(snapshot.scan(table, prefix, stop), 500))
         if not chunk:
             return removed
 
         def delete(txn: Transaction, chunk: list[tuple[bytes, dict[str, bytes]]] = chunk) -> None:
             for row, cells in chunk:
                 for column in cells:
-                    txn.delete(progress_table, row, column)
+                    txn.delete(table, row, column)
 
         client.run(delete)
         removed += len(chunk)
+
+
+def forget_job(
+    client: percolator.Client, job_id: str, progress_table: str = DEFAULT_PROGRESS_TABLE
+) -> int:
+    """Delete a job's record and progress markers (transactionally, in chunks); returns how
+    many rows were removed.  Afterwards a re-run of the job writes every row again."""
+    check_job_id(job_id)
+    return _delete_rows(client, progress_table, f"{job_id}/".encode())
 
 
 # --------------------------------------------------------------------------- progress
@@ -1221,6 +1256,8 @@ def run_backfill(
         done = json.dumps({"v": 1, "finished_ms": int(time.time() * 1000),
                            "rows": report.rows_good, "bad_rows": report.bad_rows}).encode()
         c.run(lambda txn: txn.set(options.progress_table, job_row(job_id), DONE_COLUMN, done))
+        report.done = True
+        report.markers_removed = remove_batch_markers(c, job_id, options.progress_table)
     emit(report.summary())
     return report
 

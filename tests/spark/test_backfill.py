@@ -10,10 +10,12 @@ from typing import Any
 import pytest
 from percolator.observers.worker import Worker, WorkerOptions, run_until_quiet
 from percolator.spark_jobs.backfill import (
+    DEFAULT_PROGRESS_TABLE,
     BackfillOptions,
     ColumnMapping,
     InjectedFailure,
     bucket_of,
+    job_row,
     run_backfill,
 )
 from percolator.spark_jobs.session import SparkJobError
@@ -98,13 +100,23 @@ def test_backfill_parquet_writes_every_row_once(
     check_written_once(shared_store_url, rows)
     assert any("rows done" in line for line in lines) or report.seconds < 0.2
     assert "240 written" in lines[-1]
+    # Done: the batch markers are gone, only the job row stays.
+    assert report.done and report.markers_removed == report.batches_written
+    assert progress_rows(shared_store_url) == [job_row(report.job_id)]
 
     # A re-run of the finished job writes nothing and skips every batch.
     again = run_backfill(spark, options(shared_store_url, path))
     assert (again.rows_written, again.rows_skipped) == (0, ROWS)
     assert again.batches_skipped == report.batches_written
     assert again.job_id == report.job_id
+    assert (again.done, again.markers_removed) == (True, 0)
     check_written_once(shared_store_url, rows)
+    assert progress_rows(shared_store_url) == [job_row(report.job_id)]
+
+
+def progress_rows(url: str) -> list[bytes]:
+    with connect(url) as client:
+        return [row for row, _ in client.snapshot().scan(DEFAULT_PROGRESS_TABLE)]
 
 
 def test_task_failing_on_first_attempt_is_retried_without_rewriting(
