@@ -156,9 +156,9 @@ def run_backfill_command(args: argparse.Namespace) -> int:
     if args.forget:
         if not args.job_id:
             raise ConfigError("--forget needs --job-id")
-        import percolator
+        from percolator.command_options import connect_existing
 
-        with percolator.connect(args.store, oracle=args.oracle) as client:
+        with connect_existing(args.store, args.oracle) as client:
             removed = forget_job(client, args.job_id, args.progress_table)
         print(f"removed {removed} progress rows of job {args.job_id}")
         return 0
@@ -211,8 +211,11 @@ def run_export_command(args: argparse.Namespace) -> int:
         splits=args.splits,
         strings=args.strings,
     )
+    from percolator.command_options import open_existing_store
+
     mode = "overwrite" if args.mode == "overwrite" else "errorifexists"
     check_output(args.output, mode)  # before the JVM starts
+    open_existing_store(args.store).close()  # a missing store is an error, never created
     spark = _session(args, "percolator-export")
     _progress("export")(f"exporting {args.table} to {args.output}")
     report = write_export(spark, options, args.output, mode=mode)

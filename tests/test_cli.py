@@ -94,6 +94,7 @@ def test_main_reports_a_broken_plugin_in_one_line(
     assert err == ("percolator: error: command plugin 'broken' (no_such_module_xyz:register): "
                    "cannot load: ModuleNotFoundError: No module named 'no_such_module_xyz'\n")
     # Other commands still run; the broken one is named in one warning line.
+    percolator.connect(f"embedded:{tmp_path / 's'}").close()
     assert cli.main(["gc", "--store", f"embedded:{tmp_path / 's'}", "--json"]) == 0
     err = capsys.readouterr().err
     assert err.splitlines() == [
@@ -118,6 +119,7 @@ def test_a_broken_plugin_of_another_distribution(tmp_path: Path) -> None:
         "percolator: error: command plugin 'broken' (no_such_module_xyz:register): cannot "
         "load: ModuleNotFoundError: No module named 'no_such_module_xyz'"
     ]
+    percolator.connect(f"embedded:{tmp_path / 's'}").close()
     result = run(["gc", "--store", f"embedded:{tmp_path / 's'}"], env)
     assert result.returncode == 0, result.stderr
     assert "command plugin 'broken'" in result.stderr

@@ -1,7 +1,8 @@
-"""Commands that read a deployment never create one: a missing store, ``memory:`` in a fresh
-process, an empty store or a wrong HBase prefix is one clear error line and exit code 2, and
-afterwards nothing exists that did not exist before.  The worker and ``observers register``
-create a store only with ``--create``."""
+"""Commands that read a deployment (or clean up in it) never create one: a missing store,
+``memory:`` in a fresh process, an empty store or a wrong HBase prefix is one clear error
+line and exit code 2, and afterwards nothing exists that did not exist before.  The worker
+and ``observers register`` create a store only with ``--create``; ``gc``, ``export`` and
+``backfill --forget`` never."""
 
 from __future__ import annotations
 
@@ -32,6 +33,12 @@ SAFE_COMMANDS = {
     "notifications retry": (["notifications", "retry"], ["--all"]),
     "worker": (["worker"], ["--observer", "doc-index"]),
     "observers register": (["observers", "register"], ["--observer", "doc-index"]),
+    "gc": (["gc"], ["--life-time", "0"]),
+    "export": (["export"], ["--table", "t", "--output", "never-written.parquet"]),
+    "backfill --forget": (
+        ["backfill"],
+        ["in.json", "--table", "t", "--key", "k", "--forget", "--job-id", "j"],
+    ),
 }
 
 
@@ -120,7 +127,8 @@ def test_the_worker_creates_a_store_when_asked(tmp_path: Path) -> None:
 
 @pytest.mark.hbase
 @pytest.mark.parametrize(
-    "command", ["status", "observers list", "notifications list", "worker", "observers register"]
+    "command",
+    ["status", "observers list", "notifications list", "worker", "observers register", "gc"],
 )
 def test_a_wrong_hbase_prefix_is_reported_and_nothing_is_created(
     command: str, hbase_url: str, capsys: pytest.CaptureFixture[str]

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from percolator.command_options import add_oracle_option, add_store_option
+from percolator.command_options import add_oracle_option, add_store_option, connect_existing
 
 
 def register(subparsers: Any) -> None:
@@ -15,7 +15,8 @@ def register(subparsers: Any) -> None:
         "gc",
         help="remove versions older than the GC life time",
         description="Resolve locks below the safe point, advance the safe point and delete "
-        "versions below it.  Reads below the safe point fail with a clear error afterwards.",
+        "versions below it.  Reads below the safe point fail with a clear error afterwards.  "
+        "A store that does not exist is an error (nothing is created).",
     )
     add_store_option(parser)
     add_oracle_option(parser)
@@ -32,12 +33,11 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import percolator
     from percolator.errors import ConfigError
 
     if args.life_time < 0:
         raise ConfigError(f"--life-time must be >= 0, got {args.life_time}")
-    with percolator.connect(args.store, oracle=args.oracle) as client:
+    with connect_existing(args.store, args.oracle) as client:
         quiet = args.json
 
         def progress(message: str) -> None:
