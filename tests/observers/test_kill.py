@@ -8,7 +8,9 @@ cleanup, right after the engine's commit point) - and restarted.  After quiescen
 stored tables are compared with docpipeline/reference.py over the documents as stored, and
 those documents with the ones the test wrote.
 
-Default runs a few trials; ``-m slow`` runs many.
+The workers scan at random (each scans everything) or partitioned (key groups leased with a
+short lease, each worker reading only its groups' notifications; a killed worker's groups
+move when its lease ends).  Default runs a few trials; ``-m slow`` runs many.
 """
 
 from __future__ import annotations
@@ -31,22 +33,38 @@ CRASH_POINTS = [
     "commit.after_primary",
     "prewrite.after_primary",
 ]
-TRIALS = [pytest.param(seed, id=f"trial{seed}") for seed in range(2)] + [
-    pytest.param(seed, id=f"trial{seed}", marks=pytest.mark.slow) for seed in range(2, 14)
-]
+TRIALS = (
+    [pytest.param(seed, "random", id=f"trial{seed}") for seed in range(2)]
+    + [pytest.param(2, "partitioned", id="partitioned-trial2")]
+    + [
+        pytest.param(seed, "random", id=f"trial{seed}", marks=pytest.mark.slow)
+        for seed in range(3, 14)
+    ]
+    + [
+        pytest.param(seed, "partitioned", id=f"partitioned-trial{seed}", marks=pytest.mark.slow)
+        for seed in range(14, 20)
+    ]
+)
+# Partitioned workers: a short lease, so a killed worker's groups move within a second or two.
+PARTITIONED = ("--partitioned", "--key-groups", "16", "--lease-ms", "1500")
 
 
-def _start(url: str, log: Path, rng: random.Random, plugin_dir: Path) -> WorkerProcess:
+def _start(
+    url: str, log: Path, rng: random.Random, plugin_dir: Path, mode: str, *, crash: bool = True
+) -> WorkerProcess:
     env = {}
-    if rng.random() < 0.5:
+    if crash and rng.random() < 0.5:
         point = rng.choice(CRASH_POINTS)
         env["PERCOLATOR_FAILPOINTS"] = f"{point}=count:{rng.randint(1, 40)}:crash"
-    return WorkerProcess(url, OBSERVERS, log, plugin_dir=plugin_dir, threads=4, env=env)
+    extra = PARTITIONED if mode == "partitioned" else ()
+    return WorkerProcess(
+        url, OBSERVERS, log, plugin_dir=plugin_dir, threads=4, env=env, extra_args=extra
+    )
 
 
-@pytest.mark.parametrize("seed", TRIALS)
+@pytest.mark.parametrize(("seed", "mode"), TRIALS)
 def test_killed_workers_leave_the_derived_tables_exact(
-    shared_store_url: str, plugin_dir: Path, tmp_path: Path, seed: int
+    shared_store_url: str, plugin_dir: Path, tmp_path: Path, seed: int, mode: str
 ) -> None:
     small = shared_store_url.startswith("hbase")
     rng = random.Random(seed)
@@ -61,7 +79,7 @@ def test_killed_workers_leave_the_derived_tables_exact(
         current = corpus.apply_changes(current, changes)
 
     logs = iter(tmp_path / f"worker{i}.log" for i in range(1000))
-    workers = [_start(shared_store_url, next(logs), rng, plugin_dir) for _ in range(2)]
+    workers = [_start(shared_store_url, next(logs), rng, plugin_dir, mode) for _ in range(2)]
     kills = 0
     try:
         for worker in workers:
@@ -73,19 +91,19 @@ def test_killed_workers_leave_the_derived_tables_exact(
                 for i, worker in enumerate(workers):
                     if not worker.alive():  # a crash failpoint fired
                         kills += 1
-                        workers[i] = _start(shared_store_url, next(logs), rng, plugin_dir)
+                        workers[i] = _start(shared_store_url, next(logs), rng, plugin_dir, mode)
                 if rng.random() < 0.5:
                     i = rng.randrange(len(workers))
                     workers[i].kill()
                     kills += 1
-                    workers[i] = _start(shared_store_url, next(logs), rng, plugin_dir)
+                    workers[i] = _start(shared_store_url, next(logs), rng, plugin_dir, mode)
         # Let the workers get into the backlog, then one last kill in the middle of it.
         time.sleep(rng.uniform(0.2, 1.0))
         for worker in workers:
             worker.kill()
         kills += len(workers)
         workers = [
-            WorkerProcess(shared_store_url, OBSERVERS, next(logs), plugin_dir=plugin_dir, threads=4)
+            _start(shared_store_url, next(logs), rng, plugin_dir, mode, crash=False)
             for _ in range(2)
         ]
         for worker in workers:
