@@ -87,7 +87,7 @@ def _lock_stats(store: Store) -> dict[str, float]:
 
 
 def observer_runs(
-    store: Store, block_ms: int, threads: int, backlog: int, tag: str
+    store: Store, block_ms: int, threads: int, backlog: int, tag: str, batch_size: int = 1
 ) -> tuple[float, dict[str, float]]:
     """Runs/s of the worker working off ``backlog`` fresh notifications, and per run: the
     store calls, the process's CPU milliseconds and (embedded) the milliseconds writers
@@ -99,7 +99,9 @@ def observer_runs(
         before = dict(store.stats.calls)
         locks = _lock_stats(store)
         cpu = time.process_time()
-        options = WorkerOptions(threads=threads, idle_sleep_s=0.005, housekeeping_s=3600)
+        options = WorkerOptions(
+            threads=threads, idle_sleep_s=0.005, housekeeping_s=3600, batch_size=batch_size
+        )
         worker = Worker(client, [observer], options)
         started = time.perf_counter()
         worker.start()
@@ -161,6 +163,17 @@ def run_p10(args: argparse.Namespace) -> dict[str, Any]:
                     note(f"observer_{mode}", rate)
                     calls_seen[mode] = calls
                     note(f"txn1_{mode}", txn_rate(store, block_ms, args.threads, args.txns))
+                for batch_size in args.batch_sizes:
+                    rate, calls = observer_runs(
+                        store,
+                        DEFAULT_BLOCK_MS,
+                        args.threads,
+                        args.backlog,
+                        f"r{repeat}b{batch_size}",
+                        batch_size,
+                    )
+                    note(f"observer_block_batch{batch_size}", rate)
+                    calls_seen[f"block_batch{batch_size}"] = calls
                 note("raw_put", _raw_put_rate(store, raw, args.threads, args.pairs))
                 default_interval = sys.getswitchinterval()
                 for interval in args.switch_intervals:
@@ -200,6 +213,9 @@ def run_p10(args: argparse.Namespace) -> dict[str, Any]:
         "runs_per_s": results,
         "store_calls_per_run": calls_seen,
         "p10": {m: med[f"observer_{m}"] / med["raw_pairs"] for m in MODES},
+        "p10_batch": {
+            n: med[f"observer_block_batch{n}"] / med["raw_pairs"] for n in args.batch_sizes
+        },
         "p3": {m: med[f"txn1_{m}"] / med["raw_put"] for m in MODES},
     }
     print(f"load: start {out['load_start']}, end {out['load_end']}")
@@ -212,6 +228,14 @@ def run_p10(args: argparse.Namespace) -> dict[str, Any]:
             f"{med[f'observer_block_{key}']:.1f} runs/s = "
             f"{med[f'observer_block_{key}'] / med['raw_pairs']:.3f}x raw pairs; per run "
             + ", ".join(f"{k} {v:.2f}" for k, v in sorted(calls_seen[f"block_{key}"].items()))
+        )
+    for batch_size in args.batch_sizes:
+        key = f"block_batch{batch_size}"
+        print(
+            f"[block, batches of up to {batch_size}] trivial observer "
+            f"{med[f'observer_{key}']:.1f} runs/s = "
+            f"{med[f'observer_{key}'] / med['raw_pairs']:.3f}x raw pairs (P10); per run "
+            + ", ".join(f"{k} {v:.2f}" for k, v in sorted(calls_seen[key].items()))
         )
     for mode in MODES:
         print(
@@ -350,6 +374,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p10.add_argument("--pairs", type=int, default=2000, help="raw get+put pairs per measurement")
     p10.add_argument("--txns", type=int, default=400, help="1-cell transactions per measurement")
     p10.add_argument("--repeats", type=int, default=3)
+    p10.add_argument(
+        "--batch-sizes",
+        type=lambda s: [int(x) for x in s.split(",") if x],
+        default=[],
+        help="also measure workers running up to N notifications per transaction (e.g. 4,16)",
+    )
     p10.add_argument(
         "--switch-intervals",
         type=lambda text: [float(x) for x in text.split(",") if x],

@@ -55,6 +55,13 @@ def register_worker(subparsers: Any) -> None:
     worker.add_argument("--threads", type=int, default=4, help="observer runs in parallel")
     worker.add_argument("--scanners", type=int, default=1, help="scanner threads")
     worker.add_argument(
+        "--batch",
+        type=int,
+        default=1,
+        help="run up to this many queued notifications of one observer in one transaction "
+        "(default %(default)s: one transaction per notification)",
+    )
+    worker.add_argument(
         "--partitioned",
         action="store_true",
         help="lease key groups of the notify space with the other workers and run only "
@@ -189,13 +196,12 @@ def run_worker(args: argparse.Namespace) -> int:
         partitioned=args.partitioned,
         key_groups=args.key_groups,
         lease_ms=args.lease_ms,
+        batch_size=args.batch,
     )
     # --observers-from: observers imported from a module path, to try code without
     # packaging it; then only the plugins named with --observer run beside them.
     tables = config.observer_tables(getattr(args, "config_path", None))
-    from_paths = [
-        o for spec in args.observers_from or [] for o in load_from_path(spec, tables)
-    ]
+    from_paths = [o for spec in args.observers_from or [] for o in load_from_path(spec, tables)]
     if args.observers_from and args.observer is None:
         loaded = LoadResult()
     else:
@@ -215,8 +221,12 @@ def run_worker(args: argparse.Namespace) -> int:
         raise ConfigError("no observer plugin could be loaded; nothing to run")
     given = [o.name for o in observers]
     for name in sorted(set(tables) - set(given)):
-        print(f"percolator worker: [worker.observers.{name}] configures no observer this "
-              "worker runs; ignored", file=sys.stderr, flush=True)
+        print(
+            f"percolator worker: [worker.observers.{name}] configures no observer this "
+            "worker runs; ignored",
+            file=sys.stderr,
+            flush=True,
+        )
     twice = sorted({n for n in given if given.count(n) > 1})
     if twice:
         raise ConfigError(f"observer name(s) {twice} given twice (--observers-from, --observer)")
@@ -266,7 +276,6 @@ def _select(args: argparse.Namespace) -> tuple[str | None, str | None]:
 def run_list(args: argparse.Namespace) -> int:
     from percolator.observers.parking import ParkingLot, pending
 
-
     with connect_existing(args.store, args.oracle) as client:
         if args.pending:
             if not args.table:
@@ -310,7 +319,6 @@ def run_list(args: argparse.Namespace) -> int:
 def run_retry(args: argparse.Namespace) -> int:
     from percolator.observers.parking import ParkingLot
 
-
     if args.row is not None and args.row_hex is not None:
         raise ConfigError("give --row or --row-hex, not both")
     row: bytes | None = None
@@ -349,7 +357,6 @@ def run_retry(args: argparse.Namespace) -> int:
 def run_observers_list(args: argparse.Namespace) -> int:
     from percolator.observers.api import registrations
 
-
     with connect_existing(args.store, args.oracle) as client:
         found = registrations(client.store)
     for (table, column), reg in sorted(found.items()):
@@ -386,7 +393,6 @@ def run_observers_register(args: argparse.Namespace) -> int:
 
 def run_observers_unregister(args: argparse.Namespace) -> int:
     from percolator.observers.api import unregister_observer
-
 
     with connect_existing(args.store, args.oracle) as client:
         removed = unregister_observer(client, args.name)

@@ -40,9 +40,19 @@ class WorkerOptions:
     #: number of key groups (the same in every worker) and the lease length
     key_groups: int = 64
     lease_ms: int = 10_000
+    #: at most this many queued notifications of one observer run in one transaction
+    #: (observers/runner.py: process_batch); 1: one transaction per notification
+    batch_size: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("threads", "scanners", "failure_limit", "scan_batch", "attempts"):
+        for name in (
+            "threads",
+            "scanners",
+            "failure_limit",
+            "scan_batch",
+            "attempts",
+            "batch_size",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"worker option {name} must be an int >= 1, got {value!r}")

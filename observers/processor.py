@@ -1,9 +1,13 @@
 """Running notifications: the run pool's side of a worker (design notes §4).
 
 A bounded queue feeds ``threads`` run threads (:meth:`NotificationProcessor.run_loop`), one
-notification at a time each (observers/runner.py does the run itself).  A cell is never
-queued twice in one worker: it is *in flight* from :meth:`~NotificationProcessor.offer`
-until its run ends.
+notification at a time each (observers/runner.py does the run itself), or with
+``batch_size`` > 1 up to that many queued notifications of one observer in one transaction
+(taken from the queue without waiting: a batch is what has piled up, so an idle worker still
+runs each change at once).  A batch whose observer code raises is rolled back and its
+notifications are run one by one, so failures are counted (and cells parked) per cell as
+before.  A cell is never queued twice in one worker: it is *in flight* from
+:meth:`~NotificationProcessor.offer` until its run ends.
 
 Failures: a run that fails with an exception of the observer's code counts one failure of
 that cell and is retried after an exponential back-off (``backoff_base_s`` doubling up to
@@ -33,6 +37,8 @@ from percolator.observers.runner import (
     ConflictExhaustedError,
     Outcome,
     RunAbortedError,
+    RunResult,
+    process_batch,
     process_notification,
 )
 from percolator.observers.worker_metrics import WorkerMetrics
@@ -85,7 +91,9 @@ class NotificationProcessor:
         self._abort = abort
         # Partitioned workers: the fence a run checks before its commit (None: no check).
         self._fence_for = fence_for
-        self._queue: queue.Queue[Notification | None] = queue.Queue(maxsize=options.threads * 4)
+        # Room for every thread's next batch and the one after it.
+        room = options.threads * max(4, 2 * options.batch_size)
+        self._queue: queue.Queue[Notification | None] = queue.Queue(maxsize=room)
         self._lock = threading.Lock()
         self._inflight: set[Cell] = set()
         self._states: dict[Cell, CellState] = {}
@@ -139,18 +147,43 @@ class NotificationProcessor:
     # ---------------------------------------------------------------- runs
 
     def run_loop(self) -> None:
-        """Body of a run thread: run queued notifications until :meth:`end_runs`."""
+        """Body of a run thread: run queued notifications (in batches of up to
+        ``batch_size`` of one observer) until :meth:`end_runs`."""
+        carried: Notification | None = None  # taken for the next batch (another observer)
         while True:
-            notification = self._queue.get()
-            if notification is None:
+            first = carried if carried is not None else self._queue.get()
+            carried = None
+            if first is None:
                 return
+            batch = [first]
+            ending = False
+            observer = self._observers[(first.table, first.column)]
+            while len(batch) < self._options.batch_size:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    ending = True
+                    break
+                if self._observers[(item.table, item.column)] is observer:
+                    batch.append(item)
+                else:
+                    carried = item
+                    break
             try:
-                self.run(notification)
+                if len(batch) == 1:
+                    self.run(first)
+                else:
+                    self.run_batch(observer, batch)
             except Exception:  # never lose a pool thread to a bug in the bookkeeping
-                log.exception("unexpected error handling %s", notification)
+                log.exception("unexpected error handling %s", ", ".join(map(str, batch)))
             finally:
                 with self._lock:
-                    self._inflight.discard(notification.cell)
+                    for notification in batch:
+                        self._inflight.discard(notification.cell)
+            if ending:
+                return
 
     def run(self, notification: Notification) -> None:
         """One run task: run the cell's observer, then count the outcome (metrics,
@@ -181,6 +214,52 @@ class NotificationProcessor:
         except Exception as exc:
             self.failed(observer, notification, exc)
             return
+        self._count(observer, notification, result)
+
+    def run_batch(self, observer: Observer, batch: list[Notification]) -> None:
+        """One batch task: the notifications of ``batch`` (all ``observer``'s) in one
+        transaction (observers/runner.py: process_batch), counted like single runs."""
+        name = observer.name
+        fences = []
+        if self._fence_for is not None:
+            fences = [f for f in map(self._fence_for, batch) if f is not None]
+        try:
+            results = process_batch(
+                self._client,
+                observer,
+                batch,
+                attempts=self._options.attempts,
+                abort=self._abort,
+                fences=fences,
+            )
+        except RunAbortedError:
+            return
+        except ConflictExhaustedError as exc:
+            self._metrics.conflicts.inc(exc.conflicts, observer=name)
+            for notification in batch:
+                self._back_off_conflict(notification.cell)
+            return
+        except UndeterminedCommitError as exc:
+            log.warning("batch of %d runs of %s: %s", len(batch), name, exc)
+            for notification in batch:
+                self._back_off_conflict(notification.cell)
+            return
+        except Exception as exc:
+            # Nothing committed.  Run them one by one: the failing one is counted (and
+            # parked) on its own, the others go through.
+            log.info(
+                "batch of %d runs of %s failed (%s); running them one by one", len(batch), name, exc
+            )
+            for notification in batch:
+                self.run(notification)
+            return
+        for notification, result in zip(batch, results, strict=True):
+            self._count(observer, notification, result)
+
+    def _count(self, observer: Observer, notification: Notification, result: RunResult) -> None:
+        """Metrics, the commit hook and the cell's state after a run that ended."""
+        name = observer.name
+        options = self._options
         if result.conflicts:
             self._metrics.conflicts.inc(result.conflicts, observer=name)
         if result.outcome is Outcome.COMMITTED:

@@ -1,4 +1,4 @@
-"""One observer run for one notification (design notes §4).
+"""One observer run for one notification, or for a batch of them (design notes §4).
 
 A *notification* is a version ``T`` of the notify cell of ``(table, row, column)``: the
 newest version the scanner saw.  :func:`process_notification` does, in order:
@@ -22,6 +22,15 @@ newest version the scanner saw.  :func:`process_notification` does, in order:
 What may be retried: everything.  A crash anywhere leaves either nothing (before the
 commit point), or a committed run whose notification is still there (the next run finds the
 ack and only cleans up).  An undetermined commit is left the same way.
+
+**Batches** (:func:`process_batch`): several notifications of one observer in *one*
+transaction - steps 2 and 3 for each in turn (the observer code of a later one sees the
+buffered writes of earlier ones, as if they ran one after the other), one commit, then one
+batched cleanup.  Each change still has its own ack in the same transaction, so the
+guarantees are those of single runs: at most one committed run per change, and a crash or
+conflict leaves every notification of the batch to be run again.  What a batch saves is
+the per-transaction work: timestamps, the commit point, and store round trips that carry
+the writes of all its runs together.
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ import enum
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -40,6 +49,7 @@ from percolator import failpoints
 from percolator.errors import PercolatorError, StoreError, UndeterminedCommitError
 from percolator.notifications import (
     Notification,
+    delete_many_notifications,
     delete_notifications,
     read_ack,
     write_ack,
@@ -60,6 +70,7 @@ __all__ = [
     "RunAbortedError",
     "RunResult",
     "cleanup",
+    "process_batch",
     "process_notification",
 ]
 
@@ -214,4 +225,119 @@ def process_notification(
             log.warning("cleanup of %s failed (%s); it will be retried", notification, exc)
             cleaned = False
         return RunResult(outcome, observed, start_ts, commit_ts, attempt, conflicts, cleaned)
+    raise AssertionError("unreachable")
+
+
+def _batch_attempt(
+    client: Client,
+    observer: Observer,
+    notifications: Sequence[Notification],
+    abort: threading.Event | None,
+    fences: Sequence[Callable[[], bool]],
+) -> tuple[list[tuple[Outcome, int | None]], int, int | None]:
+    """One transaction for the whole batch; returns each notification's ``(outcome, C)``,
+    the start_ts and the commit_ts (None if no notification needed a run)."""
+    txn = client.observer_transaction()
+    try:
+        found: list[tuple[Outcome, int | None]] = []
+        for notification in notifications:
+            table, row, column = notification.cell
+            _, observed = txn.get_with_commit_ts(table, row, column)
+            if observed is None:
+                found.append((Outcome.NOTHING, None))
+                continue
+            if not observer.weak:
+                ack = read_ack(txn, observer.name, table, row, column)
+                if ack is not None and ack >= observed:
+                    found.append((Outcome.ACKED, observed))
+                    continue
+            observer.process(txn, row, column)
+            _check_usable(txn, observer)
+            if not observer.weak:
+                write_ack(txn, observer.name, table, row, column, observed)
+            found.append((Outcome.COMMITTED, observed))
+        if all(outcome is not Outcome.COMMITTED for outcome, _ in found):
+            txn.rollback()
+            return found, txn.start_ts, None
+        failpoints.failpoint("observer.before_commit")
+        if abort is not None and abort.is_set():
+            raise RunAbortedError(
+                f"batch of {len(notifications)} runs of {observer.name} rolled back: the "
+                "worker is shutting down"
+            )
+        if not all(fence() for fence in fences):
+            raise RunAbortedError(
+                f"batch of {len(notifications)} runs of {observer.name} rolled back: this "
+                "worker lost the key group of one of its rows (observers/partition.py)"
+            )
+        commit_ts = txn.commit()
+        failpoints.failpoint("observer.after_commit")
+        return found, txn.start_ts, commit_ts
+    except BaseException:
+        if txn.status is TxnStatus.ACTIVE:
+            txn.rollback()
+        raise
+
+
+def process_batch(
+    client: Client,
+    observer: Observer,
+    notifications: Sequence[Notification],
+    *,
+    attempts: int = 3,
+    abort: threading.Event | None = None,
+    fences: Sequence[Callable[[], bool]] = (),
+) -> list[RunResult]:
+    """Run ``observer`` for every notification of ``notifications`` (distinct cells, all
+    watched by ``observer``) in one transaction, then clean them up in one batched delete;
+    returns one result per notification, in order.
+
+    Errors as :func:`process_notification`, for the batch as a whole: a retryable conflict
+    retries the whole batch (up to ``attempts``); an exception of the user code propagates
+    at once with nothing committed (run the notifications one by one to find which one
+    fails); ``fences`` (partitioned workers) must all hold just before the commit."""
+    conflicts = 0
+    backoff = Backoff(0.005, multiplier=4)
+    for attempt in range(1, attempts + 1):
+        try:
+            found, start_ts, commit_ts = _batch_attempt(
+                client, observer, notifications, abort, fences
+            )
+        except (UndeterminedCommitError, RunAbortedError):
+            raise
+        except PercolatorError as exc:
+            if not exc.retryable:
+                raise
+            conflicts += 1
+            if attempt == attempts or (abort is not None and abort.is_set()):
+                raise ConflictExhaustedError(
+                    f"batch of {len(notifications)} runs of {observer.name} failed "
+                    f"{attempts} attempts: {exc}",
+                    conflicts,
+                ) from exc
+            backoff.sleep()
+            continue
+        cleaned = True
+        try:
+            failpoints.failpoint("observer.before_cleanup")
+            delete_many_notifications(client.store, notifications)
+        except StoreError as exc:
+            log.warning(
+                "cleanup of %d notifications failed (%s); it will be retried",
+                len(notifications),
+                exc,
+            )
+            cleaned = False
+        return [
+            RunResult(
+                outcome,
+                observed,
+                start_ts,
+                commit_ts if outcome is Outcome.COMMITTED else None,
+                attempt,
+                conflicts if index == 0 else 0,  # counted once for the batch
+                cleaned,
+            )
+            for index, (outcome, observed) in enumerate(found)
+        ]
     raise AssertionError("unreachable")

@@ -220,6 +220,18 @@ def delete_notifications(store: Store, notification: Notification) -> None:
     )
 
 
+def delete_many_notifications(store: Store, notifications: Iterable[Notification]) -> None:
+    """:func:`delete_notifications` for several notifications: one batched delete per table
+    (same contract for each; idempotent)."""
+    by_table: dict[str, list[Delete]] = {}
+    for n in notifications:
+        by_table.setdefault(n.table, []).append(
+            Delete(n.row, NOTIFY, n.column.encode("utf-8"), n.notify_ts)
+        )
+    for table, deletes in by_table.items():
+        store.delete_versions(table, deletes)
+
+
 def collect_unobserved(store: Store, tables: Iterable[str], bound: int) -> int:
     """Garbage collection of the notify family: delete the notify versions ``<= bound`` of
     cells whose column no observer watches (nobody will ever clean them up), in batches.

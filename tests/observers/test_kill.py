@@ -8,9 +8,10 @@ cleanup, right after the engine's commit point) - and restarted.  After quiescen
 stored tables are compared with docpipeline/reference.py over the documents as stored, and
 those documents with the ones the test wrote.
 
-The workers scan at random (each scans everything) or partitioned (key groups leased with a
+The workers scan at random (each scans everything), partitioned (key groups leased with a
 short lease, each worker reading only its groups' notifications; a killed worker's groups
-move when its lease ends).  Default runs a few trials; ``-m slow`` runs many.
+move when its lease ends), or at random running up to 8 notifications per transaction
+(batched).  Default runs a few trials; ``-m slow`` runs many.
 """
 
 from __future__ import annotations
@@ -44,9 +45,15 @@ TRIALS = (
         pytest.param(seed, "partitioned", id=f"partitioned-trial{seed}", marks=pytest.mark.slow)
         for seed in range(14, 20)
     ]
+    + [pytest.param(20, "batched", id="batched-trial20")]
+    + [
+        pytest.param(seed, "batched", id=f"batched-trial{seed}", marks=pytest.mark.slow)
+        for seed in range(21, 27)
+    ]
 )
 # Partitioned workers: a short lease, so a killed worker's groups move within a second or two.
 PARTITIONED = ("--partitioned", "--key-groups", "16", "--lease-ms", "1500")
+MODE_ARGS = {"random": (), "partitioned": PARTITIONED, "batched": ("--batch", "8")}
 
 
 def _start(
@@ -56,9 +63,8 @@ def _start(
     if crash and rng.random() < 0.5:
         point = rng.choice(CRASH_POINTS)
         env["PERCOLATOR_FAILPOINTS"] = f"{point}=count:{rng.randint(1, 40)}:crash"
-    extra = PARTITIONED if mode == "partitioned" else ()
     return WorkerProcess(
-        url, OBSERVERS, log, plugin_dir=plugin_dir, threads=4, env=env, extra_args=extra
+        url, OBSERVERS, log, plugin_dir=plugin_dir, threads=4, env=env, extra_args=MODE_ARGS[mode]
     )
 
 

@@ -1,0 +1,157 @@
+"""Several notifications of one observer in one transaction (observers/runner.py:
+process_batch; the worker's ``batch_size``): the same guarantees as single runs - each change
+covered by at most one committed run, a failing or conflicting batch leaves every
+notification for later - at one commit per batch."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from percolator.observers.api import register_observers
+from percolator.observers.runner import Outcome, process_batch
+from percolator.observers.worker import Worker, WorkerOptions
+
+import percolator
+from percolator.notifications import Notification, pending, write_ack
+from percolator.transaction import Transaction
+from tests.observers import helpers
+from tests.observers.helpers import EVENTS, RunLogger, runs
+
+
+def scan(client: percolator.Client) -> list[Notification]:
+    return pending(client.store, EVENTS, ["value"])
+
+
+def write(client: percolator.Client, rows: list[bytes], value: bytes = b"x") -> int:
+    with client.transaction() as txn:
+        for row in rows:
+            txn.set(EVENTS, row, "value", value)
+    assert txn.commit_ts is not None
+    return txn.commit_ts
+
+
+@pytest.fixture
+def logger(local_client: percolator.Client) -> RunLogger:
+    observer = RunLogger()
+    register_observers(local_client, [observer])
+    return observer
+
+
+def test_a_batch_commits_every_run_in_one_transaction_and_cleans_up(
+    local_client: percolator.Client, logger: RunLogger
+) -> None:
+    client = local_client
+    rows = [b"r%02d" % i for i in range(6)]
+    commit_ts = write(client, rows)
+    results = process_batch(client, logger, scan(client))
+    assert [r.outcome for r in results] == [Outcome.COMMITTED] * 6
+    assert len({r.commit_ts for r in results}) == 1  # one commit for the whole batch
+    assert runs(client.snapshot()) == {row: [commit_ts] for row in rows}
+    assert scan(client) == []
+
+
+def test_a_batch_skips_what_is_acknowledged_or_was_never_committed(
+    local_client: percolator.Client, logger: RunLogger
+) -> None:
+    client = local_client
+    first = write(client, [b"done"])
+    process_batch(client, logger, scan(client))
+    second = write(client, [b"new"])
+    notifications = [
+        Notification(EVENTS, b"done", "value", first),  # seen again: already acknowledged
+        Notification(EVENTS, b"ghost", "value", second),  # no commit there (rolled back)
+        *scan(client),
+    ]
+    results = process_batch(client, logger, notifications)
+    assert [r.outcome for r in results] == [Outcome.ACKED, Outcome.NOTHING, Outcome.COMMITTED]
+    assert [r.commit_ts is None for r in results] == [True, True, False]
+    assert runs(client.snapshot()) == {b"done": [first], b"new": [second]}
+
+
+class FailsOnBad(RunLogger):
+    def process(self, txn: Transaction, row: bytes, column: str) -> None:
+        if row == b"bad":
+            raise RuntimeError("boom on bad")
+        super().process(txn, row, column)
+
+
+def test_an_exception_in_one_run_commits_nothing_of_the_batch(
+    local_client: percolator.Client,
+) -> None:
+    client = local_client
+    observer = FailsOnBad()
+    register_observers(client, [observer])
+    write(client, [b"a", b"bad", b"c"])
+    before = scan(client)
+    with pytest.raises(RuntimeError, match="boom on bad"):
+        process_batch(client, observer, before)
+    assert runs(client.snapshot()) == {}
+    assert scan(client) == before
+
+
+def test_a_conflicting_batch_is_retried_whole(
+    local_client: percolator.Client, logger: RunLogger
+) -> None:
+    """Another run acknowledges change ``a`` while the batch runs: the batch conflicts on
+    that ack and none of its runs commit; the retry finds ``a`` acknowledged and commits
+    only ``b``'s run."""
+    client = local_client
+    commit_ts = write(client, [b"a", b"b"])
+    notifications = scan(client)
+    interfered = []
+
+    class Interfering(RunLogger):
+        def process(self, txn: Transaction, row: bytes, column: str) -> None:
+            super().process(txn, row, column)
+            if row == b"b" and not interfered:
+                other = client.observer_transaction()
+                write_ack(other, logger.name, EVENTS, b"a", "value", commit_ts)
+                interfered.append(other.commit())
+
+    results = process_batch(client, Interfering(), notifications)
+    assert [r.outcome for r in results] == [Outcome.ACKED, Outcome.COMMITTED]
+    assert results[0].conflicts == 1 and results[0].attempts == 2
+    assert runs(client.snapshot()) == {b"b": [commit_ts]}  # a's first run rolled back
+    assert scan(client) == []
+
+
+def test_a_batching_worker_runs_every_change_once_and_parks_only_the_failing_cell(
+    local_client: percolator.Client,
+) -> None:
+    client = local_client
+    observer = FailsOnBad()
+    rows = [b"r%03d" % i for i in range(60)]
+    register_observers(client, [observer])
+    commits = {}
+    for start in range(0, len(rows), 20):  # backlog first, so that batches form
+        commit_ts = write(client, rows[start : start + 20])
+        commits.update({row: commit_ts for row in rows[start : start + 20]})
+    write(client, [b"bad"])
+    options = WorkerOptions(
+        threads=2, batch_size=8, idle_sleep_s=0.01, failure_limit=2, backoff_base_s=0.01
+    )
+    worker = Worker(client, [observer], options)
+    worker.start()
+    try:
+        # The parked cell holds the watermark back: wait for the runs and the park instead.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if len(runs(client.snapshot())) == len(rows) and worker.processor.parked_cells():
+                break
+            time.sleep(0.05)
+    finally:
+        worker.stop(drain_timeout_s=5)
+    covered = runs(client.snapshot())
+    assert helpers.duplicate_runs(covered) == []
+    assert covered == {row: [commits[row]] for row in rows}
+    assert worker.processor.parked_cells() == {(EVENTS, b"bad", "value")}
+    # Fewer commits than runs: batches formed.
+    assert len({r for r in _run_start_ts(client)}) < len(rows)
+
+
+def _run_start_ts(client: percolator.Client) -> list[bytes]:
+    return [
+        run_row.rpartition(b"|")[2]
+        for run_row, _ in client.snapshot().scan(helpers.RUNS, columns=["covers"])
+    ]
