@@ -7,7 +7,10 @@ A :class:`Transaction` is a small status machine::
        |                      '------> UNDETERMINED  (commit point outcome unknown)
        '--rollback()--> ROLLED_BACK
 
-Reads happen at ``start_ts`` and see the transaction's own buffered writes.  Writes are
+Reads happen at ``start_ts`` and see the transaction's own buffered writes.  A snapshot never
+changes, so each cell is read from the store once per transaction or snapshot (later reads
+of it are answered from memory), and :meth:`Snapshot.prefetch` reads many cells in one round
+trip per table.  Writes are
 buffered in memory until :meth:`Transaction.commit`, which runs two-phase commit
 (percolator/committer.py).  Mutating methods refuse every state but ACTIVE, and every
 argument is validated at the call, before anything is written.
@@ -35,8 +38,8 @@ from percolator.layout import (
     encode_row,
 )
 from percolator.protocol.cells import CellKey, Mutation, RawCell
-from percolator.protocol.read import read_cells, read_commits
-from percolator.records import Kind
+from percolator.protocol.read import read_commits
+from percolator.records import CommitInfo, Kind
 from percolator.store.base import ScanOptions
 
 # How many raw cell states a transaction keeps from its reads for its prewrite.
@@ -81,20 +84,48 @@ class Snapshot:
             return self._seen
         return None
 
-    def _read(self, keys: Sequence[CellKey]) -> dict[CellKey, bytes | None]:
-        ctx = self._ctx
-        values = read_cells(
-            ctx.store,
-            ctx.resolver,
-            keys,
-            self.start_ts,
-            lock_wait_ms=ctx.options.lock_wait_ms,
-            seen=self._seen_sink(),
-        )
+    #: answers already read at this snapshot, key -> (value, commit); a snapshot is
+    #: immutable, so a cell read twice is read from the store once (bounded like ``_seen``)
+    _answers: dict[CellKey, tuple[bytes | None, CommitInfo | None]] | None = None
+
+    def _read_commits(
+        self, keys: Sequence[CellKey]
+    ) -> dict[CellKey, tuple[bytes | None, CommitInfo | None]]:
+        """Each key's committed value and commit as of this snapshot: from the answers
+        already read, the others in one read (one store round trip per table when no lock
+        is in the way)."""
+        if self._answers is None:
+            self._answers = {}
+        answers = self._answers
+        missing = [key for key in keys if key not in answers]
+        if missing:
+            ctx = self._ctx
+            found = read_commits(
+                ctx.store,
+                ctx.resolver,
+                missing,
+                self.start_ts,
+                lock_wait_ms=ctx.options.lock_wait_ms,
+                seen=self._seen_sink(),
+            )
+            if len(answers) < MAX_SEEN:
+                answers.update(found)
+        else:
+            found = {}
         # After the read, not before: if garbage collection removed versions under it, the
         # safe point it stored first is what this check sees (percolator/readers.py).
-        ctx.readers.check(self.start_ts)
-        return values
+        self._ctx.readers.check(self.start_ts)
+        return {key: found[key] if key in found else answers[key] for key in keys}
+
+    def _read(self, keys: Sequence[CellKey]) -> dict[CellKey, bytes | None]:
+        return {key: value for key, (value, _) in self._read_commits(keys).items()}
+
+    def prefetch(self, cells: Iterable[tuple[str, bytes | str, str]]) -> None:
+        """Read ``(table, row, column)`` cells now, together (one store round trip per
+        table when no lock is in the way), so that later reads of them at this snapshot
+        cost no round trip."""
+        self._check_usable()
+        self._read_commits([self._key(t, r, c, reserved=self._allow_reserved) for t, r, c in cells])
 
     def get(self, table: str, row: bytes | str, column: str) -> bytes | None:
         """The value of one cell (``None`` if absent).  One store round trip when no lock
@@ -111,16 +142,7 @@ class Snapshot:
         a transaction's own buffered writes: it answers "which commit is visible"."""
         self._check_usable()
         key = self._key(table, row, column, reserved=self._allow_reserved)
-        ctx = self._ctx
-        value, commit = read_commits(
-            ctx.store,
-            ctx.resolver,
-            [key],
-            self.start_ts,
-            lock_wait_ms=ctx.options.lock_wait_ms,
-            seen=self._seen_sink(),
-        )[key]
-        ctx.readers.check(self.start_ts)
+        value, commit = self._read_commits([key])[key]
         return value, (commit.commit_ts if commit is not None else None)
 
     def get_row(self, table: str, row: bytes | str, columns: Iterable[str]) -> dict[str, bytes]:

@@ -155,3 +155,38 @@ def _run_start_ts(client: percolator.Client) -> list[bytes]:
         run_row.rpartition(b"|")[2]
         for run_row, _ in client.snapshot().scan(helpers.RUNS, columns=["covers"])
     ]
+
+
+def calls(client: percolator.Client) -> dict[str, int]:
+    return dict(client.store.stats.calls)
+
+
+def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {op: n - before.get(op, 0) for op, n in after.items() if n != before.get(op, 0)}
+
+
+def test_a_batch_costs_the_round_trips_of_one_run_except_per_cell_compare_and_sets(
+    memory_client: percolator.Client,
+) -> None:
+    client = memory_client
+    logger = RunLogger()
+    register_observers(client, [logger])
+    client.oracle.get_timestamp()  # the oracle's first block is not part of a run
+    write(client, [b"one"])
+    [single] = scan(client)
+    before = calls(client)
+    process_batch(client, logger, [single])
+    one = delta(before, calls(client))
+    write(client, [b"r%d" % i for i in range(8)])
+    batch = scan(client)
+    before = calls(client)
+    process_batch(client, logger, batch)
+    eight = delta(before, calls(client))
+    # Reads: the observed cells and acks in one read, the run rows in one prewrite read.
+    assert one["read_rows"] == eight["read_rows"] == 2, (one, eight)
+    # Blind puts (data, commit index, write records) and the cleanup: per batch, not per run.
+    assert one["put"] <= eight["put"] <= one["put"] + 1, (one, eight)
+    assert one["delete_versions"] == eight["delete_versions"] == 1
+    # Each written cell (ack and two run cells per change) is locked and committed by
+    # compare-and-set, except the primary's commit point: 3 cells, 2 per cell.
+    assert one["compare_and_set"] == 6 and eight["compare_and_set"] == 6 * 8, (one, eight)

@@ -83,3 +83,24 @@ def test_stale_read_of_a_cell_locked_since_conflicts(client: percolator.Client) 
     committer.commit()
     with client.snapshot() as snap:
         assert snap.get("t", b"k", "c") == b"held"
+
+
+def test_a_cell_read_twice_at_one_snapshot_is_read_from_the_store_once(
+    client: percolator.Client,
+) -> None:
+    with client.transaction() as txn:
+        txn.set("t", b"k", "c", b"1")
+        txn.set("t", b"j", "c", b"2")
+    with client.transaction() as txn:
+        before = reads_and_writes(client)
+        txn.prefetch([("t", b"k", "c"), ("t", b"j", "c")])
+        assert txn.get_with_commit_ts("t", b"k", "c")[0] == b"1"
+        assert txn.get("t", b"k", "c") == b"1"
+        assert txn.get_row("t", b"j", ["c"]) == {"c": b"2"}
+        reads = delta(before, reads_and_writes(client))
+        assert reads == {"read_rows": 1}, reads
+        # Repeatable: a commit after this snapshot changes nothing it reads again.
+        with client.transaction() as later:
+            later.set("t", b"k", "c", b"later")
+        assert txn.get("t", b"k", "c") == b"1"
+        txn.set("t", b"x", "c", b"-")
