@@ -50,7 +50,6 @@ from percolator.errors import PercolatorError, StoreError, UndeterminedCommitErr
 from percolator.notifications import (
     Notification,
     ack_column,
-    delete_many_notifications,
     delete_notifications,
     read_ack,
     write_ack,
@@ -121,50 +120,6 @@ class ConflictExhaustedError(PercolatorError):
         self.conflicts = conflicts
 
 
-def _attempt(
-    client: Client,
-    observer: Observer,
-    notification: Notification,
-    abort: threading.Event | None,
-    fence: Callable[[], bool] | None = None,
-) -> tuple[Outcome, int | None, int, int | None]:
-    """One transaction; returns ``(outcome, C, start_ts, commit_ts)``."""
-    table, row, column = notification.cell
-    txn = client.observer_transaction()
-    try:
-        txn.prefetch(_cells_to_read(observer, [notification]))
-        _, observed = txn.get_with_commit_ts(table, row, column)
-        if observed is None:
-            txn.rollback()
-            return Outcome.NOTHING, None, txn.start_ts, None
-        if not observer.weak:
-            ack = read_ack(txn, observer.name, table, row, column)
-            if ack is not None and ack >= observed:
-                txn.rollback()
-                return Outcome.ACKED, observed, txn.start_ts, None
-        observer.process(txn, row, column)
-        _check_usable(txn, observer)
-        if not observer.weak:
-            write_ack(txn, observer.name, table, row, column, observed)
-        failpoints.failpoint("observer.before_commit")
-        if abort is not None and abort.is_set():
-            raise RunAbortedError(
-                f"run of {observer.name} on {notification} rolled back: the worker is shutting down"
-            )
-        if fence is not None and not fence():
-            raise RunAbortedError(
-                f"run of {observer.name} on {notification} rolled back: this worker lost the "
-                "key group of its row (observers/partition.py)"
-            )
-        commit_ts = txn.commit()
-        failpoints.failpoint("observer.after_commit")
-        return Outcome.COMMITTED, observed, txn.start_ts, commit_ts
-    except BaseException:
-        if txn.status is TxnStatus.ACTIVE:
-            txn.rollback()
-        raise
-
-
 def _cells_to_read(
     observer: Observer, notifications: Sequence[Notification]
 ) -> list[tuple[str, bytes, str]]:
@@ -185,10 +140,18 @@ def _check_usable(txn: Transaction, observer: Observer) -> None:
         )
 
 
-def cleanup(client: Client, notification: Notification) -> None:
-    """Delete the notify versions ``<= notification.notify_ts`` (idempotent)."""
+def cleanup(client: Client, *notifications: Notification) -> None:
+    """Delete the notify versions ``<= notify_ts`` of each notification, in one batched
+    delete per table (idempotent)."""
     failpoints.failpoint("observer.before_cleanup")
-    delete_notifications(client.store, notification)
+    delete_notifications(client.store, *notifications)
+
+
+def _what(observer: Observer, notifications: Sequence[Notification]) -> str:
+    """How messages name a run or a batch."""
+    if len(notifications) == 1:
+        return f"run of {observer.name} on {notifications[0]}"
+    return f"batch of {len(notifications)} runs of {observer.name}"
 
 
 def process_notification(
@@ -200,46 +163,21 @@ def process_notification(
     abort: threading.Event | None = None,
     fence: Callable[[], bool] | None = None,
 ) -> RunResult:
-    """Run ``observer`` for ``notification`` and clean the notification up.
+    """Run ``observer`` for ``notification`` and clean the notification up (a batch of one,
+    :func:`process_batch`).
 
-        Retryable errors (conflicts, unreachable store) start a new attempt, up to
-        ``attempts``, then raise :class:`ConflictExhaustedError`.  An exception of the user code
-        (or a non-retryable engine error) propagates at once: nothing was committed and the
-        notification stays.  :class:`UndeterminedCommitError` propagates too: the next run sees
-        whether the ack was written.  ``abort``: when set, the run rolls back instead of
-        committing (raises :class:`RunAbortedError`); so does a ``fence`` that returns False just
+    Retryable errors (conflicts, unreachable store) start a new attempt, up to
+    ``attempts``, then raise :class:`ConflictExhaustedError`.  An exception of the user code
+    (or a non-retryable engine error) propagates at once: nothing was committed and the
+    notification stays.  :class:`UndeterminedCommitError` propagates too: the next run sees
+    whether the ack was written.  ``abort``: when set, the run rolls back instead of
+    committing (raises :class:`RunAbortedError`); so does a ``fence`` that returns False just
     before the commit (a partitioned worker that lost the row's key group)."""
-    conflicts = 0
-    backoff = Backoff(0.005, multiplier=4)
-    for attempt in range(1, attempts + 1):
-        try:
-            outcome, observed, start_ts, commit_ts = _attempt(
-                client, observer, notification, abort, fence
-            )
-        except UndeterminedCommitError:
-            raise
-        except RunAbortedError:
-            raise
-        except PercolatorError as exc:
-            if not exc.retryable:
-                raise
-            conflicts += 1
-            if attempt == attempts or (abort is not None and abort.is_set()):
-                raise ConflictExhaustedError(
-                    f"run of {observer.name} on {notification} failed {attempts} attempts: {exc}",
-                    conflicts,
-                ) from exc
-            backoff.sleep()
-            continue
-        cleaned = True
-        try:
-            cleanup(client, notification)
-        except StoreError as exc:
-            # The run is done; the notification stays and the next run only cleans up.
-            log.warning("cleanup of %s failed (%s); it will be retried", notification, exc)
-            cleaned = False
-        return RunResult(outcome, observed, start_ts, commit_ts, attempt, conflicts, cleaned)
-    raise AssertionError("unreachable")
+    fences = [fence] if fence is not None else []
+    [result] = process_batch(
+        client, observer, [notification], attempts=attempts, abort=abort, fences=fences
+    )
+    return result
 
 
 def _batch_attempt(
@@ -277,13 +215,12 @@ def _batch_attempt(
         failpoints.failpoint("observer.before_commit")
         if abort is not None and abort.is_set():
             raise RunAbortedError(
-                f"batch of {len(notifications)} runs of {observer.name} rolled back: the "
-                "worker is shutting down"
+                f"{_what(observer, notifications)} rolled back: the worker is shutting down"
             )
         if not all(fence() for fence in fences):
             raise RunAbortedError(
-                f"batch of {len(notifications)} runs of {observer.name} rolled back: this "
-                "worker lost the key group of one of its rows (observers/partition.py)"
+                f"{_what(observer, notifications)} rolled back: this worker lost the key group "
+                "of its row (observers/partition.py)"
             )
         commit_ts = txn.commit()
         failpoints.failpoint("observer.after_commit")
@@ -326,20 +263,19 @@ def process_batch(
             conflicts += 1
             if attempt == attempts or (abort is not None and abort.is_set()):
                 raise ConflictExhaustedError(
-                    f"batch of {len(notifications)} runs of {observer.name} failed "
-                    f"{attempts} attempts: {exc}",
+                    f"{_what(observer, notifications)} failed {attempts} attempts: {exc}",
                     conflicts,
                 ) from exc
             backoff.sleep()
             continue
         cleaned = True
         try:
-            failpoints.failpoint("observer.before_cleanup")
-            delete_many_notifications(client.store, notifications)
+            cleanup(client, *notifications)
         except StoreError as exc:
+            # The runs are done; the notifications stay and the next runs only clean up.
             log.warning(
-                "cleanup of %d notifications failed (%s); it will be retried",
-                len(notifications),
+                "cleanup after %s failed (%s); it will be retried",
+                _what(observer, notifications),
                 exc,
             )
             cleaned = False

@@ -198,31 +198,15 @@ def pending(
     ]
 
 
-def delete_notifications(store: Store, notification: Notification) -> None:
-    """Clean ``notification`` up: delete its cell's notify versions ``<= notify_ts``, never
-    newer ones (idempotent).
+def delete_notifications(store: Store, *notifications: Notification) -> None:
+    """Clean ``notifications`` up: delete each cell's notify versions ``<= notify_ts``,
+    never newer ones, in one batched delete per table (idempotent).
 
     Correct only after a run at a start timestamp ``O > notify_ts`` committed, found the
     change acknowledged, or found nothing committed (see the module docstring).  The delete
     also masks a *later* put at ``<= notify_ts``; such a put belongs to a transaction whose
     commit timestamp is below ``O``, which that run's read found committed (and covered) or
     rolled back."""
-    store.delete_versions(
-        notification.table,
-        [
-            Delete(
-                notification.row,
-                NOTIFY,
-                notification.column.encode("utf-8"),
-                notification.notify_ts,
-            )
-        ],
-    )
-
-
-def delete_many_notifications(store: Store, notifications: Iterable[Notification]) -> None:
-    """:func:`delete_notifications` for several notifications: one batched delete per table
-    (same contract for each; idempotent)."""
     by_table: dict[str, list[Delete]] = {}
     for n in notifications:
         by_table.setdefault(n.table, []).append(
