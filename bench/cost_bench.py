@@ -326,6 +326,7 @@ def run_promise(args: argparse.Namespace) -> dict[str, Any]:
                 threads=args.threads,
                 seed=args.seed,
                 rounds=args.rounds,
+                batch_size=args.batch,
             )
         finally:
             spark.stop()
@@ -341,6 +342,7 @@ def run_promise(args: argparse.Namespace) -> dict[str, Any]:
     result.update(
         {
             "store": (args.store or "embedded:").split("?")[0],
+            "batch": args.batch,
             "load_start": started_load,
             "load_end": load(),
             "incremental_s_per_change": per_change,
@@ -395,6 +397,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     promise.add_argument("--rounds", type=int, default=2)
     promise.add_argument("--seed", type=int, default=1)
     promise.add_argument("--master", default="local[2]")
+    promise.add_argument(
+        "--batch", type=int, default=1, help="the worker's notifications per transaction"
+    )
     ceiling = sub.add_parser("ceiling", help="the store's get/put/compare-and-set rates")
     ceiling.add_argument("--store", required=True, help="store URL (use a private ?prefix=)")
     ceiling.add_argument(

@@ -229,6 +229,7 @@ def measure_incremental(
     threads: int,
     seed: int,
     rounds: int,
+    batch_size: int = 1,
 ) -> dict[str, Any]:
     from percolator.observers.worker import Worker, WorkerOptions
     from percolator.spark_jobs.backfill import BackfillOptions, run_backfill
@@ -243,7 +244,9 @@ def measure_incremental(
     observed = [("documents", "body"), ("documents", "links"), ("doc_clusters", "canonical")]
     if sorted(observed) != sorted((o.table, c) for o in observers for c in o.columns):
         raise AssertionError("the pipeline's observed columns changed; update the benchmark")
-    options = WorkerOptions(threads=threads, idle_sleep_s=0.01, backoff_base_s=0.05)
+    options = WorkerOptions(
+        threads=threads, idle_sleep_s=0.01, backoff_base_s=0.05, batch_size=batch_size
+    )
     with percolator.connect(store_url) as client:
         documents.setup(client)
         started = time.perf_counter()
