@@ -39,7 +39,6 @@ from percolator.observers.runner import (
     RunAbortedError,
     RunResult,
     process_batch,
-    process_notification,
 )
 from percolator.observers.worker_metrics import WorkerMetrics
 
@@ -172,10 +171,7 @@ class NotificationProcessor:
                     carried = item
                     break
             try:
-                if len(batch) == 1:
-                    self.run(first)
-                else:
-                    self.run_batch(observer, batch)
+                self.run_batch(observer, batch)
             except Exception:  # never lose a pool thread to a bug in the bookkeeping
                 log.exception("unexpected error handling %s", ", ".join(map(str, batch)))
             finally:
@@ -186,39 +182,13 @@ class NotificationProcessor:
                 return
 
     def run(self, notification: Notification) -> None:
-        """One run task: run the cell's observer, then count the outcome (metrics,
-        back-off on a conflict, failure counting and parking)."""
-        observer = self._observers[(notification.table, notification.column)]
-        name = observer.name
-        options = self._options
-        try:
-            result = process_notification(
-                self._client,
-                observer,
-                notification,
-                attempts=options.attempts,
-                abort=self._abort,
-                fence=self._fence_for(notification) if self._fence_for is not None else None,
-            )
-        except RunAbortedError:
-            return
-        except ConflictExhaustedError as exc:
-            self._metrics.conflicts.inc(exc.conflicts, observer=name)
-            self._back_off_conflict(notification.cell)
-            return
-        except UndeterminedCommitError as exc:
-            # Not the observer's fault: the next run reads the ack and knows.
-            log.warning("run of %s on %s: %s", name, notification, exc)
-            self._back_off_conflict(notification.cell)
-            return
-        except Exception as exc:
-            self.failed(observer, notification, exc)
-            return
-        self._count(observer, notification, result)
+        """One run task for one notification (a batch of one, :meth:`run_batch`)."""
+        self.run_batch(self._observers[(notification.table, notification.column)], [notification])
 
     def run_batch(self, observer: Observer, batch: list[Notification]) -> None:
-        """One batch task: the notifications of ``batch`` (all ``observer``'s) in one
-        transaction (observers/runner.py: process_batch), counted like single runs."""
+        """One run task: the notifications of ``batch`` (all ``observer``'s) in one
+        transaction (observers/runner.py: process_batch), then count each outcome (metrics,
+        back-off on a conflict, failure counting and parking)."""
         name = observer.name
         fences = []
         if self._fence_for is not None:
@@ -240,11 +210,15 @@ class NotificationProcessor:
                 self._back_off_conflict(notification.cell)
             return
         except UndeterminedCommitError as exc:
-            log.warning("batch of %d runs of %s: %s", len(batch), name, exc)
+            # Not the observer's fault: the next run reads the ack and knows.
+            log.warning("run of %s on %s: %s", name, ", ".join(map(str, batch)), exc)
             for notification in batch:
                 self._back_off_conflict(notification.cell)
             return
         except Exception as exc:
+            if len(batch) == 1:
+                self.failed(observer, batch[0], exc)
+                return
             # Nothing committed.  Run them one by one: the failing one is counted (and
             # parked) on its own, the others go through.
             log.info(

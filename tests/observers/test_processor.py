@@ -91,10 +91,10 @@ def test_a_failure_backs_off_and_the_limit_parks(memory_client: percolator.Clien
 def test_conflicts_and_undetermined_commits_back_off_without_counting_as_failures(
     memory_client: percolator.Client, monkeypatch: pytest.MonkeyPatch, error: Exception
 ) -> None:
-    def lose(*args: object, **kwargs: object) -> RunResult:
+    def lose(*args: object, **kwargs: object) -> list[RunResult]:
         raise error
 
-    monkeypatch.setattr(processor_module, "process_notification", lose)
+    monkeypatch.setattr(processor_module, "process_batch", lose)
     pool, metrics = processor(memory_client, helpers.RunLogger(), WorkerOptions())
     notification = Notification(EVENTS, b"r", "value", 5)
     assert pool.offer(notification)
