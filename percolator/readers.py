@@ -41,7 +41,7 @@ import struct
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from percolator.errors import InvalidArgumentError, PercolatorError, SafePointError
@@ -130,15 +130,22 @@ def encode_publication(min_start_ts: int, expires_ms: int) -> bytes:
     return _U64.pack(min_start_ts) + _U64.pack(expires_ms)
 
 
+def decode_publication(value: bytes) -> tuple[int, int] | None:
+    """Inverse of :func:`encode_publication` (None for a value too short to be one)."""
+    if len(value) < 16:
+        return None
+    return _U64.unpack(value[:8])[0], _U64.unpack(value[8:16])[0]
+
+
 def scan_publications(store: Store) -> list[Publication]:
     """Every client's record, expired ones included (one scan of the client rows)."""
     found = []
     options = ScanOptions(start=CLIENTS_PREFIX, stop=_prefix_stop(CLIENTS_PREFIX))
     for row, cells in store.scan(META_TABLE, META_FAMILY, options):
         value = cells.get(CLIENT_QUALIFIER)
-        if value is None or len(value[1]) < 16:
-            continue
-        found.append(Publication(row, _U64.unpack(value[1][:8])[0], _U64.unpack(value[1][8:16])[0]))
+        decoded = None if value is None else decode_publication(value[1])
+        if decoded is not None:
+            found.append(Publication(row, *decoded))
     return found
 
 
@@ -151,19 +158,22 @@ class Reservation:
     expires_ms: int
 
 
-def scan_reservations(store: Store) -> list[Reservation]:
-    found = []
+def _reservation_cells(store: Store) -> Iterator[tuple[bytes, int, bytes]]:
+    """Every reservation record, released ones included: ``(row, version, value)``."""
     options = ScanOptions(start=RESERVE_PREFIX, stop=_prefix_stop(RESERVE_PREFIX))
     for row, cells in store.scan(META_TABLE, META_FAMILY, options):
-        value = cells.get(RESERVE_QUALIFIER)
-        if value is None or len(value[1]) < 16:
-            continue
-        name = row[len(RESERVE_PREFIX) :].decode("utf-8", "replace")
-        if value[1] == encode_publication(0, 0):
-            continue  # released
-        found.append(
-            Reservation(name, _U64.unpack(value[1][:8])[0], _U64.unpack(value[1][8:16])[0])
-        )
+        found = cells.get(RESERVE_QUALIFIER)
+        if found is not None:
+            yield row, found[0], found[1]
+
+
+def scan_reservations(store: Store) -> list[Reservation]:
+    found = []
+    for row, _, value in _reservation_cells(store):
+        decoded = decode_publication(value)
+        if decoded is None or value == encode_publication(0, 0):
+            continue  # malformed, or released
+        found.append(Reservation(row[len(RESERVE_PREFIX) :].decode("utf-8", "replace"), *decoded))
     return found
 
 
@@ -202,13 +212,9 @@ def collect_reservations(store: Store, clock_ms: int, keep_ms: int = RESERVATION
     Returns how many were removed.  Each delete stops at the version read: a concurrent
     renewal is stamped later and survives it."""
     deletes = []
-    options = ScanOptions(start=RESERVE_PREFIX, stop=_prefix_stop(RESERVE_PREFIX))
-    for row, cells in store.scan(META_TABLE, META_FAMILY, options):
-        found = cells.get(RESERVE_QUALIFIER)
-        if found is None:
-            continue
-        version, value = found
-        expires_ms = _U64.unpack(value[8:16])[0] if len(value) >= 16 else 0
+    for row, version, value in _reservation_cells(store):
+        decoded = decode_publication(value)
+        expires_ms = decoded[1] if decoded is not None else 0
         if version < clock_ms - keep_ms and expires_ms < clock_ms - keep_ms:
             deletes.append(Delete(row, META_FAMILY, RESERVE_QUALIFIER, version))
     if deletes:
