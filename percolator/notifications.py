@@ -94,10 +94,15 @@ def row_hash(row: bytes) -> int:
     return zlib.crc32(row)
 
 
+def _hash_bytes(hash_value: int) -> bytes:
+    """A row hash as stored in notify cells: 8 lowercase hex digits (fixed width, so byte
+    order is numeric order)."""
+    return b"%08x" % hash_value
+
+
 def notify_value(row: bytes) -> bytes:
-    """The value of ``row``'s notify cells: its :func:`row_hash`, 8 lowercase hex digits
-    (fixed width, so byte order is numeric order)."""
-    return b"%08x" % row_hash(row)
+    """The value of ``row``'s notify cells: its :func:`row_hash`, as :func:`_hash_bytes`."""
+    return _hash_bytes(row_hash(row))
 
 
 def hash_ranges_filter(ranges: Iterable[tuple[int, int]]) -> list[tuple[bytes, bytes | None]]:
@@ -105,7 +110,7 @@ def hash_ranges_filter(ranges: Iterable[tuple[int, int]]) -> list[tuple[bytes, b
     hash lies in one of the half-open ``[low, high)`` ``ranges`` (``0 <= low < high <=
     HASH_SPACE``), plus every notification written before hashes were stored."""
     found: list[tuple[bytes, bytes | None]] = [
-        (b"%08x" % low, None if high >= HASH_SPACE else b"%08x" % high)
+        (_hash_bytes(low), None if high >= HASH_SPACE else _hash_bytes(high))
         for low, high in ranges
         if low < high
     ]
