@@ -1003,7 +1003,9 @@ def remove_batch_markers(
     its job row; returns how many were removed.  Refuses a job that is not done: its markers
     are what keeps its batches exactly once.  Idempotent."""
     check_job_id(job_id)
-    if client.snapshot().get(progress_table, job_row(job_id), DONE_COLUMN) is None:
+    with client.snapshot() as snapshot:
+        done = snapshot.get(progress_table, job_row(job_id), DONE_COLUMN)
+    if done is None:
         raise ConfigError(f"backfill job {job_id!r} is not done: its batch markers are needed")
     return _delete_rows(client, progress_table, f"{job_id}/batch/".encode())
 
