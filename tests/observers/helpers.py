@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from percolator.observers.api import Observer
 
 from percolator.client import Client
-from percolator.notifications import read_ack
+from percolator.notifications import Notification, pending, read_ack
 from percolator.transaction import Snapshot, Transaction
 
 EVENTS = "obs_events"
@@ -37,6 +37,12 @@ SLEEP_ENV = "OBS_TEST_SLEEP_MS"
 def create_tables(client: Client) -> None:
     for table in TABLES:
         client.create_table(table)
+
+
+def pending_events(client: Client, column: str = "value") -> list[Notification]:
+    """What a scanner would find in ``obs_events``: the newest notify version of each dirty
+    cell of ``column``."""
+    return pending(client.store, EVENTS, [column])
 
 
 def log_run(txn: Transaction, table: str, row: bytes, column: str, prefix: bytes = b"") -> None:

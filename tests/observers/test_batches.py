@@ -13,14 +13,11 @@ from percolator.observers.runner import Outcome, process_batch
 from percolator.observers.worker import Worker, WorkerOptions
 
 import percolator
-from percolator.notifications import Notification, pending, write_ack
+from percolator.notifications import Notification, write_ack
 from percolator.transaction import Transaction
 from tests.observers import helpers
-from tests.observers.helpers import EVENTS, RunLogger, runs
-
-
-def scan(client: percolator.Client) -> list[Notification]:
-    return pending(client.store, EVENTS, ["value"])
+from tests.observers.helpers import EVENTS, RunLogger, pending_events, runs
+from tests.txn.test_round_trips import delta, reads_and_writes
 
 
 def write(client: percolator.Client, rows: list[bytes], value: bytes = b"x") -> int:
@@ -44,11 +41,11 @@ def test_a_batch_commits_every_run_in_one_transaction_and_cleans_up(
     client = local_client
     rows = [b"r%02d" % i for i in range(6)]
     commit_ts = write(client, rows)
-    results = process_batch(client, logger, scan(client))
+    results = process_batch(client, logger, pending_events(client))
     assert [r.outcome for r in results] == [Outcome.COMMITTED] * 6
     assert len({r.commit_ts for r in results}) == 1  # one commit for the whole batch
     assert runs(client.snapshot()) == {row: [commit_ts] for row in rows}
-    assert scan(client) == []
+    assert pending_events(client) == []
 
 
 def test_a_batch_skips_what_is_acknowledged_or_was_never_committed(
@@ -56,12 +53,12 @@ def test_a_batch_skips_what_is_acknowledged_or_was_never_committed(
 ) -> None:
     client = local_client
     first = write(client, [b"done"])
-    process_batch(client, logger, scan(client))
+    process_batch(client, logger, pending_events(client))
     second = write(client, [b"new"])
     notifications = [
         Notification(EVENTS, b"done", "value", first),  # seen again: already acknowledged
         Notification(EVENTS, b"ghost", "value", second),  # no commit there (rolled back)
-        *scan(client),
+        *pending_events(client),
     ]
     results = process_batch(client, logger, notifications)
     assert [r.outcome for r in results] == [Outcome.ACKED, Outcome.NOTHING, Outcome.COMMITTED]
@@ -83,11 +80,11 @@ def test_an_exception_in_one_run_commits_nothing_of_the_batch(
     observer = FailsOnBad()
     register_observers(client, [observer])
     write(client, [b"a", b"bad", b"c"])
-    before = scan(client)
+    before = pending_events(client)
     with pytest.raises(RuntimeError, match="boom on bad"):
         process_batch(client, observer, before)
     assert runs(client.snapshot()) == {}
-    assert scan(client) == before
+    assert pending_events(client) == before
 
 
 def test_a_conflicting_batch_is_retried_whole(
@@ -98,7 +95,7 @@ def test_a_conflicting_batch_is_retried_whole(
     only ``b``'s run."""
     client = local_client
     commit_ts = write(client, [b"a", b"b"])
-    notifications = scan(client)
+    notifications = pending_events(client)
     interfered = []
 
     class Interfering(RunLogger):
@@ -113,7 +110,7 @@ def test_a_conflicting_batch_is_retried_whole(
     assert [r.outcome for r in results] == [Outcome.ACKED, Outcome.COMMITTED]
     assert results[0].conflicts == 1 and results[0].attempts == 2
     assert runs(client.snapshot()) == {b"b": [commit_ts]}  # a's first run rolled back
-    assert scan(client) == []
+    assert pending_events(client) == []
 
 
 def test_a_batching_worker_runs_every_change_once_and_parks_only_the_failing_cell(
@@ -157,14 +154,6 @@ def _run_start_ts(client: percolator.Client) -> list[bytes]:
     ]
 
 
-def calls(client: percolator.Client) -> dict[str, int]:
-    return dict(client.store.stats.calls)
-
-
-def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    return {op: n - before.get(op, 0) for op, n in after.items() if n != before.get(op, 0)}
-
-
 def test_a_batch_costs_the_round_trips_of_one_run_except_per_cell_compare_and_sets(
     memory_client: percolator.Client,
 ) -> None:
@@ -173,15 +162,15 @@ def test_a_batch_costs_the_round_trips_of_one_run_except_per_cell_compare_and_se
     register_observers(client, [logger])
     client.oracle.get_timestamp()  # the oracle's first block is not part of a run
     write(client, [b"one"])
-    [single] = scan(client)
-    before = calls(client)
+    [single] = pending_events(client)
+    before = reads_and_writes(client)
     process_batch(client, logger, [single])
-    one = delta(before, calls(client))
+    one = delta(before, reads_and_writes(client))
     write(client, [b"r%d" % i for i in range(8)])
-    batch = scan(client)
-    before = calls(client)
+    batch = pending_events(client)
+    before = reads_and_writes(client)
     process_batch(client, logger, batch)
-    eight = delta(before, calls(client))
+    eight = delta(before, reads_and_writes(client))
     # Reads: the observed cells and acks in one read, the run rows in one prewrite read.
     assert one["read_rows"] == eight["read_rows"] == 2, (one, eight)
     # Blind puts (data, commit index, write records) and the cleanup: per batch, not per run.

@@ -13,7 +13,6 @@ from percolator.observers.api import register_observers, trigger
 from percolator.observers.parking import pending
 from percolator.observers.runner import (
     ConflictExhaustedError,
-    Notification,
     Outcome,
     cleanup,
     process_notification,
@@ -28,21 +27,13 @@ from percolator.notifications import put_notifications, read_ack
 from percolator.protocol.cells import CellKey
 from percolator.transaction import Transaction
 from tests.observers import helpers
-from tests.observers.helpers import EVENTS, RunLogger, runs
+from tests.observers.helpers import EVENTS, RunLogger, pending_events, runs
 
 
 @pytest.fixture(autouse=True)
 def _no_failpoints() -> object:
     yield
     failpoints.disable()
-
-
-def scan(client: percolator.Client, column: str = "value") -> list[Notification]:
-    """What a scanner would find: the newest notify version of each dirty cell."""
-    return [
-        Notification(EVENTS, row, c, version)
-        for row, c, version in pending(client, EVENTS, [column])
-    ]
 
 
 def write(client: percolator.Client, row: bytes, value: bytes, column: str = "value") -> int:
@@ -80,7 +71,7 @@ def test_a_write_notifies_at_its_commit_ts_and_one_run_acks_it(
     client: percolator.Client, logger: RunLogger
 ) -> None:
     commit_ts = write(client, b"r1", b"v1")
-    [notification] = scan(client)
+    [notification] = pending_events(client)
     assert notification.notify_ts == commit_ts
 
     result = process_notification(client, logger, notification)
@@ -90,7 +81,7 @@ def test_a_write_notifies_at_its_commit_ts_and_one_run_acks_it(
     assert result.cleaned
     assert ack_of(client, logger.name, b"r1") == commit_ts
     assert runs(client.snapshot()) == {b"r1": [commit_ts]}
-    assert scan(client) == []
+    assert pending_events(client) == []
 
 
 def test_unobserved_columns_leave_no_notification(
@@ -106,7 +97,7 @@ def test_a_stale_notification_only_cleans_up(
 ) -> None:
     client, logger = local_client, local_logger
     commit_ts = write(client, b"r1", b"v1")
-    [notification] = scan(client)
+    [notification] = pending_events(client)
     process_notification(client, logger, notification)
     # The same notification again (a second worker that saw it too, or a crash before the
     # cleanup): the ack covers the change, the user code does not run.
@@ -121,7 +112,7 @@ def test_many_writes_fold_into_one_run_that_sees_the_latest(
 ) -> None:
     client, logger = local_client, local_logger
     commits = [write(client, b"r1", b"v%d" % i) for i in range(5)]
-    [notification] = scan(client)
+    [notification] = pending_events(client)
     assert notification.notify_ts == commits[-1]
     process_notification(client, logger, notification)
     assert runs(client.snapshot()) == {b"r1": [commits[-1]]}
@@ -134,17 +125,17 @@ def test_cleanup_never_deletes_a_notification_newer_than_the_scanner_saw(
     client: percolator.Client, logger: RunLogger
 ) -> None:
     first = write(client, b"r1", b"v1")
-    [seen] = scan(client)
+    [seen] = pending_events(client)
     second = write(client, b"r1", b"v2")  # lands after the scan, before the run
     result = process_notification(client, logger, seen)
     # The run started after the second commit, so it covered it; the cleanup stopped at
     # the version the scanner saw.
     assert result.observed_commit_ts == second > first
-    [left] = scan(client)
+    [left] = pending_events(client)
     assert left.notify_ts == second
     assert process_notification(client, logger, left).outcome is Outcome.ACKED
     assert runs(client.snapshot()) == {b"r1": [second]}
-    assert scan(client) == []
+    assert pending_events(client) == []
 
 
 def test_masking_trap_long_transaction_committing_after_a_cleanup_is_observed(
@@ -157,16 +148,16 @@ def test_masking_trap_long_transaction_committing_after_a_cleanup_is_observed(
     write(client, b"r1", b"v1")
     long_txn = client.transaction()  # starts before the notification the worker will see
     trigger(client, EVENTS, [b"r1"], "value")  # e.g. a backfill: T > long_txn.start_ts
-    [seen] = scan(client)
+    [seen] = pending_events(client)
     assert seen.notify_ts > long_txn.start_ts
     process_notification(client, logger, seen)  # run, then delete notify versions <= T
-    assert scan(client) == []
+    assert pending_events(client) == []
 
     long_txn.set(EVENTS, b"r1", "value", b"late")
     long_txn.commit()
     assert long_txn.commit_ts is not None
 
-    [late] = scan(client)
+    [late] = pending_events(client)
     assert late.notify_ts == long_txn.commit_ts
     result = process_notification(client, logger, late)
     assert result.outcome is Outcome.COMMITTED
@@ -182,10 +173,10 @@ def test_the_masking_trap_is_real_in_the_store(
     write(client, b"r1", b"v1")
     long_txn_start = client.oracle.get_timestamp()
     trigger(client, EVENTS, [b"r1"], "value")
-    [seen] = scan(client)
+    [seen] = pending_events(client)
     cleanup(client, seen)
     put_notifications(client.store, [CellKey(EVENTS, b"r1", "value")], long_txn_start)
-    assert scan(client) == []
+    assert pending_events(client) == []
 
 
 def test_a_long_transaction_in_commit_during_the_run_is_waited_for_and_covered(
@@ -195,7 +186,7 @@ def test_a_long_transaction_in_commit_during_the_run_is_waited_for_and_covered(
     yet visible to the scanner: the run's read resolves its lock (waits for it), so the run
     covers it and the cleanup of the older version loses nothing."""
     write(client, b"r1", b"v1")
-    [seen] = scan(client)
+    [seen] = pending_events(client)
     failpoints.enable("commit.before_primary", "sleep:300")
     done = threading.Event()
 
@@ -222,7 +213,7 @@ def test_a_long_transaction_in_commit_during_the_run_is_waited_for_and_covered(
     assert result.observed_commit_ts == latest
     assert ack_of(client, logger.name, b"r1") == latest
     # Whatever is left is at most a notification the ack already covers.
-    for notification in scan(client):
+    for notification in pending_events(client):
         assert process_notification(client, logger, notification).outcome is Outcome.ACKED
 
 
@@ -234,11 +225,11 @@ def test_a_notification_of_a_rolled_back_write_runs_nothing(
     with pytest.raises(FailpointError):
         write(client, b"r1", b"never")
     failpoints.disable()
-    [spurious] = scan(client)  # written before the commit point, as designed
+    [spurious] = pending_events(client)  # written before the commit point, as designed
     result = process_notification(client, logger, spurious)
     assert result.outcome is Outcome.NOTHING
     assert runs(client.snapshot()) == {}
-    assert scan(client) == []
+    assert pending_events(client) == []
 
 
 def test_a_deleted_cell_is_observed_with_its_delete_commit(
@@ -246,10 +237,10 @@ def test_a_deleted_cell_is_observed_with_its_delete_commit(
 ) -> None:
     client, logger = local_client, local_logger
     write(client, b"r1", b"v1")
-    process_notification(client, logger, scan(client)[0])
+    process_notification(client, logger, pending_events(client)[0])
     with client.transaction() as txn:
         txn.delete(EVENTS, b"r1", "value")
-    result = process_notification(client, logger, scan(client)[0])
+    result = process_notification(client, logger, pending_events(client)[0])
     assert result.observed_commit_ts == txn.commit_ts
     run_rows = dict(client.snapshot().scan(helpers.RUNS, columns=["covers", "value"]))
     assert sorted(cells["value"] for cells in run_rows.values()) == [b"<deleted>", b"v1"]
@@ -260,25 +251,25 @@ def test_crash_points_before_commit_and_before_cleanup(
 ) -> None:
     client, logger = local_client, local_logger
     commit_ts = write(client, b"r1", b"v1")
-    [notification] = scan(client)
+    [notification] = pending_events(client)
 
     failpoints.enable("observer.before_commit", "raise")
     with pytest.raises(FailpointError):
         process_notification(client, logger, notification)
     assert runs(client.snapshot()) == {}  # nothing committed
-    assert scan(client) == [notification]  # the notification stays
+    assert pending_events(client) == [notification]  # the notification stays
 
     failpoints.enable("observer.before_cleanup", "raise")
     failpoints.disable("observer.before_commit")
     with pytest.raises(FailpointError):
         process_notification(client, logger, notification)
     assert runs(client.snapshot()) == {b"r1": [commit_ts]}  # committed ...
-    assert scan(client) == [notification]  # ... but not cleaned up
+    assert pending_events(client) == [notification]  # ... but not cleaned up
 
     failpoints.disable()
     assert process_notification(client, logger, notification).outcome is Outcome.ACKED
     assert runs(client.snapshot()) == {b"r1": [commit_ts]}
-    assert scan(client) == []
+    assert pending_events(client) == []
 
 
 def test_an_exception_in_the_observer_commits_nothing(memory_client: percolator.Client) -> None:
@@ -286,11 +277,11 @@ def test_an_exception_in_the_observer_commits_nothing(memory_client: percolator.
     failing = helpers.AlwaysFails()
     register_observers(client, [failing])
     write(client, b"r1", b"x", column="poison")
-    [notification] = scan(client, "poison")
+    [notification] = pending_events(client, "poison")
     with pytest.raises(RuntimeError, match="boom"):
         process_notification(client, failing, notification)
     assert ack_of(client, failing.name, b"r1", "poison") is None
-    assert scan(client, "poison") == [notification]
+    assert pending_events(client, "poison") == [notification]
 
 
 class _Racer(RunLogger):
@@ -321,7 +312,7 @@ def test_two_racing_runs_commit_once_when_strong_and_may_both_commit_when_weak(
     register_observers(client, [observer])
     column = observer.columns[0]
     write(client, b"r1", b"v", column=column)
-    [notification] = scan(client, column)
+    [notification] = pending_events(client, column)
     outcomes: list[object] = []
 
     def run() -> None:
@@ -356,7 +347,7 @@ def test_process_must_not_finish_the_transaction(memory_client: percolator.Clien
     register_observers(client, [observer])
     write(client, b"r1", b"v")
     with pytest.raises(PercolatorError, match="must not commit or roll back"):
-        process_notification(client, observer, scan(client)[0])
+        process_notification(client, observer, pending_events(client)[0])
 
 
 def test_trigger_rejects_reserved_columns(memory_client: percolator.Client) -> None:
