@@ -8,7 +8,9 @@ Order of steps, each marked with its failpoint:
    "rolled back" while the transaction goes on to commit;
 2. prewrite the secondaries, batched per table, compare-and-sets in parallel
    (``prewrite.after_secondaries``);
-3. get ``commit_ts``; put notifications at ``commit_ts`` (``commit.before_notify``) - before the
+3. check the GC safe point (a transaction below it may have prewritten a cell whose history
+   garbage collection removed, without seeing a newer commit: SafePointError, rolled back);
+   get ``commit_ts``; put notifications at ``commit_ts`` (``commit.before_notify``) - before the
    commit point, so a crash cannot lose them (a spurious one for an aborted transaction
    is harmless);
 4. **commit point** (``commit.before_primary``, then
@@ -199,6 +201,11 @@ class Committer:
         back) or UndeterminedCommitError (outcome unknown)."""
         try:
             self.prewrite_all()
+            # Garbage collection may have removed the whole history of a deleted cell, so a
+            # transaction below the safe point could prewrite it without seeing a newer
+            # commit: it must not commit (protocol/gc.py, step 6).  Cheap while this
+            # client's reader record is live (percolator/readers.py).
+            self._ctx.readers.check(self.start_ts)
             commit_ts = self._ctx.oracle.get_timestamp()
             self.commit_ts = commit_ts
             failpoints.failpoint("commit.before_notify")

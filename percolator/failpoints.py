@@ -48,6 +48,9 @@ POINTS = frozenset(
         "resolve.before_roll_back",
         # garbage collection
         "gc.after_safe_point",
+        "gc.after_versions",
+        "gc.before_lock_cells",
+        "gc.after_table",
         # timestamp oracle (oracle/server.py): a range taken, the lease not yet re-checked
         "oracle.before_confirm",
         # observers

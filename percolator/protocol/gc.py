@@ -24,21 +24,39 @@ One pass:
    than **that table's** progress: a pass killed at any step, or a pass over a subset of
    tables, leaves nothing uncollectable.
 
-6. The delete masks of the collected tables and of the meta table are forgotten
+6. **Dead cells** of each collected table go entirely: a lock cell that holds no lock, whose
+   latest commit is a delete (or that never committed) and whose last rollback are both below
+   the bound goes, with every write record and data version of its cell below the bound.
+   Reads of such a cell answer "absent" with or without them.  The Thrift-1 gateway
+   has no conditional delete, so the lock cell is deleted "at or below the version read"; that
+   removes nothing written later only if later compare-and-sets are stamped above that
+   version.  A compare-and-set on the meta table (``gc:clock``) before the scan gives the
+   store's time, and only lock cells stamped more than :attr:`Store.stamp_skew_ms` before it
+   are deleted.  A transaction that prewrites such a cell later finds no record of its
+   history, so its write-write check cannot see commits below the bound: every transaction
+   checks the safe point between its prewrite and its commit point (committer.py), and one
+   below it aborts.  The history goes first and the lock cell last, in a call of its own: a
+   pass killed between the two leaves a lock cell the next pass finds dead again (the other
+   way round, it would leave history no scan of lock cells finds).  A prewrite that reads
+   the lock cell in between re-puts the record of the delete it holds; on HBase the delete
+   marker hides it, elsewhere a later pass collects it.
+
+7. The delete masks of the collected tables and of the meta table are forgotten
    (:meth:`Store.compact_deletes`; on HBase its own major compactions do that), so the
    embedded store's masks stay bounded too.
 
 Deletes are batched (one store call per 1000 cells).  Idempotent and safe to run
 concurrently with transactions and with other GC passes.
 
-Known leftovers (the Thrift-1 gateway deletes "every version at or below", never one version
-in the middle, and has no conditional delete): data versions of rolled-back transactions that
-are **newer** than a cell's kept commit stay until a later commit of that cell is collected;
-lock cells stay (one small cell per user cell, holding its latest commit).
+Known leftover (the Thrift-1 gateway deletes "every version at or below", never one version
+in the middle): on a cell whose latest commit is a put, data versions of rolled-back
+transactions that are **newer** than that commit stay until a later commit of the cell is
+collected or the cell is deleted.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -57,13 +75,14 @@ from percolator.readers import (
     read_safe_point,
     set_meta_cell,
 )
-from percolator.records import LockCell, WriteRecord
+from percolator.records import Kind, LockCell, WriteRecord
 from percolator.store.base import Delete, ScanOptions, Store
 from percolator.timestamps import compose, describe, now_ms, physical_ms
 
 _U64 = struct.Struct(">Q")
 TABLE_PROGRESS_PREFIX = b"gc/table/"
 TABLE_PROGRESS_QUALIFIER = b"collected"
+CLOCK_QUALIFIER = b"clock"
 _DELETE_BATCH = 1000
 
 
@@ -78,6 +97,8 @@ class GcReport:
     #: locks whose primary's table no longer exists (undecidable; left in place)
     locks_orphaned: int = 0
     cells_collected: int = 0
+    #: cells whose latest commit is a delete, removed with their lock cell
+    dead_cells_removed: int = 0
     #: notify cells of columns no observer watches, cleaned (by the client, see gc())
     notifications_collected: int = 0
     #: delete masks forgotten (Store.compact_deletes: embedded and memory stores)
@@ -91,7 +112,8 @@ class GcReport:
         return (
             f"safe point {describe(self.safe_point)}; {self.locks_resolved} locks resolved, "
             f"{self.locks_alive} alive, {self.locks_orphaned} orphaned; "
-            f"{self.cells_collected} cells collected in {len(self.tables)} tables; "
+            f"{self.cells_collected} cells collected and {self.dead_cells_removed} deleted "
+            f"cells removed in {len(self.tables)} tables; "
             f"{self.clients_expired} expired client records and "
             f"{self.reservations_removed} old reservations removed; "
             f"{self.delete_masks_dropped} delete masks dropped"
@@ -115,6 +137,22 @@ def advance_safe_point(store: Store, safe_point: int) -> int:
         ):
             return safe_point
     raise RuntimeError("the safe point kept changing under this GC run")
+
+
+def store_clock_ms(store: Store) -> int:
+    """A version the store stamped during this call: every compare-and-set issued after it
+    returns is stamped at least this minus :attr:`Store.stamp_skew_ms`.  One compare-and-set
+    of the meta cell ``gc:clock`` (a random value), then one read of its version."""
+    column = (META_FAMILY, CLOCK_QUALIFIER)
+    for _ in range(100):
+        found = store.read_row(META_TABLE, SAFE_POINT_ROW, columns=[column]).get(column)
+        current = found[0][1] if found else None
+        if store.compare_and_set(
+            META_TABLE, SAFE_POINT_ROW, META_FAMILY, CLOCK_QUALIFIER, current, os.urandom(8)
+        ):
+            # Another pass may have stamped it again since: later still, just as good.
+            return store.read_row(META_TABLE, SAFE_POINT_ROW, columns=[column])[column][0][0]
+    raise RuntimeError("the store clock cell kept changing under this GC run")
 
 
 def table_progress(store: Store, table: str) -> int:
@@ -177,10 +215,14 @@ def run_gc(
     bound = min(x for x in (safe_point, again.oldest, oldest_alive) if x is not None)
     report.bound = bound
 
+    # Lock cells stamped below this are older than any compare-and-set still to come.
+    stamp_limit = store_clock_ms(store) - store.stamp_skew_ms
     for table in tables:
         say(f"collecting versions below {describe(bound)} in {table}")
         done = table_progress(store, table)
         _collect(store, table, bound, done, report)
+        failpoints.failpoint("gc.after_versions")
+        _remove_dead_cells(store, table, bound, stamp_limit, report)
         failpoints.failpoint("gc.after_table")
         if bound > done:
             set_table_progress(store, table, bound)
@@ -251,6 +293,51 @@ def _collect(store: Store, table: str, bound: int, done: int, report: GcReport) 
                 deletes = []
     if deletes:
         store.delete_versions(table, deletes)
+
+
+def is_dead(cell: LockCell, bound: int) -> bool:
+    """Whether a lock cell says its user cell is gone for every reader at or above
+    ``bound``: no lock, no commit but a delete below ``bound``, and no rollback at or above
+    it (a rolled-back transaction at or above the bound may still be running; its marker
+    must stay so that its late prewrite fails)."""
+    last = cell.last_commit
+    return (
+        cell.lock is None
+        and cell.rolled_back < bound
+        and (last is None or (last.kind is Kind.DELETE and last.commit_ts < bound))
+    )
+
+
+def _remove_dead_cells(
+    store: Store, table: str, bound: int, stamp_limit: int, report: GcReport
+) -> None:
+    """Delete the dead cells of ``table`` (module docstring, step 6), lock cells last."""
+    locks: list[Delete] = []
+    history: list[Delete] = []
+
+    def flush() -> None:
+        store.delete_versions(table, history)
+        failpoints.failpoint("gc.before_lock_cells")
+        store.delete_versions(table, locks)
+        report.dead_cells_removed += len(locks)
+        locks.clear()
+        history.clear()
+
+    for row, cells in store.scan(table, LOCK, ScanOptions(batch_size=_DELETE_BATCH)):
+        for qualifier, (version, value) in cells.items():
+            if version >= stamp_limit or not is_dead(LockCell.decode(value), bound):
+                continue
+            # At or below the version read: a compare-and-set since was stamped above it.
+            locks.append(Delete(row, LOCK, qualifier, version))
+            # Below the bound: nothing a reader at or above it can see (the lock cell said
+            # no commit but the delete is below it; a transaction that starts there writes
+            # at or above it), and no live reader is below it.
+            history.append(Delete(row, WRITE, qualifier, bound - 1))
+            history.append(Delete(row, DATA, qualifier, bound - 1))
+            if len(locks) >= _DELETE_BATCH:
+                flush()
+    if locks:
+        flush()
 
 
 def lock_report(store: Store, table: str) -> list[RawCell]:

@@ -16,6 +16,10 @@ What is atomic (this is the whole contract the transaction protocol relies on)
   written cell is chosen by the store, never by the caller: HBase 2.6 stamps the larger of
   its clock (milliseconds) and the version of the cell it compared, so the written value is
   always the newest; every backend does the same.
+  Stamps of one store never go back by more than :attr:`Store.stamp_skew_ms`: a
+  compare-and-set issued after another one returned is stamped at least that one's version
+  minus the skew (0 on the memory and embedded stores, whose clock is one monotonic clock;
+  on HBase each region server stamps with its own clock).
   ``expected=None`` matches a cell that is absent **or holds the empty value** (HBase's
   Thrift-1 ``checkAndPut`` semantics, kept identical on every backend); values that are
   compare-and-set should therefore never be empty.
@@ -143,6 +147,10 @@ class Store(abc.ABC):
 
     #: the URL this store was opened with (without secrets)
     url: str
+    #: how far below an earlier compare-and-set's version (of any cell) a later one may be
+    #: stamped (see the module docstring); garbage collection relies on it to delete a
+    #: lock cell without a conditional delete (percolator/protocol/gc.py)
+    stamp_skew_ms: int = 0
 
     def __init__(self) -> None:
         self.stats = StoreStats()

@@ -389,6 +389,11 @@ class HBaseStore(Store):
     with a clear :class:`StoreUnavailableError`.  Thread-safe.
     """
 
+    #: Each region server stamps compare-and-sets with its own clock.  HBase's master
+    #: refuses a region server whose clock is more than ``hbase.master.maxclockskew``
+    #: (30 s by default) off its own; twice that leaves room for drift after registration.
+    stamp_skew_ms = 60_000
+
     def __init__(
         self,
         host: str,

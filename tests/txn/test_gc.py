@@ -7,8 +7,9 @@ import time
 import pytest
 
 import percolator
+from percolator import failpoints
 from percolator.errors import SafePointError
-from percolator.layout import DATA, META_FAMILY, META_TABLE, WRITE
+from percolator.layout import DATA, LOCK, META_FAMILY, META_TABLE, WRITE
 from percolator.protocol.gc import lock_report
 from percolator.readers import (
     RESERVATION_KEEP_MS,
@@ -157,3 +158,77 @@ def test_gc_removes_reservation_records_long_released_or_expired(client: percola
     time.sleep(0.01)
     client.reserve_safe_point("once", ts, ttl_ms=60_000)
     assert {r.name for r in scan_reservations(store)} == {"once", "live"}
+
+
+# ---------------------------------------------------------------- cells deleted for good
+
+
+def raw_cell(client: percolator.Client, row: bytes) -> dict[str, int]:
+    """How many versions of ``t/<row>/c`` each protocol family holds, read raw."""
+    columns = [(family, b"c") for family in (LOCK, WRITE, DATA)]
+    cells = client.store.read_row("t", row, columns=columns, max_versions=1000)
+    return {family: len(cells.get((family, b"c"), [])) for family in (LOCK, WRITE, DATA)}
+
+
+def roll_back_a_write(client: percolator.Client, row: bytes) -> None:
+    """A transaction that prewrites ``t/<row>/c`` and is rolled back before its commit point:
+    its data and a rollback marker stay."""
+    failpoints.enable("commit.before_primary", "raise")
+    try:
+        txn = client.transaction()
+        txn.set("t", row, "c", b"never")
+        with pytest.raises(failpoints.FailpointError):
+            txn.commit()
+    finally:
+        failpoints.disable()
+
+
+def test_gc_removes_deleted_cells_with_their_lock_cells(
+    client: percolator.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(client.store, "stamp_skew_ms", 0)  # one clock here, HBase's too
+    for value in (b"v1", b"v2"):
+        client.run(lambda t, v=value: t.set("t", b"gone", "c", v))
+    client.run(lambda t: t.delete("t", b"gone", "c"))
+    client.run(lambda t: t.set("t", b"gone-twice", "c", b"v"))
+    client.run(lambda t: t.delete("t", b"gone-twice", "c"))
+    roll_back_a_write(client, b"gone-twice")  # newer data than the delete, rolled back
+    roll_back_a_write(client, b"never-written")  # a lock cell and data, no commit at all
+    client.run(lambda t: t.set("t", b"kept", "c", b"v"))
+    client.run(lambda t: t.delete("t", b"kept", "c"))
+    client.run(lambda t: t.set("t", b"kept", "c", b"back"))
+    assert raw_cell(client, b"gone") == {LOCK: 1, WRITE: 3, DATA: 2}
+    time.sleep(0.005)  # the lock cells' stamps below the store clock GC reads
+
+    report = client.gc(life_time_ms=0)
+
+    assert report.dead_cells_removed == 3
+    for row in (b"gone", b"gone-twice", b"never-written"):
+        assert raw_cell(client, row) == {LOCK: 0, WRITE: 0, DATA: 0}, row
+        assert client.snapshot().get("t", row, "c") is None
+    assert raw_cell(client, b"kept") == {LOCK: 1, WRITE: 1, DATA: 1}
+    assert client.snapshot().get("t", b"kept", "c") == b"back"
+    # A removed cell is an ordinary new cell afterwards.
+    client.run(lambda t: t.set("t", b"gone", "c", b"again"))
+    assert client.snapshot().get("t", b"gone", "c") == b"again"
+    assert client.gc(life_time_ms=0).dead_cells_removed == 0
+
+
+def test_gc_keeps_lock_cells_stamped_within_the_stores_clock_skew(
+    client: percolator.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a conditional delete, a lock cell is deleted "at or below the version read":
+    only safe if every later compare-and-set is stamped above it, which a store whose
+    clocks may be skewed promises only for cells older than the skew."""
+    monkeypatch.setattr(client.store, "stamp_skew_ms", 600_000)
+    client.run(lambda t: t.set("t", b"k", "c", b"v"))
+    client.run(lambda t: t.delete("t", b"k", "c"))
+
+    report = client.gc(life_time_ms=0)
+
+    assert report.dead_cells_removed == 0
+    assert raw_cell(client, b"k") == {LOCK: 1, WRITE: 1, DATA: 0}
+    monkeypatch.setattr(client.store, "stamp_skew_ms", 0)
+    time.sleep(0.005)
+    assert client.gc(life_time_ms=0).dead_cells_removed == 1
+    assert raw_cell(client, b"k") == {LOCK: 0, WRITE: 0, DATA: 0}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import gc as python_gc
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,8 +20,9 @@ from pathlib import Path
 import pytest
 
 import percolator
-from percolator import failpoints
+from percolator import failpoints, readers
 from percolator.errors import SafePointError, UndeterminedCommitError
+from percolator.protocol.gc import lock_report
 from percolator.store import Store, open_store
 
 BACKENDS = [
@@ -136,6 +138,31 @@ def test_live_snapshot_reads_its_snapshot_or_gets_safe_point_error(
     except SafePointError:
         return
     assert value == b"v1"
+
+
+def test_a_lapsed_transaction_cannot_miss_a_conflict_on_a_cell_gc_removed(
+    app: percolator.Client, operator: percolator.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GC removes a deleted cell's whole history, lock cell included.  A transaction that
+    started before the delete and whose reader record lapsed (as if its process had been
+    paused) then writes the cell blind: no history is left to conflict with, so only the
+    safe point check before the commit point stops a lost update."""
+    monkeypatch.setattr(readers, "PUBLISH_TTL_MS", 300)
+    monkeypatch.setattr(readers, "_PROTECTION_MARGIN_MS", 100)
+    monkeypatch.setattr(readers, "RENEW_INTERVAL_S", 3600.0)
+    monkeypatch.setattr(app.store, "stamp_skew_ms", 0)
+    app.run(lambda t: t.set("a", b"k", "c", b"v1"))
+    txn = app.transaction()
+    operator.run(lambda t: t.delete("a", b"k", "c"))
+    time.sleep(0.5)  # the application's reader record expires
+
+    assert operator.gc(life_time_ms=0).dead_cells_removed == 1
+
+    txn.set("a", b"k", "c", b"written over a delete it never saw")
+    with pytest.raises(SafePointError, match="safe point"):
+        txn.commit()
+    assert operator.snapshot().get("a", b"k", "c") is None
+    assert lock_report(app.store, "a") == []
 
 
 def test_own_gc_protects_the_clients_live_transactions(app: percolator.Client) -> None:
