@@ -1,8 +1,11 @@
 """P11 bounded storage: a steady update workload with periodic GC keeps the store flat.
 
 A fixed set of cells (``--cells``) is rewritten in transactions for ``--seconds``; every
-``--gc-every`` seconds a GC pass with life time 0 runs (from a second client, as an
-operator's ``percolator gc`` would).  The store's size is counted from the raw store after
+``--gc-every`` seconds a GC pass with life time ``--life-time`` runs (from a second client,
+as an operator's ``percolator gc`` would).  With life time 0 the bound is the writer's
+published oldest reader, which is renewed every 2 s (``RENEW_INTERVAL_S``): the size then
+swings with the phase between GC passes and renewals (up to 2 s of writes kept), which a
+life time above the renewal interval (default 5 s) turns into a steady lag.  The store's size is counted from the raw store after
 every pass -- every version of every cell in every family of the table, and their bytes --
 and, once every cell has been written (the steady state), the median size of the first
 tenth of the samples is compared with the last tenth (target: within 2x).  Also GC
@@ -88,6 +91,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--gc-every", type=float, default=2.0)
     parser.add_argument("--value-size", type=int, default=100)
+    parser.add_argument("--life-time", type=float, default=5.0, help="GC life time, seconds")
     parser.add_argument(
         "--churn", action="store_true", help="write new rows and delete old ones (see above)"
     )
@@ -135,7 +139,7 @@ def main() -> int:
         while time.monotonic() - began < args.seconds:
             time.sleep(args.gc_every)
             started = time.perf_counter()
-            report = operator.gc(life_time_ms=0, tables=[TABLE])
+            report = operator.gc(life_time_ms=int(args.life_time * 1000), tables=[TABLE])
             gc_seconds += time.perf_counter() - started
             collected += report.cells_collected
             removed += report.dead_cells_removed
@@ -159,7 +163,8 @@ def main() -> int:
         f"store {url}; {args.cells} cells x {families} families"
         f"{' (churn: each commit writes a new row, deletes an old one)' if args.churn else ''}; "
         f"{commits[0]} commits in "
-        f"{args.seconds:.0f} s; {len(samples)} GC passes; load {load_before} -> "
+        f"{args.seconds:.0f} s; GC life time {args.life_time:g} s every {args.gc_every:g} s, "
+        f"{len(samples)} passes; load {load_before} -> "
         f"{os.getloadavg()}"
     )
     for s in samples[:: max(1, len(samples) // 10)]:

@@ -28,11 +28,12 @@ One pass:
    latest commit is a delete (or that never committed) and whose last rollback are both below
    the bound goes, with every write record and data version of its cell below the bound.
    Reads of such a cell answer "absent" with or without them.  The Thrift-1 gateway
-   has no conditional delete, so the lock cell is deleted "at or below the version read"; that
-   removes nothing written later only if later compare-and-sets are stamped above that
-   version.  A compare-and-set on the meta table (``gc:clock``) before the scan gives the
-   store's time, and only lock cells stamped more than :attr:`Store.stamp_skew_ms` before it
-   are deleted.  A transaction that prewrites such a cell later finds no record of its
+   has no conditional delete, so the lock cell is deleted "at or below" a version: safe only
+   if every compare-and-set after GC read the cell is stamped above it.  A compare-and-set
+   on the meta table (``gc:clock``) before the scan gives the store's time; every later one
+   is stamped at or above that time minus :attr:`Store.stamp_skew_ms` (the *stamp limit*),
+   so GC removes only lock cells stamped below the limit, deleting at or below limit - 1.
+   A transaction that prewrites such a cell later finds no record of its
    history, so its write-write check cannot see commits below the bound: every transaction
    checks the safe point between its prewrite and its commit point (committer.py), and one
    below it aborts.  The history goes first and the lock cell last, in a call of its own: a
@@ -327,8 +328,11 @@ def _remove_dead_cells(
         for qualifier, (version, value) in cells.items():
             if version >= stamp_limit or not is_dead(LockCell.decode(value), bound):
                 continue
-            # At or below the version read: a compare-and-set since was stamped above it.
-            locks.append(Delete(row, LOCK, qualifier, version))
+            # Every compare-and-set since the store clock was read is stamped at or above
+            # stamp_limit, so "at or below stamp_limit - 1" removes only the version read
+            # (and older ones).  One timestamp for every cell: one call per batch on HBase,
+            # whose deletes take their timestamp per call.
+            locks.append(Delete(row, LOCK, qualifier, stamp_limit - 1))
             # Below the bound: nothing a reader at or above it can see (the lock cell said
             # no commit but the delete is below it; a transaction that starts there writes
             # at or above it), and no live reader is below it.
