@@ -8,11 +8,14 @@ once.  The semantics are those of HBase through Thrift-1, as written in
 What is atomic and durable
 --------------------------
 * Every write call (:meth:`~EmbeddedStore.put`, :meth:`~EmbeddedStore.delete_versions`, a
-  batch of any size) is **one** SQLite ``BEGIN IMMEDIATE`` transaction: all of it or nothing,
-  across processes.  That is more than the contract promises (atomic per row and version,
-  as HBase is: tests model that with ``FaultyStore(split_puts=True)``); callers must
-  not rely on it.
-* :meth:`~EmbeddedStore.compare_and_set` reads and writes inside one ``IMMEDIATE``
+  batch of any size) is all of it or nothing, across processes.  That is more than the
+  contract promises (atomic per row and version, as HBase is: tests model that with
+  ``FaultyStore(split_puts=True)``); callers must not rely on it.
+* **Group commit.**  Write calls of one process's threads that arrive while another is
+  being written queue up and run together, in queue order, in **one** SQLite
+  ``BEGIN IMMEDIATE`` transaction, each in a savepoint of its own (a failing call undoes
+  only itself); each returns after that transaction committed (:class:`_WriteGroups`).
+* :meth:`~EmbeddedStore.compare_and_set` reads and writes inside an ``IMMEDIATE``
   transaction, which holds the database's single write lock: it is atomic against every
   thread and process.  Its version is ``max(store clock, version of the cell just
   compared)``, as in HBase 2; the store clock is ``max(wall-clock ms, last clock)``,
@@ -74,7 +77,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from functools import lru_cache
 from typing import Any, TypeVar
@@ -196,12 +199,14 @@ def _versions_sql(cells: int) -> str:
 # from the parent are parked here for the child's lifetime and never closed, because closing
 # them in the child could disturb the parent's locks.  Threads of one process take a
 # per-database mutex before SQLite's write lock, so they queue in order instead of polling
-# SQLite's busy handler.
+# SQLite's busy handler (and, before that, join a write group: _WriteGroups).
 
 _pid = os.getpid()
 _inherited_connections: list[sqlite3.Connection] = []
 _write_locks: dict[str, threading.Lock] = {}
 _write_locks_guard = threading.Lock()
+# Group commit's queues (one per database; see _WriteGroups), also fresh in a child.
+_write_groups: dict[str, _WriteGroups] = {}
 _live_stores: weakref.WeakSet[EmbeddedStore] = weakref.WeakSet()
 
 
@@ -210,6 +215,7 @@ def _after_fork_in_child() -> None:
     _pid = os.getpid()
     _write_locks_guard = threading.Lock()
     _write_locks.clear()
+    _write_groups.clear()
     for store in list(_live_stores):
         store._forget_parent_connections()
 
@@ -223,6 +229,14 @@ def _write_lock(db_path: str) -> threading.Lock:
         if lock is None:
             lock = _write_locks[db_path] = threading.Lock()
         return lock
+
+
+def _write_group(db_path: str) -> _WriteGroups:
+    with _write_locks_guard:
+        groups = _write_groups.get(db_path)
+        if groups is None:
+            groups = _write_groups[db_path] = _WriteGroups()
+        return groups
 
 
 def _now_ms() -> int:
@@ -491,6 +505,23 @@ class EmbeddedStore(Store):
             finally:
                 self.write_lock.record(got - asked, clock() - got)
 
+    def _grouped(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run ``work`` (one write call) in a write group: see :class:`_WriteGroups`."""
+        return _write_group(self._db_path).run(self, work)
+
+    def _run_group(self, group: list[_WriteRequest]) -> None:
+        """One ``BEGIN IMMEDIATE`` transaction running every request of ``group``, each
+        inside a savepoint so that a failing call undoes only its own statements."""
+        with self._write() as conn:
+            for request in group:
+                conn.execute("SAVEPOINT call")
+                try:
+                    request.result = request.work(conn)
+                except Exception as exc:
+                    conn.execute("ROLLBACK TO call")
+                    request.error = exc
+                conn.execute("RELEASE call")
+
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
         """One read transaction: every statement inside sees the same snapshot."""
@@ -707,7 +738,8 @@ class EmbeddedStore(Store):
         check_table_name(table)
         items = check_sequence(puts, "puts")
         self._count("put")
-        with self._errors(f"put({table!r})"), self._write() as conn:
+
+        def work(conn: sqlite3.Connection) -> None:
             tid, families = self._table(conn, table)
             # Check every put before writing any: a bad batch writes nothing.
             for put in items:
@@ -718,6 +750,9 @@ class EmbeddedStore(Store):
                 [(tid, p.family, p.row, p.qualifier, p.version, p.value) for p in checked],
             )
             self._prune(conn, tid, families, ((p.family, p.row, p.qualifier) for p in checked))
+
+        with self._errors(f"put({table!r})"):
+            self._grouped(work)
 
     @staticmethod
     def _prune(
@@ -750,7 +785,8 @@ class EmbeddedStore(Store):
             check_value(expected)
         check_value(new)
         self._count("compare_and_set")
-        with self._errors(f"compare_and_set({table!r}, {row!r})"), self._write() as conn:
+
+        def work(conn: sqlite3.Connection) -> bool:
             found = conn.execute(_CAS_READ_SQL, (table, family, row, qualifier)).fetchone()
             if found is None:
                 raise TableNotFoundError(table)
@@ -775,11 +811,15 @@ class EmbeddedStore(Store):
                 self._prune(conn, tid, families, [(family, row, qualifier)])
             return True
 
+        with self._errors(f"compare_and_set({table!r}, {row!r})"):
+            return self._grouped(work)
+
     def delete_versions(self, table: str, deletes: Sequence[Delete]) -> None:
         check_table_name(table)
         items = check_sequence(deletes, "deletes")
         self._count("delete_versions")
-        with self._errors(f"delete_versions({table!r})"), self._write() as conn:
+
+        def work(conn: sqlite3.Connection) -> None:
             tid, families = self._table(conn, table)
             for delete in items:
                 check_delete(delete, families)
@@ -788,6 +828,9 @@ class EmbeddedStore(Store):
             conn.executemany(_DELETE_SQL, params)
             conn.executemany(_MASK_SQL, params)
 
+        with self._errors(f"delete_versions({table!r})"):
+            self._grouped(work)
+
     def compact_deletes(self, table: str) -> int:
         check_table_name(table)
         self._count("compact_deletes")
@@ -795,6 +838,83 @@ class EmbeddedStore(Store):
             tid, _ = self._table(conn, table)
             dropped: int = conn.execute("DELETE FROM delete_masks WHERE tid = ?", (tid,)).rowcount
             return dropped
+
+
+class _WriteRequest:
+    """One write call waiting for, or run by, a group leader."""
+
+    __slots__ = ("done", "error", "lead", "result", "work")
+
+    def __init__(self, work: Callable[[sqlite3.Connection], Any]) -> None:
+        self.work = work
+        self.done = threading.Event()
+        self.lead = False
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+class _WriteGroups:
+    """Group commit for the write calls of one process on one database.
+
+    A call queues its work; the first caller finding no leader becomes the leader and runs
+    everything queued so far in **one** SQLite transaction (each call in a savepoint of its
+    own, so a failing call undoes only itself), then hands the leadership to the first call
+    that queued meanwhile.  Every call still reads and writes as if alone: calls of a group
+    run one after the other, in queue order, inside one write lock.  A call returns only
+    after its group's COMMIT; if the transaction fails (the database lock not obtained, the
+    COMMIT refused), every call of the group fails with that error and nothing of the group
+    was written.  What a group saves is the hand-offs: threads of one process no longer take
+    the write mutex and win the GIL back once per call, and SQLite commits once per group.
+    """
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._queue: list[_WriteRequest] = []
+        self._leading = False
+
+    def run(self, store: EmbeddedStore, work: Callable[[sqlite3.Connection], _T]) -> _T:
+        request = _WriteRequest(work)
+        with self._mutex:
+            self._queue.append(request)
+            if not self._leading:
+                self._leading = request.lead = True
+        if not request.lead:
+            request.done.wait()
+        if request.lead:  # first in, or handed the leadership while waiting
+            self._lead(store)
+        if request.error is not None:
+            raise request.error
+        result: _T = request.result
+        return result
+
+    def _lead(self, store: EmbeddedStore) -> None:
+        with self._mutex:
+            group, self._queue = self._queue, []
+        try:
+            store._run_group(group)
+        except BaseException as exc:
+            for request in group:
+                if request.error is None:
+                    request.error = (
+                        exc
+                        if isinstance(exc, Exception)
+                        else StoreUnavailableError(
+                            f"embedded store {store.path!r}: a write was interrupted "
+                            f"({type(exc).__name__}) while in flight: outcome unknown"
+                        )
+                    )
+            # The leader's own call re-raises the interrupt itself.
+            raise
+        finally:
+            with self._mutex:
+                if self._queue:
+                    self._queue[0].lead = True
+                    self._queue[0].done.set()
+                else:
+                    self._leading = False
+            for request in group:
+                if not request.lead:
+                    request.done.set()
 
 
 class WriteLockStats:
