@@ -71,6 +71,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn
 
 import happybase
@@ -89,6 +90,7 @@ from thriftpy2.protocol.exc import TProtocolException
 from thriftpy2.thrift import TApplicationException, TDecodeException
 from thriftpy2.transport import TTransportException
 
+from percolator.concurrency import run_all
 from percolator.errors import (
     InvalidArgumentError,
     StoreError,
@@ -447,6 +449,8 @@ class HBaseStore(Store):
         self._families_lock = threading.Lock()
         # table -> its families, read once per table and refreshed when a name is missing.
         self._family_cache: dict[str, dict[str, FamilySpec]] = {}
+        # Threads for calls a single operation sends in parallel (created on first use).
+        self._calls: ThreadPoolExecutor | None = None
         self._pool = _ConnectionPool(
             lambda: _Connection(host, port, timeout_ms, transport, protocol),
             pool_size,
@@ -1065,10 +1069,12 @@ class HBaseStore(Store):
 
     def delete_versions(self, table: str, deletes: Sequence[Delete]) -> None:
         """Delete versions at or below each timestamp: one ``mutateRowsTs`` of delete
-        mutations per distinct timestamp.  A Thrift-1 delete mutation with a column and a
+        mutations per distinct timestamp (Thrift-1 takes the timestamp per call), those calls
+        run ``pool_size`` at a time.  A Thrift-1 delete mutation with a column and a
         timestamp removes every version ``<= ts`` of that cell (HBase ``Delete.addColumns``)
         and masks puts at or below ``ts`` written later; ``tests/store`` checks both on the
-        real server.  Idempotent: re-sent once after a transport error."""
+        real server.  Idempotent: re-sent once after a transport error.  If a call fails,
+        the others still finish before the error is raised."""
         check_table_name(table)
 
         def check(known: Mapping[str, object]) -> None:
@@ -1082,24 +1088,33 @@ class HBaseStore(Store):
             by_row = groups.setdefault(d.at_or_below, {})
             by_row.setdefault(d.row, {})[self._column_spec(d.family, d.qualifier)] = None
         hname = self._hname(table)
-        for ts, by_row in groups.items():
-            batches = [
-                BatchMutation(
-                    row=row, mutations=[Mutation(column=spec, isDelete=True) for spec in cols]
-                )
-                for row, cols in by_row.items()
-            ]
-            for chunk in _chunks(batches):
-                self._call(
-                    "delete_versions",
-                    "mutateRowsTs",
-                    hname,
-                    chunk,
-                    ts,
-                    {},
-                    table=table,
-                    idempotent=True,
-                )
+        calls = [
+            (ts, chunk)
+            for ts, by_row in groups.items()
+            for chunk in _chunks(
+                [
+                    BatchMutation(
+                        row=row, mutations=[Mutation(column=spec, isDelete=True) for spec in cols]
+                    )
+                    for row, cols in by_row.items()
+                ]
+            )
+        ]
+
+        def send(call: tuple[int, list[BatchMutation]]) -> None:
+            ts, chunk = call
+            args = (hname, chunk, ts, {})
+            self._call("delete_versions", "mutateRowsTs", *args, table=table, idempotent=True)
+
+        # Garbage collection deletes each cell below its own kept version: as many calls as
+        # cells, which only parallel calls keep from costing a round trip each in sequence.
+        run_all(self._executor() if len(calls) > 1 else None, send, calls)
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._families_lock:
+            if self._calls is None:
+                self._calls = ThreadPoolExecutor(self.pool_size, thread_name_prefix="hbase-store")
+            return self._calls
 
     def compact_deletes(self, table: str) -> int:
         """Nothing to do here: HBase drops delete markers at its own major compactions (see
@@ -1115,6 +1130,10 @@ class HBaseStore(Store):
         """Close every pooled connection; later calls raise StoreError.  Idempotent.
         Connections lent out at this moment are closed when they come back."""
         self._pool.close()
+        with self._families_lock:
+            calls, self._calls = self._calls, None
+        if calls is not None:
+            calls.shutdown(wait=False)
 
     def __repr__(self) -> str:
         return f"HBaseStore({self.url!r})"

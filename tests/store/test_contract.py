@@ -254,6 +254,17 @@ def test_delete_removes_versions_at_or_below(store: Store, table: str) -> None:
     assert store.read_row(table, b"r", [("d", b"q")]) == {}
 
 
+def test_one_delete_call_with_a_timestamp_per_cell(store: Store, table: str) -> None:
+    # What garbage collection sends: each cell deleted below its own kept version (on HBase
+    # one call per timestamp, sent in parallel).
+    rows = [b"r%03d" % i for i in range(40)]
+    store.put(table, [Put(row, "d", b"q", v, b"v%d" % v) for row in rows for v in range(1, 6)])
+    store.delete_versions(table, [Delete(row, "d", b"q", 1 + i % 4) for i, row in enumerate(rows)])
+    for i, row in enumerate(rows):
+        kept = [(v, b"v%d" % v) for v in range(5, 1 + i % 4, -1)]
+        assert versions_of(store, table, row, "d", b"q") == kept, row
+
+
 def test_delete_masks_later_puts_at_or_below(store: Store, table: str) -> None:
     store.put(table, [Put(b"r", "d", b"q", 8, b"before delete")])
     store.delete_versions(table, [Delete(b"r", "d", b"q", 10)])
