@@ -879,7 +879,19 @@ class _WriteGroups:
             if not self._leading:
                 self._leading = request.lead = True
         if not request.lead:
-            request.done.wait()
+            try:
+                request.done.wait()
+            except BaseException:
+                # Interrupted while waiting (Ctrl-C): a call still queued is withdrawn
+                # (nothing written); one handed the leadership must still lead, or every
+                # later write of this process would wait for a leader forever.
+                with self._mutex:
+                    withdrawn = not request.lead and request in self._queue
+                    if withdrawn:
+                        self._queue.remove(request)
+                if not withdrawn and request.lead:
+                    self._lead(store)
+                raise
         if request.lead:  # first in, or handed the leadership while waiting
             self._lead(store)
         if request.error is not None:

@@ -797,3 +797,104 @@ def test_history_has_no_anomalies_while_another_process_collects_garbage(
     assert settled.valid, settled.summary()
     assert settled.stats["committed"] >= 4 * 25 * 0.3, settled.summary()
     client.close()
+
+
+GC_DEAD_LOOP = """
+import os, sys, time, percolator
+client = percolator.connect(sys.argv[1])
+passes = removed = 0
+while not os.path.exists(sys.argv[2]):
+    removed += client.gc(life_time_ms=0).dead_cells_removed
+    passes += 1
+    time.sleep(0.02)
+client.close()
+print(passes, removed)
+"""
+
+
+def test_cells_set_and_deleted_in_turn_stay_serial_while_gc_removes_dead_cells(
+    tmp_path: Path,
+) -> None:
+    """Transactions toggle a few cells (read; absent -> set, present -> delete), so another
+    process running GC with life time 0 in a loop keeps removing deleted cells entirely,
+    lock cells included, while transactions keep re-creating them.  Every committed toggle
+    must have read exactly what the previous committed toggle of its cell wrote (no lost
+    update, no stale read), and the last one's value must be what a reader sees at the end.
+    The checks come from commit timestamps and values read back, not from what GC reports."""
+    from percolator.errors import ConflictError, SafePointError, TransactionAbortedError
+    from percolator.store import open_store
+    from percolator.testing import FaultyStore
+
+    url = f"embedded:{tmp_path / 'store'}"
+    store = FaultyStore(open_store(url))
+    # Every read takes 2 ms longer: transactions stay open while GC passes go by.
+    store.before("read_rows", lambda call: time.sleep(0.002), times=None)
+    client = percolator.connect(store, lock_ttl_ms=LOCK_TTL_MS, lock_wait_ms=5000)
+    client.create_table(TABLE)
+    stop = tmp_path / "stop"
+    gc_proc = subprocess.Popen(
+        [sys.executable, "-c", GC_DEAD_LOOP, url, str(stop)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    # Many cells, so that some stay deleted longer than GC's bound lags behind (up to the 2 s
+    # between renewals of the writers' reader record) and are removed before being set again.
+    keys = [f"t{i:03d}" for i in range(300)]
+    committed: list[tuple[str, int, bytes | None, bytes | None]] = []
+    aborted = [0]
+    guard = threading.Lock()
+
+    # Long enough for GC to pass the writers' published oldest reader (renewed every 2 s).
+    deadline = time.monotonic() + 6.0
+
+    def toggler(seed: int) -> None:
+        rnd = random.Random(seed)
+        n = 0
+        while time.monotonic() < deadline:
+            n += 1
+            key = rnd.choice(keys)
+            txn = client.transaction()
+            try:
+                before = txn.get(TABLE, key, COLUMN)
+                after = None if before is not None else f"{seed}-{n}".encode()
+                if after is None:
+                    txn.delete(TABLE, key, COLUMN)
+                else:
+                    txn.set(TABLE, key, COLUMN, after)
+                commit_ts = txn.commit()
+            except (ConflictError, TransactionAbortedError, SafePointError):
+                txn.close()
+                with guard:
+                    aborted[0] += 1
+                continue
+            assert commit_ts is not None
+            with guard:
+                committed.append((key, commit_ts, before, after))
+
+    threads = [threading.Thread(target=toggler, args=(seed,)) for seed in range(4)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        stop.touch()
+        out, err = gc_proc.communicate(timeout=120)
+    assert gc_proc.returncode == 0, err[-3000:]
+    passes, removed = (int(x) for x in out.split())
+    print(
+        f"GC passes {passes}, dead cells removed {removed}; {len(committed)} toggles, "
+        f"{aborted[0]} aborted"
+    )
+    assert removed >= 3, f"GC removed only {removed} dead cells: the test checked too little"
+    assert len(committed) >= 100
+    for key in keys:
+        chain = sorted((c for c in committed if c[0] == key), key=lambda c: c[1])
+        previous: bytes | None = None
+        for _, commit_ts, before, after in chain:
+            assert before == previous, f"{key}: the toggle at {commit_ts} read {before!r}"
+            previous = after
+        assert client.snapshot().get(TABLE, key, COLUMN) == previous, key
+    client.close()
