@@ -733,31 +733,31 @@ def test_primary_cas_applied_raise_keeps_atomicity() -> None:
 # ============================================================================ 4. with GC
 
 GC_LOOP = """
-import os, sys, percolator
+import os, sys, time, percolator
 client = percolator.connect(sys.argv[1])
-passes = 0
+passes = removed = 0
 while not os.path.exists(sys.argv[2]):
-    client.gc(life_time_ms=0)
+    removed += client.gc(life_time_ms=0).dead_cells_removed
     passes += 1
+    time.sleep(0.02)
 client.close()
-print(passes)
+print(passes, removed)
 """
 
 
-def test_history_has_no_anomalies_while_another_process_collects_garbage(
-    tmp_path: Path,
-) -> None:
-    """Long transactions (every read waits a little) and snapshots on hot keys while another
-    process runs GC with life time 0 in a loop: whatever GC removes, every transaction and
-    snapshot read exactly its snapshot or was refused (SafePointError counts as an abort)."""
-    from percolator.errors import SafePointError
+def _beside_a_gc_loop(
+    tmp_path: Path, read_delay_s: float
+) -> tuple[percolator.Client, Path, subprocess.Popen[str]]:
+    """A client on a fresh embedded store whose every read takes ``read_delay_s`` longer
+    (transactions stay open while GC passes go by), and another process running GC with
+    life time 0 in a loop until the returned path exists; it prints its passes and the dead
+    cells it removed."""
     from percolator.store import open_store
     from percolator.testing import FaultyStore
 
     url = f"embedded:{tmp_path / 'store'}"
     store = FaultyStore(open_store(url))
-    # Every read takes 3 ms longer: transactions stay open while GC passes go by.
-    store.before("read_rows", lambda call: time.sleep(0.003), times=None)
+    store.before("read_rows", lambda call: time.sleep(read_delay_s), times=None)
     client = percolator.connect(store, lock_ttl_ms=LOCK_TTL_MS, lock_wait_ms=5000)
     client.create_table(TABLE)
     stop = tmp_path / "stop"
@@ -768,6 +768,18 @@ def test_history_has_no_anomalies_while_another_process_collects_garbage(
         stderr=subprocess.PIPE,
         text=True,
     )
+    return client, stop, gc_proc
+
+
+def test_history_has_no_anomalies_while_another_process_collects_garbage(
+    tmp_path: Path,
+) -> None:
+    """Long transactions (every read waits a little) and snapshots on hot keys while another
+    process runs GC with life time 0 in a loop: whatever GC removes, every transaction and
+    snapshot read exactly its snapshot or was refused (SafePointError counts as an abort)."""
+    from percolator.errors import SafePointError
+
+    client, stop, gc_proc = _beside_a_gc_loop(tmp_path, read_delay_s=0.003)
     recorder = Recorder()
     refused = [0]
     done = threading.Event()
@@ -789,7 +801,7 @@ def test_history_has_no_anomalies_while_another_process_collects_garbage(
         stop.touch()
         out, err = gc_proc.communicate(timeout=120)
     assert gc_proc.returncode == 0, err[-3000:]
-    passes = int(out.strip())
+    passes = int(out.split()[0])
     raw, settled = finish(client, recorder)
     print(f"GC passes {passes}; errors {errors}; snapshots refused {refused[0]}")
     assert passes >= 3, f"GC ran only {passes} passes: the test checked too little"
@@ -797,19 +809,6 @@ def test_history_has_no_anomalies_while_another_process_collects_garbage(
     assert settled.valid, settled.summary()
     assert settled.stats["committed"] >= 4 * 25 * 0.3, settled.summary()
     client.close()
-
-
-GC_DEAD_LOOP = """
-import os, sys, time, percolator
-client = percolator.connect(sys.argv[1])
-passes = removed = 0
-while not os.path.exists(sys.argv[2]):
-    removed += client.gc(life_time_ms=0).dead_cells_removed
-    passes += 1
-    time.sleep(0.02)
-client.close()
-print(passes, removed)
-"""
 
 
 def test_cells_set_and_deleted_in_turn_stay_serial_while_gc_removes_dead_cells(
@@ -822,23 +821,8 @@ def test_cells_set_and_deleted_in_turn_stay_serial_while_gc_removes_dead_cells(
     update, no stale read), and the last one's value must be what a reader sees at the end.
     The checks come from commit timestamps and values read back, not from what GC reports."""
     from percolator.errors import ConflictError, SafePointError, TransactionAbortedError
-    from percolator.store import open_store
-    from percolator.testing import FaultyStore
 
-    url = f"embedded:{tmp_path / 'store'}"
-    store = FaultyStore(open_store(url))
-    # Every read takes 2 ms longer: transactions stay open while GC passes go by.
-    store.before("read_rows", lambda call: time.sleep(0.002), times=None)
-    client = percolator.connect(store, lock_ttl_ms=LOCK_TTL_MS, lock_wait_ms=5000)
-    client.create_table(TABLE)
-    stop = tmp_path / "stop"
-    gc_proc = subprocess.Popen(
-        [sys.executable, "-c", GC_DEAD_LOOP, url, str(stop)],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    client, stop, gc_proc = _beside_a_gc_loop(tmp_path, read_delay_s=0.002)
     # Many cells, so that some stay deleted longer than GC's bound lags behind (up to the 2 s
     # between renewals of the writers' reader record) and are removed before being set again.
     keys = [f"t{i:03d}" for i in range(300)]
