@@ -5,10 +5,11 @@ A fixed set of cells (``--cells``) is rewritten in transactions for ``--seconds`
 as an operator's ``percolator gc`` would).  With life time 0 the bound is the writer's
 published oldest reader, which is renewed every 2 s (``RENEW_INTERVAL_S``): the size then
 swings with the phase between GC passes and renewals (up to 2 s of writes kept), which a
-life time above the renewal interval (default 5 s) turns into a steady lag.  The store's size is counted from the raw store after
-every pass -- every version of every cell in every family of the table, and their bytes --
-and, once every cell has been written (the steady state), the median size of the first
-tenth of the samples is compared with the last tenth (target: within 2x).  Also GC
+life time above the renewal interval (default 5 s) turns into a steady lag.  The store's
+size is counted from the raw store after every pass -- every version of every cell in every
+family of the table, and their bytes -- and, once every cell has been written (the steady
+state), the median size of the first tenth of the samples is compared with the last tenth
+(target: within 2x).  Also GC
 throughput: cells collected per second by the GC passes, against a raw batched delete of the
 same number of cells in the same run.
 
