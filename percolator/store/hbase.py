@@ -1103,7 +1103,7 @@ class HBaseStore(Store):
 
         def send(call: tuple[int, list[BatchMutation]]) -> None:
             ts, chunk = call
-            args = (hname, chunk, ts, {})
+            args: tuple[object, ...] = (hname, chunk, ts, {})
             self._call("delete_versions", "mutateRowsTs", *args, table=table, idempotent=True)
 
         # Garbage collection deletes each cell below its own kept version: as many calls as
