@@ -123,7 +123,7 @@ def observer_runs(
             if n != before.get(op, 0)
         }
         calls["cpu_ms"] = cpu_ms
-        for key in ("wait_s", "held_s"):
+        for key in ("wait_s", "held_s", "group_wait_s"):
             if key in locks:
                 calls[f"lock_{key[:-2]}_ms"] = (locks_after[key] - locks[key]) * 1000 / len(rows)
         return len(rows) / elapsed, calls

@@ -874,6 +874,7 @@ class _WriteGroups:
 
     def run(self, store: EmbeddedStore, work: Callable[[sqlite3.Connection], _T]) -> _T:
         request = _WriteRequest(work)
+        asked = time.perf_counter()
         with self._mutex:
             self._queue.append(request)
             if not self._leading:
@@ -892,6 +893,7 @@ class _WriteGroups:
                 if not withdrawn and request.lead:
                     self._lead(store)
                 raise
+            store.write_lock.record_group_wait(time.perf_counter() - asked)
         if request.lead:  # first in, or handed the leadership while waiting
             self._lead(store)
         if request.error is not None:
@@ -932,14 +934,17 @@ class _WriteGroups:
 class WriteLockStats:
     """Where writing threads of this process spend their time (read without locking:
     approximate while busy): ``waits`` write transactions, ``wait_s`` spent queueing for the
-    process's write mutex, ``held_s`` spent holding it (SQLite's write lock included)."""
+    process's write mutex, ``held_s`` spent holding it (SQLite's write lock included),
+    ``group_wait_s`` spent by calls waiting for a write group's leader to run them (or to
+    hand them the leadership)."""
 
-    __slots__ = ("held_s", "wait_s", "waits")
+    __slots__ = ("group_wait_s", "held_s", "wait_s", "waits")
 
     def __init__(self) -> None:
         self.waits = 0
         self.wait_s = 0.0
         self.held_s = 0.0
+        self.group_wait_s = 0.0
 
     def record(self, waited_s: float, held_s: float) -> None:
         # Called with the write mutex released or about to be: += on floats under the GIL
@@ -948,8 +953,16 @@ class WriteLockStats:
         self.wait_s += waited_s
         self.held_s += held_s
 
+    def record_group_wait(self, waited_s: float) -> None:
+        self.group_wait_s += waited_s
+
     def snapshot(self) -> dict[str, float]:
-        return {"waits": self.waits, "wait_s": self.wait_s, "held_s": self.held_s}
+        return {
+            "waits": self.waits,
+            "wait_s": self.wait_s,
+            "held_s": self.held_s,
+            "group_wait_s": self.group_wait_s,
+        }
 
 
 def _is_busy(exc: sqlite3.Error) -> bool:
