@@ -142,18 +142,12 @@ def advance_safe_point(store: Store, safe_point: int) -> int:
 
 def store_clock_ms(store: Store) -> int:
     """A version the store stamped during this call: every compare-and-set issued after it
-    returns is stamped at least this minus :attr:`Store.stamp_skew_ms`.  One compare-and-set
-    of the meta cell ``gc:clock`` (a random value), then one read of its version."""
+    returns is stamped at least this minus :attr:`Store.stamp_skew_ms`.  The meta cell
+    ``gc:clock`` is set to a random value (by compare-and-set), then its version is read."""
+    set_meta_cell(store, SAFE_POINT_ROW, CLOCK_QUALIFIER, os.urandom(8))
+    # Another pass may have stamped it again since: later still, just as good.
     column = (META_FAMILY, CLOCK_QUALIFIER)
-    for _ in range(100):
-        found = store.read_row(META_TABLE, SAFE_POINT_ROW, columns=[column]).get(column)
-        current = found[0][1] if found else None
-        if store.compare_and_set(
-            META_TABLE, SAFE_POINT_ROW, META_FAMILY, CLOCK_QUALIFIER, current, os.urandom(8)
-        ):
-            # Another pass may have stamped it again since: later still, just as good.
-            return store.read_row(META_TABLE, SAFE_POINT_ROW, columns=[column])[column][0][0]
-    raise RuntimeError("the store clock cell kept changing under this GC run")
+    return store.read_row(META_TABLE, SAFE_POINT_ROW, columns=[column])[column][0][0]
 
 
 def table_progress(store: Store, table: str) -> int:
