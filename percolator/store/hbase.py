@@ -451,6 +451,7 @@ class HBaseStore(Store):
         self._family_cache: dict[str, dict[str, FamilySpec]] = {}
         # Threads for calls a single operation sends in parallel (created on first use).
         self._calls: ThreadPoolExecutor | None = None
+        self._calls_lock = threading.Lock()
         self._pool = _ConnectionPool(
             lambda: _Connection(host, port, timeout_ms, transport, protocol),
             pool_size,
@@ -1111,7 +1112,7 @@ class HBaseStore(Store):
         run_all(self._executor() if len(calls) > 1 else None, send, calls)
 
     def _executor(self) -> ThreadPoolExecutor:
-        with self._families_lock:
+        with self._calls_lock:
             if self._calls is None:
                 self._calls = ThreadPoolExecutor(self.pool_size, thread_name_prefix="hbase-store")
             return self._calls
@@ -1130,7 +1131,7 @@ class HBaseStore(Store):
         """Close every pooled connection; later calls raise StoreError.  Idempotent.
         Connections lent out at this moment are closed when they come back."""
         self._pool.close()
-        with self._families_lock:
+        with self._calls_lock:
             calls, self._calls = self._calls, None
         if calls is not None:
             calls.shutdown(wait=False)
