@@ -51,8 +51,8 @@ from percolator.errors import (
 from percolator.notifications import put_notifications
 from percolator.protocol.cells import CellKey, Mutation, RawCell
 from percolator.protocol.commit import (
-    commit_cell,
     commit_primary,
+    commit_secondaries,
     put_commit_records,
 )
 from percolator.protocol.lock import extend_lock
@@ -171,7 +171,9 @@ class Committer:
                 self._extend_ttl()
             except PercolatorError as exc:  # the commit path will notice on its own
                 log.warning(
-                    "heartbeat of transaction %d failed: %s", self.start_ts, exc,
+                    "heartbeat of transaction %d failed: %s",
+                    self.start_ts,
+                    exc,
                     extra={"start_ts": self.start_ts},
                 )
                 return
@@ -281,16 +283,6 @@ class Committer:
             with self._locked_guard:
                 lock_bytes = dict(self._locked)
 
-            def commit_secondary(m: Mutation) -> bool:
-                return commit_cell(
-                    ctx.store,
-                    m.key,
-                    self.start_ts,
-                    commit_ts,
-                    lock_bytes.get(m.key),
-                    write_record_done=True,
-                )
-
             if not self.secondaries:
                 put_records()
                 failpoints.failpoint("commit.after_write_records")
@@ -301,7 +293,8 @@ class Committer:
                 # which puts any missing record first (design notes §3, MUST).
                 records = ctx.executor.submit(put_records)
                 try:
-                    run_all(ctx.executor, commit_secondary, self.secondaries)
+                    locked = [(m.key, lock_bytes.get(m.key)) for m in self.secondaries]
+                    commit_secondaries(ctx.store, locked, self.start_ts, commit_ts)
                 finally:
                     wait([records])
                 records.result()

@@ -54,7 +54,7 @@ from percolator.errors import (
 )
 from percolator.layout import WRITE, commit_index_qualifier
 from percolator.protocol.cells import CellKey, fetch_cells
-from percolator.protocol.lock import commit_lock
+from percolator.protocol.lock import commit_lock, commit_locks
 from percolator.records import Kind, LockCell, WriteRecord
 from percolator.store.base import Put, Store
 
@@ -211,3 +211,29 @@ def commit_cell(
             return True
         lock_bytes = None  # changed under us (another resolver): re-read and re-check
     raise RuntimeError(f"roll-forward of {key} did not settle after 100 attempts")
+
+
+def commit_secondaries(
+    store: Store,
+    locked: Sequence[tuple[CellKey, bytes | None]],
+    start_ts: int,
+    commit_ts: int,
+) -> list[bool]:
+    """:func:`commit_cell` with ``write_record_done=True`` for many cells: the cells whose
+    lock bytes are known are compare-and-set together (one store call per table); a cell
+    that changed since, or whose outcome is unknown, or whose bytes are not known is then
+    rolled forward on its own (re-read first).  Results as :func:`commit_cell`'s, in order.
+    Idempotent, like :func:`commit_cell`; a re-sent compare-and-set expects the exact bytes
+    of ``start_ts``'s lock, so at most one of two copies applies."""
+    known = [(i, key, lock_bytes) for i, (key, lock_bytes) in enumerate(locked) if lock_bytes]
+    done = [False] * len(locked)
+    try:
+        applied = commit_locks(store, [(key, b) for _, key, b in known], commit_ts)
+    except StoreUnavailableError:
+        applied = [False] * len(known)  # unknown: settled below from a fresh read
+    for (i, _, _), ok in zip(known, applied, strict=True):
+        done[i] = ok
+    return [
+        ok or commit_cell(store, key, start_ts, commit_ts, write_record_done=True)
+        for (key, _), ok in zip(locked, done, strict=True)
+    ]

@@ -17,7 +17,8 @@ Expecting exact bytes is what makes each edge safe: lock bytes never repeat (a l
 its unique ``start_ts``, a commit its unique ``commit_ts``, a rollback the marker), so a
 compare-and-set succeeds only if nothing happened to the cell since it was read (no ABA).
 
-Each function is **one** compare-and-set and says whether it applied; none of them reads,
+Each function is **one** compare-and-set (the ``*_many`` forms: one per cell, sent to the
+store in one call per table) and says whether it applied; none of them reads,
 retries or decides what a failure means.  That is the job of the protocol actions that call
 them (percolator/protocol/prewrite.py, commit.py, rollback.py, resolve.py, and the heartbeat
 in percolator/committer.py): the action decides idempotency ("already ours", "already
@@ -31,16 +32,34 @@ blindly; each action says how it settles the doubt (the commit point turns it in
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from percolator.layout import LOCK
 from percolator.protocol.cells import CellKey, RawCell
 from percolator.records import LockCell, LockInfo
-from percolator.store.base import Store
+from percolator.store.base import CompareAndSet, Store
 
 
 def _cas(store: Store, key: CellKey, expected: bytes | None, new: bytes) -> bool:
     return store.compare_and_set(key.table, key.row, LOCK, key.qualifier, expected, new)
+
+
+def _cas_many(store: Store, edges: Sequence[tuple[CellKey, bytes | None, bytes]]) -> list[bool]:
+    """``(key, expected, new)`` compare-and-sets, one store call per table; results in the
+    order given.  An error leaves the outcome of every edge of the call unknown."""
+    by_table: dict[str, list[int]] = {}
+    for i, (key, _, _) in enumerate(edges):
+        by_table.setdefault(key.table, []).append(i)
+    applied = [False] * len(edges)
+    for table, indexes in by_table.items():
+        items = [
+            CompareAndSet(edges[i][0].row, LOCK, edges[i][0].qualifier, edges[i][1], edges[i][2])
+            for i in indexes
+        ]
+        for i, ok in zip(indexes, store.compare_and_set_many(table, items), strict=True):
+            applied[i] = ok
+    return applied
 
 
 def _held(key: CellKey, lock_bytes: bytes) -> LockCell:
@@ -56,6 +75,15 @@ def place_lock(store: Store, raw: RawCell, lock: LockInfo) -> bytes | None:
     if the cell changed since it was read."""
     new = raw.lock_cell.with_lock(lock).encode()
     return new if _cas(store, raw.key, raw.lock_bytes, new) else None
+
+
+def place_locks(store: Store, locks: Sequence[tuple[RawCell, LockInfo]]) -> list[bytes | None]:
+    """:func:`place_lock` for many cells at once: for each, the new bytes if it applied,
+    ``None`` if the cell changed since it was read."""
+    news = [raw.lock_cell.with_lock(lock).encode() for raw, lock in locks]
+    edges = [(raw.key, raw.lock_bytes, new) for (raw, _), new in zip(locks, news, strict=True)]
+    applied = _cas_many(store, edges)
+    return [new if ok else None for new, ok in zip(news, applied, strict=True)]
 
 
 def extend_lock(store: Store, key: CellKey, lock_bytes: bytes, ttl_ms: int) -> bytes | None:
@@ -74,6 +102,17 @@ def commit_lock(store: Store, key: CellKey, lock_bytes: bytes, commit_ts: int) -
     and needs the cell's write record first (commit.commit_cell puts it)."""
     new = _held(key, lock_bytes).committed(commit_ts).encode()
     return _cas(store, key, lock_bytes, new)
+
+
+def commit_locks(
+    store: Store, locked: Sequence[tuple[CellKey, bytes]], commit_ts: int
+) -> list[bool]:
+    """:func:`commit_lock` for many ``(key, lock_bytes)`` at once: whether each applied."""
+    edges = [
+        (key, lock_bytes, _held(key, lock_bytes).committed(commit_ts).encode())
+        for key, lock_bytes in locked
+    ]
+    return _cas_many(store, edges)
 
 
 def roll_back_lock(store: Store, key: CellKey, lock_bytes: bytes) -> bool:

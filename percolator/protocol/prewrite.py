@@ -36,12 +36,11 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, wait
 
 from percolator import failpoints
-from percolator.concurrency import run_all
 from percolator.errors import ConflictError, StoreUnavailableError, TransactionAbortedError
 from percolator.layout import DATA, WRITE
 from percolator.protocol.cells import CellKey, Mutation, RawCell, fetch_cells
 from percolator.protocol.commit import commit_index_put
-from percolator.protocol.lock import place_lock
+from percolator.protocol.lock import place_locks
 from percolator.protocol.resolve import LockResolver
 from percolator.records import Kind, LockInfo, WriteRecord
 from percolator.store.base import Put, Store
@@ -64,7 +63,9 @@ def prewrite(
     ``on_locked(key, lock_bytes)`` is called for every cell this call locked, as soon as it
     is locked, with the exact bytes of the lock cell: a caller that aborts later knows exactly
     which locks to roll back, and the commit can compare-and-set without re-reading.
-    Compare-and-sets of different cells run in parallel on ``executor``.
+    The compare-and-sets of a round go to the store in one call per table (one write
+    transaction on the embedded store, parallel calls on HBase); ``executor`` runs the data
+    put beside them.
 
     ``known`` holds raw states the transaction already read (at its ``start_ts``); the first
     round uses them instead of reading those cells again.  That is sound because the
@@ -95,7 +96,7 @@ def prewrite(
                 ready.append(raw)
         if ready:
             index_puts, puts = _puts([by_key[raw.key] for raw in ready], ready, start_ts)
-            lock_args = (store, ready, by_key, start_ts, make_lock, executor, on_locked)
+            lock_args = (store, ready, by_key, start_ts, make_lock, on_locked)
             if index_puts or executor is None:
                 _put_all(store, index_puts)
                 _put_all(store, puts)
@@ -202,36 +203,35 @@ def _lock_all(
     by_key: dict[CellKey, Mutation],
     start_ts: int,
     make_lock: Callable[[Mutation], LockInfo],
-    executor: Executor | None,
     on_locked: Callable[[CellKey, bytes], None] | None,
 ) -> list[bool]:
-    """Step 4 for every ready cell, compare-and-sets in parallel on ``executor``."""
-    return run_all(
-        executor,
-        lambda raw: _lock(store, raw, by_key[raw.key], start_ts, make_lock, on_locked),
-        ready,
-    )
-
-
-def _lock(
-    store: Store,
-    raw: RawCell,
-    mutation: Mutation,
-    start_ts: int,
-    make_lock: Callable[[Mutation], LockInfo],
-    on_locked: Callable[[CellKey, bytes], None] | None,
-) -> bool:
-    key = raw.key
+    """Step 4 for every ready cell: their compare-and-sets in one store call per table.
+    Whether each cell is now locked by ``start_ts``."""
     try:
-        new = place_lock(store, raw, make_lock(mutation))
+        news = place_locks(store, [(raw, make_lock(by_key[raw.key])) for raw in ready])
     except StoreUnavailableError:
-        # Unknown outcome: never re-issue.  Re-read; the lock is ours or we abort.
-        again = fetch_cells(store, [key], before=None, with_data=False)[key]
-        if not again.lock_cell.locked_by(start_ts) or again.lock_bytes is None:
+        # Unknown outcomes: never re-issue.  Re-read; every lock is ours or we abort.
+        again = fetch_cells(store, [raw.key for raw in ready], before=None, with_data=False)
+        news = [
+            cell.lock_bytes if cell.lock_cell.locked_by(start_ts) else None
+            for cell in (again[raw.key] for raw in ready)
+        ]
+        lost = [raw.key for raw, new in zip(ready, news, strict=True) if new is None]
+        if lost:
+            _report_locked(ready, news, on_locked)  # the abort rolls these back
             raise TransactionAbortedError(
-                f"prewrite of {key} had an unknown outcome and the lock is not ours"
+                f"prewrite of {lost[0]} had an unknown outcome and the lock is not ours"
             ) from None
-        new = again.lock_bytes
-    if new is not None and on_locked is not None:
-        on_locked(key, new)
-    return new is not None
+    _report_locked(ready, news, on_locked)
+    return [new is not None for new in news]
+
+
+def _report_locked(
+    ready: Sequence[RawCell],
+    news: Sequence[bytes | None],
+    on_locked: Callable[[CellKey, bytes], None] | None,
+) -> None:
+    if on_locked is not None:
+        for raw, new in zip(ready, news, strict=True):
+            if new is not None:
+                on_locked(raw.key, new)

@@ -15,6 +15,7 @@ from percolator.store.backends import BACKENDS, Backend, with_table_prefix
 from percolator.store.base import (
     MAX_VERSION,
     Column,
+    CompareAndSet,
     Delete,
     FamilySpec,
     Put,
@@ -30,6 +31,7 @@ __all__ = [
     "MAX_VERSION",
     "Backend",
     "Column",
+    "CompareAndSet",
     "Delete",
     "FamilySpec",
     "Put",

@@ -23,6 +23,9 @@ What is atomic (this is the whole contract the transaction protocol relies on)
   ``expected=None`` matches a cell that is absent **or holds the empty value** (HBase's
   Thrift-1 ``checkAndPut`` semantics, kept identical on every backend); values that are
   compare-and-set should therefore never be empty.
+  :meth:`Store.compare_and_set_many` runs many such compare-and-sets in one call: each is
+  atomic on its own, the batch is not (the embedded store runs them in one write
+  transaction, HBase in parallel calls).
 * :meth:`Store.put` is atomic per row and version only (on HBase, cells of one row at
   different versions go in separate calls; memory and embedded apply a whole batch at once);
   a batch spanning rows may be applied partially if the call fails.  Puts are blind and
@@ -88,6 +91,18 @@ class Put:
     qualifier: bytes
     version: int
     value: bytes
+
+
+@dataclass(frozen=True)
+class CompareAndSet:
+    """One cell's compare-and-set in :meth:`Store.compare_and_set_many`: if the newest
+    version of the cell equals ``expected`` (``None``: absent or empty), write ``new``."""
+
+    row: bytes
+    family: str
+    qualifier: bytes
+    expected: bytes | None
+    new: bytes
 
 
 @dataclass(frozen=True)
@@ -254,6 +269,24 @@ class Store(abc.ABC):
 
         If the call raises :class:`StoreUnavailableError`, the write may or may not have
         happened: the caller must re-read, never blindly re-issue."""
+
+    def compare_and_set_many(self, table: str, items: Sequence[CompareAndSet]) -> list[bool]:
+        """Each item's :meth:`compare_and_set`, in one call where the backend can: whether
+        each applied, in order.  Each compare-and-set is atomic on its own; the call as a
+        whole is **not** (another writer may see some applied and not others yet).
+
+        The backends check every item (and the table) before anything is written.  If the
+        call raises :class:`StoreUnavailableError`, every compare-and-set of it has ended
+        (none is still in flight from this call), but any of them may or may not have
+        applied: the caller must re-read the cells, never blindly re-issue.
+
+        This default runs them one after the other through :meth:`compare_and_set`; the
+        backends override it (memory: under one lock; embedded: one write transaction;
+        HBase: parallel calls)."""
+        return [
+            self.compare_and_set(table, c.row, c.family, c.qualifier, c.expected, c.new)
+            for c in items
+        ]
 
     @abc.abstractmethod
     def delete_versions(self, table: str, deletes: Sequence[Delete]) -> None:

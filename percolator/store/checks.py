@@ -11,6 +11,7 @@ from percolator.store.base import (
     MAX_ROW_LENGTH,
     MAX_VERSION,
     Column,
+    CompareAndSet,
     Delete,
     FamilySpec,
     Put,
@@ -188,6 +189,17 @@ def check_put(put: object, table_families: Mapping[str, object]) -> None:
     check_cell_args(put.row, put.family, put.qualifier, table_families)
     check_version(put.version)
     check_value(put.value)
+
+
+def check_compare_and_set(item: object, table_families: Mapping[str, object] | None) -> None:
+    """The checks of one :class:`CompareAndSet` (``table_families`` None: the family is
+    checked by the caller)."""
+    if not isinstance(item, CompareAndSet):
+        raise InvalidArgumentError(f"compare-and-sets must hold CompareAndSet, got {item!r}")
+    check_cell_args(item.row, item.family, item.qualifier, table_families)
+    if item.expected is not None:
+        check_value(item.expected)
+    check_value(item.new)
 
 
 def check_delete(delete: object, table_families: Mapping[str, object]) -> None:

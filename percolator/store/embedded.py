@@ -91,6 +91,7 @@ from percolator.errors import (
 )
 from percolator.store.base import (
     Column,
+    CompareAndSet,
     Delete,
     FamilySpec,
     Put,
@@ -105,6 +106,7 @@ from percolator.store.checks import (
     MAX_BEFORE,
     UNLIMITED_VERSIONS,
     cas_matches,
+    check_compare_and_set,
     check_delete,
     check_family_name,
     check_family_specs,
@@ -785,34 +787,52 @@ class EmbeddedStore(Store):
             check_value(expected)
         check_value(new)
         self._count("compare_and_set")
-
-        def work(conn: sqlite3.Connection) -> bool:
-            found = conn.execute(_CAS_READ_SQL, (table, family, row, qualifier)).fetchone()
-            if found is None:
-                raise TableNotFoundError(table)
-            tid, encoded, last, newest_version, newest_value = found
-            families = _decode_families(encoded)
-            check_family_name(family, families)
-            if not cas_matches(newest_value, expected):
-                return False
-            # The store clock: wall-clock milliseconds, never below the last stamp (clocks
-            # of different processes, or one clock stepped back, must not make a later
-            # compare-and-set older than an earlier one).
-            clock = max(_now_ms(), int(last))
-            if clock != last:
-                conn.execute("UPDATE meta SET value = ? WHERE key = 'clock_ms'", (clock,))
-            # As HBase 2 does, never stamp below the version just compared: the written
-            # value is the newest of its cell (an equal version is replaced).
-            stamp = clock if newest_version is None else max(clock, int(newest_version))
-            conn.execute(_PUT_SQL, (tid, family, row, qualifier, stamp, new))
-            if newest_version is not None and stamp != newest_version:
-                # A new version next to older ones: trim to max_versions.  (A first version,
-                # or one replacing the newest, leaves the count of versions as it was.)
-                self._prune(conn, tid, families, [(family, row, qualifier)])
-            return True
-
+        item = CompareAndSet(row, family, qualifier, expected, new)
         with self._errors(f"compare_and_set({table!r}, {row!r})"):
-            return self._grouped(work)
+            return self._grouped(lambda conn: self._compare_and_set(conn, table, item))
+
+    def compare_and_set_many(self, table: str, items: Sequence[CompareAndSet]) -> list[bool]:
+        """One write call: every compare-and-set in the same SQLite transaction, in order.
+        A bad item (unknown family) undoes the whole call before it returns."""
+        check_table_name(table)
+        for item in check_sequence(items, "items"):
+            check_compare_and_set(item, None)
+        with self._stats_lock:
+            self.stats.count("compare_and_set_many")
+            self.stats.count("compare_and_set", len(items))
+
+        def work(conn: sqlite3.Connection) -> list[bool]:
+            return [self._compare_and_set(conn, table, item) for item in items]
+
+        with self._errors(f"compare_and_set_many({table!r}, {len(items)} cells)"):
+            return self._grouped(work) if items else []
+
+    def _compare_and_set(self, conn: sqlite3.Connection, table: str, item: CompareAndSet) -> bool:
+        """One compare-and-set inside the caller's write transaction."""
+        family, row, qualifier = item.family, item.row, item.qualifier
+        found = conn.execute(_CAS_READ_SQL, (table, family, row, qualifier)).fetchone()
+        if found is None:
+            raise TableNotFoundError(table)
+        tid, encoded, last, newest_version, newest_value = found
+        families = _decode_families(encoded)
+        check_family_name(family, families)
+        if not cas_matches(newest_value, item.expected):
+            return False
+        # The store clock: wall-clock milliseconds, never below the last stamp (clocks of
+        # different processes, or one clock stepped back, must not make a later
+        # compare-and-set older than an earlier one).
+        clock = max(_now_ms(), int(last))
+        if clock != last:
+            conn.execute("UPDATE meta SET value = ? WHERE key = 'clock_ms'", (clock,))
+        # As HBase 2 does, never stamp below the version just compared: the written value is
+        # the newest of its cell (an equal version is replaced).
+        stamp = clock if newest_version is None else max(clock, int(newest_version))
+        conn.execute(_PUT_SQL, (tid, family, row, qualifier, stamp, item.new))
+        if newest_version is not None and stamp != newest_version:
+            # A new version next to older ones: trim to max_versions.  (A first version, or
+            # one replacing the newest, leaves the count of versions as it was.)
+            self._prune(conn, tid, families, [(family, row, qualifier)])
+        return True
 
     def delete_versions(self, table: str, deletes: Sequence[Delete]) -> None:
         check_table_name(table)

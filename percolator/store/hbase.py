@@ -101,6 +101,7 @@ from percolator.errors import (
 from percolator.store.base import (
     MAX_ROW_LENGTH,
     Column,
+    CompareAndSet,
     Delete,
     FamilySpec,
     Put,
@@ -115,6 +116,7 @@ from percolator.store.base import (
 # The argument checks shared by every backend, so invalid calls fail identically everywhere.
 from percolator.store.checks import (
     MAX_BEFORE,
+    check_compare_and_set,
     check_delete,
     check_family_name,
     check_family_specs,
@@ -261,7 +263,11 @@ class _Connection:
         # autoconnect=False and no table_prefix: the store applies its own prefix and uses
         # the raw Thrift client (``.client``), so happybase only sets up socket + protocol.
         self._hb = happybase.Connection(
-            host, port, timeout=timeout_ms, autoconnect=False, transport=transport,
+            host,
+            port,
+            timeout=timeout_ms,
+            autoconnect=False,
+            transport=transport,
             protocol=protocol,
         )
         self._hb.open()
@@ -1067,6 +1073,28 @@ class HBaseStore(Store):
             raise
         self._pool.release(conn)
         return bool(applied)
+
+    def compare_and_set_many(self, table: str, items: Sequence[CompareAndSet]) -> list[bool]:
+        """One ``checkAndPut`` per item (Thrift-1 has no batched conditional mutation), run
+        ``pool_size`` at a time.  Every item is checked before any is sent; if a call fails,
+        the others still finish before the first error is raised (see
+        :meth:`compare_and_set` for what each error means)."""
+        check_table_name(table)
+
+        def check(known: Mapping[str, object]) -> None:
+            for item in check_sequence(items, "items"):
+                check_compare_and_set(item, known)
+
+        self._validate(table, check)
+        self._check_row_lengths(table, (item.row for item in items))
+        self._count("compare_and_set_many")
+
+        def send(item: CompareAndSet) -> bool:
+            return self.compare_and_set(
+                table, item.row, item.family, item.qualifier, item.expected, item.new
+            )
+
+        return run_all(self._executor() if len(items) > 1 else None, send, items)
 
     def delete_versions(self, table: str, deletes: Sequence[Delete]) -> None:
         """Delete versions at or below each timestamp: one ``mutateRowsTs`` of delete

@@ -42,6 +42,7 @@ from typing import ClassVar
 from percolator.errors import InvalidArgumentError, TableExistsError, TableNotFoundError
 from percolator.store.base import (
     Column,
+    CompareAndSet,
     Delete,
     FamilySpec,
     Put,
@@ -55,6 +56,7 @@ from percolator.store.base import (
 from percolator.store.checks import (
     MAX_BEFORE,
     cas_matches,
+    check_compare_and_set,
     check_delete,
     check_family_name,
     check_family_specs,
@@ -299,19 +301,33 @@ class MemoryStore(Store):
             if expected is not None:
                 check_value(expected)
             check_value(new)
-            cell = tbl.families[family].rows.get(row, {}).get(qualifier)
-            current = cell.values[0] if cell is not None and cell.values else None
-            if not cas_matches(current, expected):
-                return False
-            # Stamped like HBase stamps checkAndPut: store time in milliseconds, but never
-            # below the version just compared, so the written value is the newest (a version
-            # equal to it is replaced).  A delete mask at or above the stamp hides the write,
-            # exactly as an HBase delete marker would.
-            stamp = self._stamp_ms()
-            if cell is not None and cell.neg_versions:
-                stamp = max(stamp, -cell.neg_versions[0])
-            self._apply_put(tbl, row, family, qualifier, stamp, new)
-            return True
+            return self._compare_and_set(tbl, CompareAndSet(row, family, qualifier, expected, new))
+
+    def compare_and_set_many(self, table: str, items: Sequence[CompareAndSet]) -> list[bool]:
+        check_table_name(table)
+        with self._lock:
+            tbl = self._table(table)
+            for item in check_sequence(items, "items"):
+                check_compare_and_set(item, tbl.families)
+            self.stats.count("compare_and_set_many")
+            self.stats.count("compare_and_set", len(items))
+            return [self._compare_and_set(tbl, item) for item in items]
+
+    def _compare_and_set(self, tbl: _Table, item: CompareAndSet) -> bool:
+        """One checked compare-and-set, under the lock."""
+        cell = tbl.families[item.family].rows.get(item.row, {}).get(item.qualifier)
+        current = cell.values[0] if cell is not None and cell.values else None
+        if not cas_matches(current, item.expected):
+            return False
+        # Stamped like HBase stamps checkAndPut: store time in milliseconds, but never
+        # below the version just compared, so the written value is the newest (a version
+        # equal to it is replaced).  A delete mask at or above the stamp hides the write,
+        # exactly as an HBase delete marker would.
+        stamp = self._stamp_ms()
+        if cell is not None and cell.neg_versions:
+            stamp = max(stamp, -cell.neg_versions[0])
+        self._apply_put(tbl, item.row, item.family, item.qualifier, stamp, item.new)
+        return True
 
     def delete_versions(self, table: str, deletes: Sequence[Delete]) -> None:
         check_table_name(table)

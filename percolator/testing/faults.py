@@ -26,8 +26,9 @@ the store itself (through this wrapper or ``store.inner``) without tripping the 
 being injected.  When several ``fail`` (or ``hang``) rules match one call, the oldest takes it;
 every matching ``before`` / ``after`` hook runs.
 
-``read_row`` and ``table_exists`` reach the store through ``read_rows`` and ``list_tables``, so
-rules on those cover them too.  A ``scan`` is checked when the caller starts iterating it, as
+``read_row`` and ``table_exists`` reach the store through ``read_rows`` and ``list_tables``, and
+``compare_and_set_many`` through one ``compare_and_set`` per item, in order, so rules on those
+cover them too.  A ``scan`` is checked when the caller starts iterating it, as
 a real backend's scanner would fail.  The wrapper shares the inner store's ``url`` and
 ``stats``, so round trips are counted as before.
 """

@@ -179,3 +179,9 @@ def test_a_batch_costs_the_round_trips_of_one_run_except_per_cell_compare_and_se
     # Each written cell (ack and two run cells per change) is locked and committed by
     # compare-and-set, except the primary's commit point: 3 cells, 2 per cell.
     assert one["compare_and_set"] == 6 and eight["compare_and_set"] == 6 * 8, (one, eight)
+    # ... but they go to the store in batches whose number does not grow with the runs:
+    # the primary's lock, then the secondaries' locks and their commits, one batch per
+    # table each (the commit point is a single compare-and-set).  One run's secondaries lie
+    # in one table, eight runs' in two (acks and run cells).
+    assert one["compare_and_set_many"] == 1 + 2 * 1, (one, eight)
+    assert eight["compare_and_set_many"] == 1 + 2 * 2, (one, eight)

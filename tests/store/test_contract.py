@@ -20,7 +20,16 @@ from typing import Any
 import pytest
 
 from percolator.errors import InvalidArgumentError, TableExistsError, TableNotFoundError
-from percolator.store import MAX_VERSION, Delete, FamilySpec, Put, RowCells, ScanOptions, Store
+from percolator.store import (
+    MAX_VERSION,
+    CompareAndSet,
+    Delete,
+    FamilySpec,
+    Put,
+    RowCells,
+    ScanOptions,
+    Store,
+)
 from percolator.store.base import MAX_ROW_LENGTH
 from tests.conftest import StoreNamespace
 from tests.store._store_worker import cas_chain, cas_counter, read_cell
@@ -390,6 +399,56 @@ def test_cas_above_the_clock_takes_the_compared_version(store: Store, table: str
     assert versions_of(store, table, b"r", "d", b"q") == [(future, b"new"), (5, b"old")]
     assert store.compare_and_set(table, b"r", "d", b"q", b"new", b"newer")
     assert versions_of(store, table, b"r", "d", b"q") == [(future, b"newer"), (5, b"old")]
+
+
+def test_cas_many_decides_each_cell_on_its_own(store: Store, table: str) -> None:
+    store.put(table, [Put(b"a", "l", b"q", 5, b"A"), Put(b"b", "l", b"q", 5, b"B")])
+    items = [
+        CompareAndSet(b"a", "l", b"q", b"A", b"A2"),  # matches
+        CompareAndSet(b"b", "l", b"q", b"stale", b"B2"),  # does not
+        CompareAndSet(b"c", "l", b"q", None, b"C"),  # absent: matches
+        CompareAndSet(b"a", "d", b"other", b"x", b"y"),  # absent, expects a value
+    ]
+    assert store.compare_and_set_many(table, items) == [True, False, True, False]
+    assert read_cell_of(store, table, b"a", "l", b"q") == b"A2"
+    assert read_cell_of(store, table, b"b", "l", b"q") == b"B"
+    assert read_cell_of(store, table, b"c", "l", b"q") == b"C"
+    assert store.read_row(table, b"a", [("d", b"other")]) == {}
+    assert store.compare_and_set_many(table, []) == []
+
+
+def test_cas_many_runs_in_order_on_one_cell(store: Store, table: str) -> None:
+    # Two edges of one cell in one call: the second compares against the first's result.
+    items = [
+        CompareAndSet(b"r", "l", b"q", None, b"1"),
+        CompareAndSet(b"r", "l", b"q", b"1", b"2"),
+        CompareAndSet(b"r", "l", b"q", b"1", b"3"),
+    ]
+    assert store.compare_and_set_many(table, items) == [True, True, False]
+    assert read_cell_of(store, table, b"r", "l", b"q") == b"2"
+
+
+def test_cas_many_stamps_like_single_compare_and_sets(store: Store, table: str) -> None:
+    start = now_ms()
+    items = [CompareAndSet(b"cell%02d" % i, "l", b"q", None, b"v") for i in range(20)]
+    assert store.compare_and_set_many(table, items) == [True] * 20
+    end = now_ms()
+    stamps = [store.read_row(table, b"cell%02d" % i)[("l", b"q")][0][0] for i in range(20)]
+    assert all(start - 5000 <= stamp <= end + 5000 for stamp in stamps)
+    assert store.compare_and_set(table, b"after", "l", b"q", None, b"v")
+    assert store.read_row(table, b"after")[("l", b"q")][0][0] >= max(stamps)
+
+
+def test_a_bad_item_fails_compare_and_set_many_before_writing(store: Store, table: str) -> None:
+    for args in BAD_CAS:
+        bad = CompareAndSet(*args)  # type: ignore[arg-type]
+        batch = [CompareAndSet(b"good", "l", b"q", None, b"v"), bad]
+        must_reject(args, store.compare_and_set_many, table, batch)
+        assert store.read_row(table, b"good") == {}, f"after {args!r}"
+    must_reject("not a sequence", store.compare_and_set_many, table, b"items")
+    must_reject("not an item", store.compare_and_set_many, table, [(b"r", "l", b"q", None, b"v")])
+    with pytest.raises(TableNotFoundError):
+        store.compare_and_set_many("missing", [CompareAndSet(b"r", "l", b"q", None, b"v")])
 
 
 def test_cas_binary_values(store: Store, table: str) -> None:

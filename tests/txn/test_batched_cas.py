@@ -1,0 +1,141 @@
+"""Lock compare-and-sets sent in batches (``Store.compare_and_set_many``): a prewrite sends
+its locks in one call per table, and the committer the secondaries' commits.  What a batch
+broken half-way leaves must still be all or nothing, judged from the raw store:
+
+* a prewrite whose batch fails (the request of one compare-and-set lost, or its reply lost
+  after it applied) either finds every lock its own and commits, or aborts and rolls back
+  every lock it placed: the client is told which, truthfully;
+* a secondaries' batch that fails after the commit point leaves nothing locked: the
+  committer rolls each unsettled cell forward on its own, re-reading it first;
+* the number of store calls a commit makes is pinned: one batch per table for the locks,
+  one for the secondaries.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+import percolator
+from percolator.errors import PercolatorError
+from percolator.layout import LOCK
+from percolator.store import Store
+from percolator.testing import FaultyStore, ManualOracle
+from percolator.testing.faults import Call
+from tests.txn.raw_inspect import (
+    COMMITTED,
+    ROLLED_BACK,
+    encode_value,
+    locked_cells,
+    read_all,
+    transactions,
+)
+
+TABLES = ("ba", "bb")
+# Three cells of table ``ba`` (the first is the primary), one of ``bb``.  Lock
+# compare-and-sets in order: the primary's lock (1, alone), the secondaries' locks 2-3
+# (``ba``) and 4 (``bb``), the commit point (5), the secondaries' commits 6-7 (``ba``) and 8
+# (``bb``).
+CELLS = [("ba", "a", "x"), ("ba", "a", "y"), ("ba", "b", "x"), ("bb", "b", "y")]
+PREWRITE = (1, 2, 3, 4)
+SECONDARIES = (6, 7, 8)
+
+
+@pytest.fixture
+def faulty(store: Store) -> Iterator[FaultyStore]:
+    yield FaultyStore(store)
+
+
+def connect(store: Store) -> percolator.Client:
+    client = percolator.connect(store, oracle=ManualOracle(), lock_ttl_ms=300, lock_wait_ms=5000)
+    for table in TABLES:
+        client.create_table(table)
+    return client
+
+
+def nth_lock_cas(n: int) -> Callable[[Call], bool]:
+    """A rule predicate matching the ``n``-th compare-and-set of a lock cell of ``TABLES``."""
+    seen = itertools.count(1)
+    return lambda call: call["table"] in TABLES and call["family"] == LOCK and next(seen) == n
+
+
+def value_of(txn: percolator.Transaction) -> bytes:
+    return encode_value(f"b{txn.start_ts}", len(CELLS), txn.start_ts)
+
+
+def write_cells(client: percolator.Client) -> tuple[percolator.Transaction, list[tuple]]:
+    tag = uuid.uuid4().hex[:8]
+    cells = [(t, f"{r}-{tag}".encode(), c) for t, r, c in CELLS]
+    txn = client.transaction()
+    for table, row, column in cells:
+        txn.set(table, row, column, value_of(txn))
+    return txn, cells
+
+
+@pytest.mark.parametrize("applied", [False, True], ids=["request-lost", "reply-lost"])
+@pytest.mark.parametrize("position", PREWRITE)
+def test_a_prewrite_batch_broken_half_way_is_all_or_nothing(
+    faulty: FaultyStore, position: int, applied: bool
+) -> None:
+    client = connect(faulty)
+    try:
+        txn, cells = write_cells(client)
+        rule = faulty.fail("compare_and_set", when=nth_lock_cas(position), applied=applied)
+        try:
+            txn.commit()
+            told = "committed"
+        except PercolatorError as exc:
+            assert exc.retryable, exc
+            told = "rolled back"
+        assert rule.hits == 1
+        # Straight from the raw store, before any reader resolves anything.
+        stored = read_all(faulty.inner, TABLES)
+        assert not locked_cells(stored), "the committer left locks behind"
+        outcome = transactions(stored)[txn.start_ts].outcome
+        assert outcome == (COMMITTED if told == "committed" else ROLLED_BACK), (told, outcome)
+        # A failing call stops the compare-and-sets after it (the rest of its batch, and the
+        # next table's batch), so only a reply lost on the last one of a round leaves every
+        # lock placed: then it commits.
+        assert (told == "committed") == (applied and position in (1, 4)), told
+        with client.snapshot() as snap:
+            values = {snap.get(*cell) for cell in cells}
+        assert values == ({value_of(txn)} if told == "committed" else {None})
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("applied", [False, True], ids=["request-lost", "reply-lost"])
+@pytest.mark.parametrize("position", SECONDARIES)
+def test_a_secondaries_batch_broken_half_way_leaves_nothing_locked(
+    faulty: FaultyStore, position: int, applied: bool
+) -> None:
+    client = connect(faulty)
+    try:
+        txn, _ = write_cells(client)
+        rule = faulty.fail("compare_and_set", when=nth_lock_cas(position), applied=applied)
+        txn.commit()  # past the commit point: the error is the committer's to settle
+        assert rule.hits == 1
+        stored = read_all(faulty.inner, TABLES)
+        assert not locked_cells(stored), "a secondary was left locked"
+        assert transactions(stored)[txn.start_ts].outcome == COMMITTED
+    finally:
+        client.close()
+
+
+def test_a_commit_sends_one_lock_batch_per_table(store: Store) -> None:
+    client = connect(store)
+    try:
+        txn, _ = write_cells(client)
+        before = dict(store.stats.calls)
+        txn.commit()
+        calls = {op: n - before.get(op, 0) for op, n in store.stats.calls.items()}
+        # Prewrite: the primary's lock first (1 batch), then the secondaries' locks, one
+        # batch per table (2); the commit point alone (not a batch); the secondaries'
+        # commits, one batch per table (2).
+        assert calls.get("compare_and_set_many") == 5, calls
+        assert calls.get("compare_and_set") == 4 + 1 + 3, calls
+    finally:
+        client.close()
