@@ -324,6 +324,7 @@ class Client:
         self._closed = True
         self._readers.close()
         self._ctx.executor.shutdown(wait=True)
+        self._ctx.heartbeats.close()
         self.oracle.close()
         if self._owns_store:
             self.store.close()

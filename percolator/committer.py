@@ -27,7 +27,8 @@ While the locks are held, a heartbeat extends the primary's TTL so a long commit
 rolled back by others.  On any error before the commit point, every lock this transaction
 placed is rolled back, the primary first.
 
-This module orchestrates: the phases, the heartbeat thread, the failpoints between steps and
+This module orchestrates: the phases, the heartbeat (run by the client's heartbeat thread,
+percolator/heartbeats.py), the failpoints between steps and
 the bookkeeping of which locks it holds.  Every step on the store is a protocol action
 (percolator/protocol/prewrite.py, commit.py, rollback.py), and every change of a lock cell
 goes through percolator/protocol/lock.py.
@@ -48,6 +49,7 @@ from percolator.errors import (
     PercolatorError,
     UndeterminedCommitError,
 )
+from percolator.heartbeats import Beat
 from percolator.notifications import put_notifications
 from percolator.protocol.cells import CellKey, Mutation, RawCell
 from percolator.protocol.commit import (
@@ -106,8 +108,7 @@ class Committer:
         #: flight: the transaction may or may not have committed
         self.undetermined = False
         self.commit_ts = 0
-        self._heartbeat_stop = threading.Event()
-        self._heartbeat: threading.Thread | None = None
+        self._heartbeat: Beat | None = None
 
     # ---------------------------------------------------------------- phase 1
 
@@ -156,43 +157,39 @@ class Committer:
     # ---------------------------------------------------------------- heartbeat
 
     def _start_heartbeat(self) -> None:
-        interval = self._ctx.options.lock_ttl_ms / 3000
-        self._heartbeat = threading.Thread(
-            target=self._heartbeat_loop,
-            args=(interval,),
-            daemon=True,
-            name=f"heartbeat-{self.start_ts}",
-        )
-        self._heartbeat.start()
+        # The client's heartbeat thread runs it (percolator/heartbeats.py).
+        interval_s = self._ctx.options.lock_ttl_ms / 3000
+        self._heartbeat = self._ctx.heartbeats.start(self._beat, interval_s)
 
-    def _heartbeat_loop(self, interval: float) -> None:
-        while not self._heartbeat_stop.wait(interval):
-            try:
-                self._extend_ttl()
-            except PercolatorError as exc:  # the commit path will notice on its own
-                log.warning(
-                    "heartbeat of transaction %d failed: %s",
-                    self.start_ts,
-                    exc,
-                    extra={"start_ts": self.start_ts},
-                )
-                return
+    def _beat(self) -> bool:
+        """One heartbeat; whether to go on."""
+        try:
+            return self._extend_ttl()
+        except PercolatorError as exc:  # the commit path will notice on its own
+            log.warning(
+                "heartbeat of transaction %d failed: %s",
+                self.start_ts,
+                exc,
+                extra={"start_ts": self.start_ts},
+            )
+            return False
 
-    def _extend_ttl(self) -> None:
+    def _extend_ttl(self) -> bool:
+        """Extend the primary's TTL; whether a later extension may be needed."""
         key = self.primary.key
         with self._primary_guard:
             if self._committing or self._primary_bytes is None:
-                return
+                return False
             new = extend_lock(self._ctx.store, key, self._primary_bytes, self._ttl_ms())
-            if new is not None:
-                self._primary_bytes = new
-            else:
-                self._heartbeat_stop.set()  # rolled back by someone: commit will fail
+            if new is None:
+                return False  # rolled back by someone: the commit will fail
+            self._primary_bytes = new
+            return True
 
     def _stop_heartbeat(self) -> None:
-        self._heartbeat_stop.set()
-        if self._heartbeat is not None and self._heartbeat is not threading.current_thread():
-            self._heartbeat.join()
+        """No heartbeat after this returns (one in flight has finished)."""
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
 
     # ---------------------------------------------------------------- phase 2
 

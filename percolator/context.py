@@ -6,6 +6,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from percolator.heartbeats import Heartbeats
 from percolator.protocol.cells import CellKey
 from percolator.protocol.resolve import LockResolver
 from percolator.readers import ReaderRegistry
@@ -57,3 +58,5 @@ class EngineContext:
     check_table: Callable[[str], None] = field(default=_any_table)
     #: which written cells must leave a notification (observed columns); set by observers
     is_observed: Callable[[CellKey], bool] = field(default=lambda key: False)
+    #: the thread extending the primary locks of this client's commits in flight
+    heartbeats: Heartbeats = field(default_factory=Heartbeats)

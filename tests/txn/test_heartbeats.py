@@ -1,0 +1,155 @@
+"""The client's heartbeat thread (percolator/heartbeats.py): beats run on schedule from one
+thread whatever the number of transactions, stop() waits for a beat in flight, and a
+transaction whose commit outlives its lock TTL keeps its lock alive."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+import uuid
+
+import pytest
+
+import percolator
+from percolator.errors import PercolatorError
+from percolator.heartbeats import Heartbeats
+from percolator.testing import ManualOracle
+
+
+def test_a_beat_runs_every_interval_until_stopped() -> None:
+    beats = Heartbeats()
+    try:
+        times: list[float] = []
+        handle = beats.start(lambda: times.append(time.monotonic()) is None, 0.02)
+        deadline = time.monotonic() + 5
+        while len(times) < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        handle.stop()
+        count = len(times)
+        assert count >= 5
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        assert min(gaps) >= 0.015, gaps
+        time.sleep(0.1)
+        assert len(times) == count, "a stopped beat ran again"
+    finally:
+        beats.close()
+
+
+def test_stop_waits_for_a_beat_in_flight() -> None:
+    beats = Heartbeats()
+    try:
+        inside = threading.Event()
+        events: list[str] = []
+
+        def slow() -> bool:
+            inside.set()
+            time.sleep(0.2)
+            events.append("beat done")
+            return True
+
+        handle = beats.start(slow, 0.01)
+        assert inside.wait(5)
+        handle.stop()
+        events.append("stopped")
+        assert events == ["beat done", "stopped"]
+    finally:
+        beats.close()
+
+
+def test_a_beat_that_returns_false_or_raises_is_not_run_again() -> None:
+    beats = Heartbeats()
+    try:
+        calls = {"false": 0, "raises": 0}
+
+        def once() -> bool:
+            calls["false"] += 1
+            return False
+
+        def boom() -> bool:
+            calls["raises"] += 1
+            raise RuntimeError("store gone")
+
+        beats.start(once, 0.01)
+        beats.start(boom, 0.01)
+        time.sleep(0.2)
+        assert calls == {"false": 1, "raises": 1}
+    finally:
+        beats.close()
+
+
+def test_many_transactions_share_one_heartbeat_thread() -> None:
+    beats = Heartbeats()
+    try:
+        ran: set[int] = set()
+        lock = threading.Lock()
+        threads_before = threading.active_count()
+
+        def beat_of(i: int) -> bool:
+            with lock:
+                ran.add(i)
+            return True
+
+        handles = [beats.start(lambda i=i: beat_of(i), 0.02) for i in range(50)]
+        deadline = time.monotonic() + 5
+        while len(ran) < 50 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(ran) == 50
+        assert threading.active_count() == threads_before + 1
+        for handle in handles:
+            handle.stop()
+    finally:
+        beats.close()
+
+
+def test_a_closed_client_starts_no_heartbeat() -> None:
+    beats = Heartbeats()
+    beats.close()
+    with pytest.raises(PercolatorError, match="closed"):
+        beats.start(lambda: True, 0.01)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_runs_its_own_beats() -> None:
+    beats = Heartbeats()
+    try:
+        parent_handle = beats.start(lambda: True, 0.01)
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: the parent's thread did not come along
+            ok = threading.Event()
+            beats.start(lambda: ok.set() is not None, 0.01)
+            os._exit(0 if ok.wait(5) else 1)
+        os.close(read_end)
+        os.close(write_end)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        parent_handle.stop()
+    finally:
+        beats.close()
+
+
+def test_a_commit_slower_than_the_lock_ttl_keeps_its_lock() -> None:
+    """A transaction paused after its prewrite for three TTLs is not rolled back by a
+    reader: the heartbeat extended its primary lock; it then commits."""
+    url = f"memory:{uuid.uuid4().hex}"
+    writer = percolator.connect(url, oracle=ManualOracle(), lock_ttl_ms=300)
+    reader = percolator.connect(url, oracle=writer.oracle, lock_ttl_ms=300, lock_wait_ms=100)
+    try:
+        writer.create_table("t")
+        from percolator.committer import Committer
+
+        txn = writer.transaction()
+        txn.set("t", b"k", "c", b"slow")
+        committer = Committer(writer._ctx, txn.start_ts, list(txn._writes.values()))
+        committer.prewrite_all()
+        time.sleep(0.9)  # three TTLs
+        # The reader meets a live lock (its TTL extended), so it cannot roll it back.
+        with pytest.raises(PercolatorError):
+            reader.snapshot().get("t", b"k", "c")
+        committer.commit()
+        assert reader.snapshot().get("t", b"k", "c") == b"slow"
+    finally:
+        reader.close()
+        writer.close()
