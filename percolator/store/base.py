@@ -272,8 +272,10 @@ class Store(abc.ABC):
 
     def compare_and_set_many(self, table: str, items: Sequence[CompareAndSet]) -> list[bool]:
         """Each item's :meth:`compare_and_set`, in one call where the backend can: whether
-        each applied, in order.  Each compare-and-set is atomic on its own; the call as a
-        whole is **not** (another writer may see some applied and not others yet).
+        each applied, in the order of the items.  Each compare-and-set is atomic on its own;
+        the call as a whole is **not** (another writer may see some applied and not others
+        yet), and the items may run in any order (HBase runs them in parallel), so no two
+        may name one cell (InvalidArgumentError).
 
         The backends check every item (and the table) before anything is written.  If the
         call raises :class:`StoreUnavailableError`, every compare-and-set of it has ended

@@ -191,15 +191,28 @@ def check_put(put: object, table_families: Mapping[str, object]) -> None:
     check_value(put.value)
 
 
-def check_compare_and_set(item: object, table_families: Mapping[str, object] | None) -> None:
-    """The checks of one :class:`CompareAndSet` (``table_families`` None: the family is
-    checked by the caller)."""
-    if not isinstance(item, CompareAndSet):
-        raise InvalidArgumentError(f"compare-and-sets must hold CompareAndSet, got {item!r}")
-    check_cell_args(item.row, item.family, item.qualifier, table_families)
-    if item.expected is not None:
-        check_value(item.expected)
-    check_value(item.new)
+def check_compare_and_sets(
+    items: object, table_families: Mapping[str, object] | None
+) -> Sequence[CompareAndSet]:
+    """The checks of :meth:`Store.compare_and_set_many`'s items (``table_families`` None:
+    families are checked by the caller): each a well-formed :class:`CompareAndSet`, and no
+    two on one cell (the backends do not order the items of a call)."""
+    cells = set()
+    for item in check_sequence(items, "items"):
+        if not isinstance(item, CompareAndSet):
+            raise InvalidArgumentError(f"items must hold CompareAndSet, got {item!r}")
+        check_cell_args(item.row, item.family, item.qualifier, table_families)
+        if item.expected is not None:
+            check_value(item.expected)
+        check_value(item.new)
+        cell = (item.row, item.family, item.qualifier)
+        if cell in cells:
+            raise InvalidArgumentError(
+                f"two compare-and-sets of one cell in one call: row {item.row!r}, column "
+                f"{item.family}:{item.qualifier!r}"
+            )
+        cells.add(cell)
+    return items  # type: ignore[return-value]  # checked above
 
 
 def check_delete(delete: object, table_families: Mapping[str, object]) -> None:

@@ -106,7 +106,7 @@ from percolator.store.checks import (
     MAX_BEFORE,
     UNLIMITED_VERSIONS,
     cas_matches,
-    check_compare_and_set,
+    check_compare_and_sets,
     check_delete,
     check_family_name,
     check_family_specs,
@@ -795,8 +795,7 @@ class EmbeddedStore(Store):
         """One write call: every compare-and-set in the same SQLite transaction, in order.
         A bad item (unknown family) undoes the whole call before it returns."""
         check_table_name(table)
-        for item in check_sequence(items, "items"):
-            check_compare_and_set(item, None)
+        check_compare_and_sets(items, None)
         with self._stats_lock:
             self.stats.count("compare_and_set_many")
             self.stats.count("compare_and_set", len(items))

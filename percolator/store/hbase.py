@@ -116,7 +116,7 @@ from percolator.store.base import (
 # The argument checks shared by every backend, so invalid calls fail identically everywhere.
 from percolator.store.checks import (
     MAX_BEFORE,
-    check_compare_and_set,
+    check_compare_and_sets,
     check_delete,
     check_family_name,
     check_family_specs,
@@ -1082,8 +1082,7 @@ class HBaseStore(Store):
         check_table_name(table)
 
         def check(known: Mapping[str, object]) -> None:
-            for item in check_sequence(items, "items"):
-                check_compare_and_set(item, known)
+            check_compare_and_sets(items, known)
 
         self._validate(table, check)
         self._check_row_lengths(table, (item.row for item in items))

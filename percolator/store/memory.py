@@ -56,7 +56,7 @@ from percolator.store.base import (
 from percolator.store.checks import (
     MAX_BEFORE,
     cas_matches,
-    check_compare_and_set,
+    check_compare_and_sets,
     check_delete,
     check_family_name,
     check_family_specs,
@@ -307,8 +307,7 @@ class MemoryStore(Store):
         check_table_name(table)
         with self._lock:
             tbl = self._table(table)
-            for item in check_sequence(items, "items"):
-                check_compare_and_set(item, tbl.families)
+            check_compare_and_sets(items, tbl.families)
             self.stats.count("compare_and_set_many")
             self.stats.count("compare_and_set", len(items))
             return [self._compare_and_set(tbl, item) for item in items]
