@@ -225,15 +225,13 @@ def commit_secondaries(
     rolled forward on its own (re-read first).  Results as :func:`commit_cell`'s, in order.
     Idempotent, like :func:`commit_cell`; a re-sent compare-and-set expects the exact bytes
     of ``start_ts``'s lock, so at most one of two copies applies."""
-    known = [(i, key, lock_bytes) for i, (key, lock_bytes) in enumerate(locked) if lock_bytes]
-    done = [False] * len(locked)
+    known = [(key, lock_bytes) for key, lock_bytes in locked if lock_bytes]
     try:
-        applied = commit_locks(store, [(key, b) for _, key, b in known], commit_ts)
+        applied = commit_locks(store, known, commit_ts)
     except StoreUnavailableError:
         applied = [False] * len(known)  # unknown: settled below from a fresh read
-    for (i, _, _), ok in zip(known, applied, strict=True):
-        done[i] = ok
+    committed = {key for (key, _), ok in zip(known, applied, strict=True) if ok}
     return [
-        ok or commit_cell(store, key, start_ts, commit_ts, write_record_done=True)
-        for (key, _), ok in zip(locked, done, strict=True)
+        key in committed or commit_cell(store, key, start_ts, commit_ts, write_record_done=True)
+        for key, _ in locked
     ]

@@ -191,6 +191,15 @@ def check_put(put: object, table_families: Mapping[str, object]) -> None:
     check_value(put.value)
 
 
+def check_compare_and_set(item: CompareAndSet, table_families: Mapping[str, object] | None) -> None:
+    """The checks of one compare-and-set's arguments (``table_families`` None: the family
+    is checked by the caller)."""
+    check_cell_args(item.row, item.family, item.qualifier, table_families)
+    if item.expected is not None:
+        check_value(item.expected)
+    check_value(item.new)
+
+
 def check_compare_and_sets(
     items: object, table_families: Mapping[str, object] | None
 ) -> Sequence[CompareAndSet]:
@@ -201,10 +210,7 @@ def check_compare_and_sets(
     for item in check_sequence(items, "items"):
         if not isinstance(item, CompareAndSet):
             raise InvalidArgumentError(f"items must hold CompareAndSet, got {item!r}")
-        check_cell_args(item.row, item.family, item.qualifier, table_families)
-        if item.expected is not None:
-            check_value(item.expected)
-        check_value(item.new)
+        check_compare_and_set(item, table_families)
         cell = (item.row, item.family, item.qualifier)
         if cell in cells:
             raise InvalidArgumentError(

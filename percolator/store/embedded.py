@@ -99,13 +99,12 @@ from percolator.store.base import (
     ScanOptions,
     Store,
     Version,
-    check_cell_args,
-    check_value,
 )
 from percolator.store.checks import (
     MAX_BEFORE,
     UNLIMITED_VERSIONS,
     cas_matches,
+    check_compare_and_set,
     check_compare_and_sets,
     check_delete,
     check_family_name,
@@ -782,12 +781,9 @@ class EmbeddedStore(Store):
         new: bytes,
     ) -> bool:
         check_table_name(table)
-        check_cell_args(row, family, qualifier)
-        if expected is not None:
-            check_value(expected)
-        check_value(new)
-        self._count("compare_and_set")
         item = CompareAndSet(row, family, qualifier, expected, new)
+        check_compare_and_set(item, None)
+        self._count("compare_and_set")
         with self._errors(f"compare_and_set({table!r}, {row!r})"):
             return self._grouped(lambda conn: self._compare_and_set(conn, table, item))
 

@@ -109,13 +109,12 @@ from percolator.store.base import (
     ScanOptions,
     Store,
     Version,
-    check_cell_args,
-    check_value,
 )
 
 # The argument checks shared by every backend, so invalid calls fail identically everywhere.
 from percolator.store.checks import (
     MAX_BEFORE,
+    check_compare_and_set,
     check_compare_and_sets,
     check_delete,
     check_family_name,
@@ -1028,23 +1027,24 @@ class HBaseStore(Store):
         that can time out after the region server applied it.
         """
         check_table_name(table)
-
-        def check(known: Mapping[str, object]) -> None:
-            check_cell_args(row, family, qualifier, known)
-            if expected is not None:
-                check_value(expected)
-            check_value(new)
-
-        self._validate(table, check)
+        item = CompareAndSet(row, family, qualifier, expected, new)
+        self._validate(table, lambda known: check_compare_and_set(item, known))
         self._check_row_lengths(table, [row])
+        return self._check_and_put(table, item)
+
+    def _check_and_put(self, table: str, item: CompareAndSet) -> bool:
+        """The ``checkAndPut`` of one checked item (see :meth:`compare_and_set`)."""
+        row, family, qualifier = item.row, item.family, item.qualifier
         spec = self._column_spec(family, qualifier)
-        mutation = Mutation(column=spec, value=new, isDelete=False)
+        mutation = Mutation(column=spec, value=item.new, isDelete=False)
         where = f"table {table!r}, row {row!r}, column {family}:{qualifier!r}"
         # Failing to get a connection means nothing was sent: that error is definite.
         conn = self._acquire()
         try:
             self._count("compare_and_set")
-            applied = conn.client.checkAndPut(self._hname(table), row, spec, expected, mutation, {})
+            applied = conn.client.checkAndPut(
+                self._hname(table), row, spec, item.expected, mutation, {}
+            )
         except _SERVER_ERRORS as exc:
             self._pool.release(conn)
             message = _server_message(exc)
@@ -1087,13 +1087,8 @@ class HBaseStore(Store):
         self._validate(table, check)
         self._check_row_lengths(table, (item.row for item in items))
         self._count("compare_and_set_many")
-
-        def send(item: CompareAndSet) -> bool:
-            return self.compare_and_set(
-                table, item.row, item.family, item.qualifier, item.expected, item.new
-            )
-
-        return run_all(self._executor() if len(items) > 1 else None, send, items)
+        executor = self._executor() if len(items) > 1 else None
+        return run_all(executor, lambda item: self._check_and_put(table, item), items)
 
     def delete_versions(self, table: str, deletes: Sequence[Delete]) -> None:
         """Delete versions at or below each timestamp: one ``mutateRowsTs`` of delete

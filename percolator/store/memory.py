@@ -50,12 +50,11 @@ from percolator.store.base import (
     ScanOptions,
     Store,
     Version,
-    check_cell_args,
-    check_value,
 )
 from percolator.store.checks import (
     MAX_BEFORE,
     cas_matches,
+    check_compare_and_set,
     check_compare_and_sets,
     check_delete,
     check_family_name,
@@ -297,11 +296,9 @@ class MemoryStore(Store):
         with self._lock:
             self.stats.count("compare_and_set")
             tbl = self._table(table)
-            check_cell_args(row, family, qualifier, tbl.families)
-            if expected is not None:
-                check_value(expected)
-            check_value(new)
-            return self._compare_and_set(tbl, CompareAndSet(row, family, qualifier, expected, new))
+            item = CompareAndSet(row, family, qualifier, expected, new)
+            check_compare_and_set(item, tbl.families)
+            return self._compare_and_set(tbl, item)
 
     def compare_and_set_many(self, table: str, items: Sequence[CompareAndSet]) -> list[bool]:
         check_table_name(table)
