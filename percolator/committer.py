@@ -39,7 +39,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping, Sequence
-from concurrent.futures import wait
 from dataclasses import dataclass
 
 from percolator import failpoints
@@ -55,7 +54,8 @@ from percolator.protocol.cells import CellKey, Mutation, RawCell
 from percolator.protocol.commit import (
     commit_primary,
     commit_secondaries,
-    put_commit_records,
+    put_index_entry,
+    record_puts,
 )
 from percolator.protocol.lock import extend_lock
 from percolator.protocol.prewrite import prewrite
@@ -133,7 +133,6 @@ class Committer:
             [self.primary],
             self.start_ts,
             self._make_lock,
-            executor=ctx.executor,  # data put and lock compare-and-set concurrently
             on_locked=self._on_locked,
             known=self._known,
         )
@@ -148,7 +147,6 @@ class Committer:
                 self.secondaries,
                 self.start_ts,
                 self._make_lock,
-                executor=ctx.executor,
                 on_locked=self._on_locked,
                 known=self._known,
             )
@@ -265,37 +263,24 @@ class Committer:
         self.undetermined = True
 
     def _commit_secondaries(self, commit_ts: int) -> bool:
-        """Write records, then secondary locks.  Errors are logged: the transaction is
+        """Write records and roll the secondaries forward.  Errors are logged: the transaction is
         committed and readers roll forward whatever is left."""
         ctx = self._ctx
         try:
             failpoints.failpoint("commit.after_primary")
             cells = [(m.key, m.kind) for m in (self.primary, *self.secondaries)]
-
-            def put_records() -> None:
-                # The primary's commit-index entry first, then every record (MUST, see
-                # percolator/protocol/commit.py).
-                put_commit_records(ctx.store, self.primary.key, cells, self.start_ts, commit_ts)
-
+            # The primary's commit-index entry before its record (MUST, see
+            # percolator/protocol/commit.py): in a put of its own unless the store's puts
+            # are atomic, then in the same put as the record.
+            put_index_entry(ctx.store, self.primary.key, self.start_ts, commit_ts)
+            records = record_puts(ctx.store, self.primary.key, cells, self.start_ts, commit_ts)
             with self._locked_guard:
                 lock_bytes = dict(self._locked)
-
-            if not self.secondaries:
-                put_records()
-                failpoints.failpoint("commit.after_write_records")
-            else:
-                # The records and the secondaries' compare-and-sets go out together: a
-                # secondary's Committed{commit_ts} carries the commit by itself, and its
-                # record is only needed before a later prewrite replaces that state,
-                # which puts any missing record first (design notes §3, MUST).
-                records = ctx.executor.submit(put_records)
-                try:
-                    locked = [(m.key, lock_bytes.get(m.key)) for m in self.secondaries]
-                    commit_secondaries(ctx.store, locked, self.start_ts, commit_ts)
-                finally:
-                    wait([records])
-                records.result()
-                failpoints.failpoint("commit.after_write_records")
+            # The records ride with the secondaries' compare-and-sets, one store call per
+            # table (protocol/commit.py: commit_secondaries says why no order is needed).
+            locked = [(m.key, lock_bytes.get(m.key)) for m in self.secondaries]
+            commit_secondaries(ctx.store, locked, self.start_ts, commit_ts, records)
+            failpoints.failpoint("commit.after_write_records")
             failpoints.failpoint("commit.after_secondaries")
             return True
         except Exception as exc:

@@ -24,7 +24,9 @@ in one read (protocol/resolve.py).  A prewrite that is about to replace the prim
 write record**, by every writer of that record (:func:`put_commit_records`, the roll-forward
 in :func:`commit_cell`, the prewrite's repair), in a separate, earlier put: a put is atomic
 per row *and version* only (on HBase one call per version), and the entry (at ``start_ts``)
-and the record (at ``commit_ts``) have different versions.  Otherwise a crash between them,
+and the record (at ``commit_ts``) have different versions.  (On a store whose whole put call
+is atomic, ``Store.put_is_atomic``, one put holding both is as good: neither lands without
+the other; :func:`record_puts` does that.)  Otherwise a crash between them,
 or a resolver rolling the primary forward from stale lock bytes, leaves a record without an
 entry; the next commit of the cell replaces the lock cell's copy; and a later status check
 judges the committed transaction rolled back and rolls its remaining secondaries back.
@@ -44,7 +46,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from percolator import failpoints
 from percolator.errors import (
@@ -85,6 +87,36 @@ def commit_index_put(key: CellKey, start_ts: int, commit_ts: int) -> Put:
     )
 
 
+def record_puts(
+    store: Store,
+    primary: CellKey | None,
+    cells: Sequence[tuple[CellKey, Kind]],
+    start_ts: int,
+    commit_ts: int,
+) -> dict[str, list[Put]]:
+    """The puts, by table, of the write records of ``start_ts``'s ``cells`` at
+    ``commit_ts`` and of the commit-index entry of ``primary`` (``None``: no primary among
+    the cells).  On a store whose put calls are atomic the entry is among them (first);
+    otherwise the caller must have stored it already, in a put of its own (module
+    docstring: MUST), as :func:`put_commit_records` does."""
+    by_table: dict[str, list[Put]] = {}
+    if primary is not None and store.put_is_atomic:
+        by_table[primary.table] = [commit_index_put(primary, start_ts, commit_ts)]
+    cells_by_table: dict[str, list[tuple[CellKey, Kind]]] = {}
+    for key, kind in cells:
+        cells_by_table.setdefault(key.table, []).append((key, kind))
+    for table, table_cells in cells_by_table.items():
+        by_table.setdefault(table, []).extend(write_record_puts(table_cells, start_ts, commit_ts))
+    return by_table
+
+
+def put_index_entry(store: Store, primary: CellKey, start_ts: int, commit_ts: int) -> None:
+    """Store ``primary``'s commit-index entry in a put of its own, unless the store's put
+    calls are atomic (then :func:`record_puts` carries it with the records)."""
+    if not store.put_is_atomic:
+        store.put(primary.table, [commit_index_put(primary, start_ts, commit_ts)])
+
+
 def put_commit_records(
     store: Store,
     primary: CellKey | None,
@@ -92,16 +124,14 @@ def put_commit_records(
     start_ts: int,
     commit_ts: int,
 ) -> None:
-    """Store the write records of ``start_ts``'s ``cells`` at ``commit_ts``, and first, in
-    its own put, the commit-index entry of ``primary`` (``None``: no primary among the
-    cells).  Idempotent; call only once the transaction is known to be committed."""
+    """Store the write records of ``start_ts``'s ``cells`` at ``commit_ts``, and the
+    commit-index entry of ``primary`` (``None``: no primary among the cells) first or with
+    them (:func:`record_puts`).  Idempotent; call only once the transaction is known to be
+    committed."""
     if primary is not None:
-        store.put(primary.table, [commit_index_put(primary, start_ts, commit_ts)])
-    by_table: dict[str, list[tuple[CellKey, Kind]]] = {}
-    for key, kind in cells:
-        by_table.setdefault(key.table, []).append((key, kind))
-    for table, table_cells in by_table.items():
-        store.put(table, write_record_puts(table_cells, start_ts, commit_ts))
+        put_index_entry(store, primary, start_ts, commit_ts)
+    for table, puts in record_puts(store, primary, cells, start_ts, commit_ts).items():
+        store.put(table, puts)
 
 
 def commit_primary(
@@ -218,20 +248,34 @@ def commit_secondaries(
     locked: Sequence[tuple[CellKey, bytes | None]],
     start_ts: int,
     commit_ts: int,
+    records: Mapping[str, Sequence[Put]] | None = None,
 ) -> list[bool]:
     """:func:`commit_cell` with ``write_record_done=True`` for many cells: the cells whose
     lock bytes are known are compare-and-set together (one store call per table); a cell
     that changed since, or whose outcome is unknown, or whose bytes are not known is then
     rolled forward on its own (re-read first).  Results as :func:`commit_cell`'s, in order.
     Idempotent, like :func:`commit_cell`; a re-sent compare-and-set expects the exact bytes
-    of ``start_ts``'s lock, so at most one of two copies applies."""
+    of ``start_ts``'s lock, so at most one of two copies applies.
+
+    ``records`` (by table, from :func:`record_puts`) ride in the same store calls, in no
+    order relative to the compare-and-sets: a secondary's ``Committed{commit_ts}`` carries
+    the commit by itself, and its record is only needed before a later prewrite replaces
+    that state, which puts any missing record first (design notes §3, MUST).  If that call
+    fails they are put again (idempotent); an error there is raised after the secondaries
+    were settled."""
     known = [(key, lock_bytes) for key, lock_bytes in locked if lock_bytes]
+    records_lost = False
     try:
-        applied = commit_locks(store, known, commit_ts)
+        applied = commit_locks(store, known, commit_ts, records)
     except StoreUnavailableError:
         applied = [False] * len(known)  # unknown: settled below from a fresh read
+        records_lost = bool(records)
     committed = {key for (key, _), ok in zip(known, applied, strict=True) if ok}
-    return [
+    results = [
         key in committed or commit_cell(store, key, start_ts, commit_ts, write_record_done=True)
         for key, _ in locked
     ]
+    if records_lost and records:
+        for table, puts in records.items():
+            store.put(table, puts)
+    return results

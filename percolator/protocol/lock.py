@@ -32,23 +32,29 @@ blindly; each action says how it settles the doubt (the commit point turns it in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from percolator.layout import LOCK
 from percolator.protocol.cells import CellKey, RawCell
 from percolator.records import LockCell, LockInfo
-from percolator.store.base import CompareAndSet, Store
+from percolator.store.base import CompareAndSet, Put, Store
 
 
 def _cas(store: Store, key: CellKey, expected: bytes | None, new: bytes) -> bool:
     return store.compare_and_set(key.table, key.row, LOCK, key.qualifier, expected, new)
 
 
-def _cas_many(store: Store, edges: Sequence[tuple[CellKey, bytes | None, bytes]]) -> list[bool]:
-    """``(key, expected, new)`` compare-and-sets, one store call per table; results in the
-    order given.  An error leaves the outcome of every edge of the call unknown."""
-    by_table: dict[str, list[int]] = {}
+def _cas_many(
+    store: Store,
+    edges: Sequence[tuple[CellKey, bytes | None, bytes]],
+    puts: Mapping[str, Sequence[Put]] | None = None,
+) -> list[bool]:
+    """``(key, expected, new)`` compare-and-sets, one store call per table, each carrying
+    that table's ``puts`` (in no order relative to the compare-and-sets; a table with puts
+    and no edge gets a call of its own); results in the order given.  An error leaves the
+    outcome of every edge and put of the call unknown."""
+    by_table: dict[str, list[int]] = {table: [] for table, p in (puts or {}).items() if p}
     for i, (key, _, _) in enumerate(edges):
         by_table.setdefault(key.table, []).append(i)
     applied = [False] * len(edges)
@@ -57,7 +63,12 @@ def _cas_many(store: Store, edges: Sequence[tuple[CellKey, bytes | None, bytes]]
             CompareAndSet(edges[i][0].row, LOCK, edges[i][0].qualifier, edges[i][1], edges[i][2])
             for i in indexes
         ]
-        for i, ok in zip(indexes, store.compare_and_set_many(table, items), strict=True):
+        table_puts = puts.get(table, ()) if puts else ()
+        if not items:
+            store.put(table, table_puts)
+            continue
+        results = store.compare_and_set_many(table, items, table_puts)
+        for i, ok in zip(indexes, results, strict=True):
             applied[i] = ok
     return applied
 
@@ -77,12 +88,17 @@ def place_lock(store: Store, raw: RawCell, lock: LockInfo) -> bytes | None:
     return new if _cas(store, raw.key, raw.lock_bytes, new) else None
 
 
-def place_locks(store: Store, locks: Sequence[tuple[RawCell, LockInfo]]) -> list[bytes | None]:
+def place_locks(
+    store: Store,
+    locks: Sequence[tuple[RawCell, LockInfo]],
+    puts: Mapping[str, Sequence[Put]] | None = None,
+) -> list[bytes | None]:
     """:func:`place_lock` for many cells at once: for each, the new bytes if it applied,
-    ``None`` if the cell changed since it was read."""
+    ``None`` if the cell changed since it was read.  ``puts`` (by table) go to the store in
+    the same calls, in no order relative to the locks."""
     news = [raw.lock_cell.with_lock(lock).encode() for raw, lock in locks]
     edges = [(raw.key, raw.lock_bytes, new) for (raw, _), new in zip(locks, news, strict=True)]
-    applied = _cas_many(store, edges)
+    applied = _cas_many(store, edges, puts)
     return [new if ok else None for new, ok in zip(news, applied, strict=True)]
 
 
@@ -105,14 +121,19 @@ def commit_lock(store: Store, key: CellKey, lock_bytes: bytes, commit_ts: int) -
 
 
 def commit_locks(
-    store: Store, locked: Sequence[tuple[CellKey, bytes]], commit_ts: int
+    store: Store,
+    locked: Sequence[tuple[CellKey, bytes]],
+    commit_ts: int,
+    puts: Mapping[str, Sequence[Put]] | None = None,
 ) -> list[bool]:
-    """:func:`commit_lock` for many ``(key, lock_bytes)`` at once: whether each applied."""
+    """:func:`commit_lock` for many ``(key, lock_bytes)`` at once: whether each applied.
+    ``puts`` (by table) go to the store in the same calls, in no order relative to the
+    compare-and-sets."""
     edges = [
         (key, lock_bytes, _held(key, lock_bytes).committed(commit_ts).encode())
         for key, lock_bytes in locked
     ]
-    return _cas_many(store, edges)
+    return _cas_many(store, edges, puts)
 
 
 def roll_back_lock(store: Store, key: CellKey, lock_bytes: bytes) -> bool:

@@ -15,16 +15,19 @@ Per cell, in this order:
    (keeping the previous commit inside).
 
 When no history record is missing (the common case: the committer writes records right
-after its commit point), steps 3 and 4 run **concurrently**, saving a round trip.  That is
-safe because a data version at ``start_ts`` is invisible until a commit points at it, and no
-commit of ``start_ts`` can exist before this call returned (the commit point comes after
-every prewrite); if the lock is lost or the put fails, the version is an orphan like that of
-any rolled-back transaction.  A missing history record must land *before* the lock replaces
-the commit it describes, so then the puts complete first.
+after its commit point), steps 3 and 4 go to the store **in one call** per table
+(``Store.compare_and_set_many`` with puts: one write transaction on the embedded store,
+concurrent round trips on HBase).  That is safe because a data version at ``start_ts`` is
+invisible until a commit points at it, and no commit of ``start_ts`` can exist before this
+call returned (the commit point comes after every prewrite); if the lock is lost or the put
+fails, the version is an orphan like that of any rolled-back transaction.  A missing history
+record must land *before* the lock replaces the commit it describes, so then the puts
+complete first, in calls of their own.
 
 A failed compare-and-set means the cell changed between read and write: the cell is
 re-checked from step 1.  A compare-and-set whose outcome is unknown (connection broke) is
-never re-issued: the cell is re-read, and the transaction aborts unless the lock is ours.
+never re-issued: the cell is re-read, and the transaction aborts unless the lock is ours;
+the data puts of that call, whose outcome is unknown too, are then put again (idempotent).
 
 Idempotent per cell: a cell already locked by ``start_ts`` is left as it is.
 """
@@ -33,7 +36,6 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Executor, wait
 
 from percolator import failpoints
 from percolator.errors import ConflictError, StoreUnavailableError, TransactionAbortedError
@@ -54,7 +56,6 @@ def prewrite(
     mutations: Sequence[Mutation],
     start_ts: int,
     make_lock: Callable[[Mutation], LockInfo],
-    executor: Executor | None = None,
     on_locked: Callable[[CellKey, bytes], None] | None = None,
     known: Mapping[CellKey, RawCell] | None = None,
 ) -> None:
@@ -64,8 +65,8 @@ def prewrite(
     is locked, with the exact bytes of the lock cell: a caller that aborts later knows exactly
     which locks to roll back, and the commit can compare-and-set without re-reading.
     The compare-and-sets of a round go to the store in one call per table (one write
-    transaction on the embedded store, parallel calls on HBase); ``executor`` runs the data
-    put beside them.
+    transaction on the embedded store, parallel calls on HBase), with that table's data
+    puts.
 
     ``known`` holds raw states the transaction already read (at its ``start_ts``); the first
     round uses them instead of reading those cells again.  That is sound because the
@@ -96,22 +97,13 @@ def prewrite(
                 ready.append(raw)
         if ready:
             index_puts, puts = _puts([by_key[raw.key] for raw in ready], ready, start_ts)
-            lock_args = (store, ready, by_key, start_ts, make_lock, on_locked)
-            if index_puts or executor is None:
+            if index_puts:
+                # Missing history: entries, then records, then the locks (MUST).
                 _put_all(store, index_puts)
                 _put_all(store, puts)
-                failpoints.failpoint("prewrite.before_lock")
-                outcomes = _lock_all(*lock_args)
-            else:
-                failpoints.failpoint("prewrite.before_lock")
-                data_put = executor.submit(_put_all, store, puts)
-                try:
-                    outcomes = _lock_all(*lock_args)
-                finally:
-                    # Wait for the put even if locking failed: no write of this call may
-                    # still be in flight when the caller starts rolling back.
-                    wait([data_put])
-                data_put.result()
+                puts = {}
+            failpoints.failpoint("prewrite.before_lock")
+            outcomes = _lock_all(store, ready, by_key, start_ts, make_lock, on_locked, puts)
             retry.extend(raw.key for raw, locked in zip(ready, outcomes, strict=True) if not locked)
         pending = retry
     if pending:
@@ -204,24 +196,29 @@ def _lock_all(
     start_ts: int,
     make_lock: Callable[[Mutation], LockInfo],
     on_locked: Callable[[CellKey, bytes], None] | None,
+    puts: dict[str, list[Put]],
 ) -> list[bool]:
-    """Step 4 for every ready cell: their compare-and-sets in one store call per table.
-    Whether each cell is now locked by ``start_ts``."""
+    """Step 4 for every ready cell: their compare-and-sets in one store call per table,
+    carrying ``puts`` (step 3).  Whether each cell is now locked by ``start_ts``."""
     try:
-        news = place_locks(store, [(raw, make_lock(by_key[raw.key])) for raw in ready])
+        news = place_locks(store, [(raw, make_lock(by_key[raw.key])) for raw in ready], puts)
     except StoreUnavailableError:
-        # Unknown outcomes: never re-issue.  Re-read; every lock is ours or we abort.
+        # Unknown outcomes: never re-issue a compare-and-set.  Re-read; every lock is ours
+        # or we abort.
         again = fetch_cells(store, [raw.key for raw in ready], before=None, with_data=False)
         news = [
             cell.lock_bytes if cell.lock_cell.locked_by(start_ts) else None
             for cell in (again[raw.key] for raw in ready)
         ]
         lost = [raw.key for raw, new in zip(ready, news, strict=True) if new is None]
+        _report_locked(ready, news, on_locked)  # an abort rolls these back
         if lost:
-            _report_locked(ready, news, on_locked)  # the abort rolls these back
             raise TransactionAbortedError(
                 f"prewrite of {lost[0]} had an unknown outcome and the lock is not ours"
             ) from None
+        # The locks are ours; the data puts of the call may be lost: put them again.
+        _put_all(store, puts)
+        return [True] * len(ready)
     _report_locked(ready, news, on_locked)
     return [new is not None for new in news]
 

@@ -7,10 +7,11 @@ once.  The semantics are those of HBase through Thrift-1, as written in
 
 What is atomic and durable
 --------------------------
-* Every write call (:meth:`~EmbeddedStore.put`, :meth:`~EmbeddedStore.delete_versions`, a
-  batch of any size) is all of it or nothing, across processes.  That is more than the
-  contract promises (atomic per row and version, as HBase is: tests model that with
-  ``FaultyStore(split_puts=True)``); callers must not rely on it.
+* Every write call (:meth:`~EmbeddedStore.put`, :meth:`~EmbeddedStore.delete_versions`,
+  :meth:`~EmbeddedStore.compare_and_set_many` with its puts, a batch of any size) is all of
+  it or nothing, across processes.  For puts the store says so
+  (:attr:`~percolator.store.base.Store.put_is_atomic`); for the rest it is more than the
+  contract promises, and callers must not rely on it.
 * **Group commit.**  Write calls of one process's threads that arrive while another is
   being written queue up and run together, in queue order, in **one** SQLite
   ``BEGIN IMMEDIATE`` transaction, each in a savepoint of its own (a failing call undoes
@@ -290,6 +291,8 @@ class EmbeddedStore(Store):
     its own SQLite connection; a forked child opens new ones).  Picklable: an unpickled copy
     opens the same directory.
     """
+
+    put_is_atomic = True
 
     def __init__(self, path: str, *, busy_timeout_s: float = 60.0) -> None:
         super().__init__()
@@ -737,23 +740,22 @@ class EmbeddedStore(Store):
 
     def put(self, table: str, puts: Sequence[Put]) -> None:
         check_table_name(table)
-        items = check_sequence(puts, "puts")
+        check_sequence(puts, "puts")
         self._count("put")
 
-        def work(conn: sqlite3.Connection) -> None:
-            tid, families = self._table(conn, table)
-            # Check every put before writing any: a bad batch writes nothing.
-            for put in items:
-                check_put(put, families)
-            checked: Sequence[Put] = puts
-            conn.executemany(
-                _PUT_SQL,
-                [(tid, p.family, p.row, p.qualifier, p.version, p.value) for p in checked],
-            )
-            self._prune(conn, tid, families, ((p.family, p.row, p.qualifier) for p in checked))
-
         with self._errors(f"put({table!r})"):
-            self._grouped(work)
+            self._grouped(lambda conn: self._put(conn, table, puts))
+
+    def _put(self, conn: sqlite3.Connection, table: str, puts: Sequence[Put]) -> None:
+        """The puts of one call inside the caller's write transaction, all checked before
+        any is written."""
+        tid, families = self._table(conn, table)
+        for put in puts:
+            check_put(put, families)
+        conn.executemany(
+            _PUT_SQL, [(tid, p.family, p.row, p.qualifier, p.version, p.value) for p in puts]
+        )
+        self._prune(conn, tid, families, ((p.family, p.row, p.qualifier) for p in puts))
 
     @staticmethod
     def _prune(
@@ -787,20 +789,26 @@ class EmbeddedStore(Store):
         with self._errors(f"compare_and_set({table!r}, {row!r})"):
             return self._grouped(lambda conn: self._compare_and_set(conn, table, item))
 
-    def compare_and_set_many(self, table: str, items: Sequence[CompareAndSet]) -> list[bool]:
-        """One write call: every compare-and-set in the same SQLite transaction, in order.
-        A bad item (unknown family) undoes the whole call before it returns."""
+    def compare_and_set_many(
+        self, table: str, items: Sequence[CompareAndSet], puts: Sequence[Put] = ()
+    ) -> list[bool]:
+        """One write call: the puts, then every compare-and-set, in the same SQLite
+        transaction, in order.  A bad item or put (unknown family) undoes the whole call
+        before it returns."""
         check_table_name(table)
         check_compare_and_sets(items, None)
+        check_sequence(puts, "puts")
         with self._stats_lock:
             self.stats.count("compare_and_set_many")
             self.stats.count("compare_and_set", len(items))
 
         def work(conn: sqlite3.Connection) -> list[bool]:
+            if puts:
+                self._put(conn, table, puts)
             return [self._compare_and_set(conn, table, item) for item in items]
 
         with self._errors(f"compare_and_set_many({table!r}, {len(items)} cells)"):
-            return self._grouped(work) if items else []
+            return self._grouped(work) if items or puts else []
 
     def _compare_and_set(self, conn: sqlite3.Connection, table: str, item: CompareAndSet) -> bool:
         """One compare-and-set inside the caller's write transaction."""

@@ -1074,21 +1074,34 @@ class HBaseStore(Store):
         self._pool.release(conn)
         return bool(applied)
 
-    def compare_and_set_many(self, table: str, items: Sequence[CompareAndSet]) -> list[bool]:
+    def compare_and_set_many(
+        self, table: str, items: Sequence[CompareAndSet], puts: Sequence[Put] = ()
+    ) -> list[bool]:
         """One ``checkAndPut`` per item (Thrift-1 has no batched conditional mutation), run
-        ``pool_size`` at a time.  Every item is checked before any is sent; if a call fails,
-        the others still finish before the first error is raised (see
-        :meth:`compare_and_set` for what each error means)."""
+        ``pool_size`` at a time, beside the puts (one :meth:`put`, on the pool too).  Every
+        item and put is checked before anything is sent; if a call fails, the others still
+        finish before the first error is raised (see :meth:`compare_and_set` for what each
+        error means)."""
         check_table_name(table)
 
         def check(known: Mapping[str, object]) -> None:
             check_compare_and_sets(items, known)
+            for p in check_sequence(puts, "puts"):
+                check_put(p, known)
 
         self._validate(table, check)
-        self._check_row_lengths(table, (item.row for item in items))
+        self._check_row_lengths(table, [*(item.row for item in items), *(p.row for p in puts)])
         self._count("compare_and_set_many")
-        executor = self._executor() if len(items) > 1 else None
-        return run_all(executor, lambda item: self._check_and_put(table, item), items)
+        tasks: list[CompareAndSet | None] = [*items, *([None] if puts else [])]
+
+        def run(item: CompareAndSet | None) -> bool:
+            if item is None:
+                self.put(table, puts)
+                return True
+            return self._check_and_put(table, item)
+
+        executor = self._executor() if len(tasks) > 1 else None
+        return run_all(executor, run, tasks)[: len(items)]
 
     def delete_versions(self, table: str, deletes: Sequence[Delete]) -> None:
         """Delete versions at or below each timestamp: one ``mutateRowsTs`` of delete

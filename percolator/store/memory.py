@@ -99,6 +99,8 @@ class _Table:
 class MemoryStore(Store):
     """An in-process store with HBase's semantics.  Thread-safe; every call is atomic."""
 
+    put_is_atomic = True
+
     _registry: ClassVar[dict[str, MemoryStore]] = {}
     _registry_lock: ClassVar[threading.Lock] = threading.Lock()
 
@@ -300,13 +302,19 @@ class MemoryStore(Store):
             check_compare_and_set(item, tbl.families)
             return self._compare_and_set(tbl, item)
 
-    def compare_and_set_many(self, table: str, items: Sequence[CompareAndSet]) -> list[bool]:
+    def compare_and_set_many(
+        self, table: str, items: Sequence[CompareAndSet], puts: Sequence[Put] = ()
+    ) -> list[bool]:
         check_table_name(table)
         with self._lock:
             tbl = self._table(table)
             check_compare_and_sets(items, tbl.families)
+            for put in check_sequence(puts, "puts"):
+                check_put(put, tbl.families)
             self.stats.count("compare_and_set_many")
             self.stats.count("compare_and_set", len(items))
+            for put in puts:
+                self._apply_put(tbl, put.row, put.family, put.qualifier, put.version, put.value)
             return [self._compare_and_set(tbl, item) for item in items]
 
     def _compare_and_set(self, tbl: _Table, item: CompareAndSet) -> bool:

@@ -459,6 +459,39 @@ def test_a_bad_item_fails_compare_and_set_many_before_writing(store: Store, tabl
         store.compare_and_set_many("missing", [CompareAndSet(b"r", "l", b"q", None, b"v")])
 
 
+def test_cas_many_carries_puts(store: Store, table: str) -> None:
+    # Puts ride with the compare-and-sets, whatever each compare-and-set decides.
+    store.put(table, [Put(b"a", "l", b"q", 5, b"A")])
+    items = [
+        CompareAndSet(b"a", "l", b"q", b"A", b"A2"),
+        CompareAndSet(b"b", "l", b"q", b"stale", b"B"),
+    ]
+    puts = [
+        Put(b"a", "d", b"q", 7, b"data a"),
+        Put(b"b", "d", b"q", 7, b"data b"),
+        Put(b"c", "w", b"q", 9, b"record c"),
+    ]
+    assert store.compare_and_set_many(table, items, puts) == [True, False]
+    assert read_cell_of(store, table, b"a", "l", b"q") == b"A2"
+    assert store.read_row(table, b"b", [("l", b"q")]) == {}
+    assert versions_of(store, table, b"a", "d", b"q") == [(7, b"data a")]
+    assert versions_of(store, table, b"b", "d", b"q") == [(7, b"data b")]
+    assert versions_of(store, table, b"c", "w", b"q") == [(9, b"record c")]
+    # Puts alone are a put.
+    assert store.compare_and_set_many(table, [], [Put(b"d", "d", b"q", 3, b"d")]) == []
+    assert versions_of(store, table, b"d", "d", b"q") == [(3, b"d")]
+
+
+def test_a_bad_put_fails_compare_and_set_many_before_writing(store: Store, table: str) -> None:
+    item = CompareAndSet(b"good", "l", b"q", None, b"v")
+    good = Put(b"good", "d", b"q", 1, b"v")
+    for bad in BAD_PUTS:
+        must_reject(bad, store.compare_and_set_many, table, [item], [good, bad])
+        assert store.read_row(table, b"good") == {}, f"after {bad!r}"
+    must_reject("not a sequence", store.compare_and_set_many, table, [item], b"puts")
+    assert store.read_row(table, b"good") == {}
+
+
 def test_cas_binary_values(store: Store, table: str) -> None:
     blob = bytes(range(256)) * 4
     assert store.compare_and_set(table, b"\x00\xff", "l", b"\x00", None, blob)

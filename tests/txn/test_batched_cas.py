@@ -8,21 +8,24 @@ broken half-way leaves must still be all or nothing, judged from the raw store:
 * a secondaries' batch that fails after the commit point leaves nothing locked: the
   committer rolls each unsettled cell forward on its own, re-reading it first;
 * the number of store calls a commit makes is pinned: one batch per table for the locks,
-  one for the secondaries.
+  one for the secondaries;
+* puts riding in a batch (the prewrite's data, the commit's write records) and lost with
+  it are put again.
 """
 
 from __future__ import annotations
 
 import itertools
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
 import percolator
-from percolator.errors import PercolatorError
-from percolator.layout import LOCK
+from percolator.errors import PercolatorError, StoreUnavailableError
+from percolator.layout import LOCK, WRITE
 from percolator.store import Store
+from percolator.store.base import CompareAndSet, Put
 from percolator.testing import FaultyStore, ManualOracle
 from percolator.testing.faults import Call
 from tests.txn.raw_inspect import (
@@ -137,5 +140,66 @@ def test_a_commit_sends_one_lock_batch_per_table(store: Store) -> None:
         # commits, one batch per table (2).
         assert calls.get("compare_and_set_many") == 5, calls
         assert calls.get("compare_and_set") == 4 + 1 + 3, calls
+    finally:
+        client.close()
+
+
+def test_a_one_cell_commit_makes_three_write_calls_where_puts_are_atomic(store: Store) -> None:
+    client = connect(store)
+    try:
+        txn = client.transaction()
+        txn.set("ba", uuid.uuid4().hex.encode(), "c", b"v")
+        before = dict(store.stats.calls)
+        txn.commit()
+        calls = {op: n - before.get(op, 0) for op, n in store.stats.calls.items()}
+        # The lock with the data put in one call, the commit point, then the write record
+        # with the commit-index entry: in one put where a put call is atomic, else the
+        # entry first in a put of its own (protocol/commit.py: MUST).
+        assert calls.get("compare_and_set_many") == 1, calls
+        assert calls.get("compare_and_set") == 2, calls
+        if store.put_is_atomic:
+            assert calls.get("put") == 1, calls
+        else:
+            assert calls.get("put", 0) >= 2, calls
+    finally:
+        client.close()
+
+
+
+# Call 2 (the secondaries' locks of ``ba``) is left out: its failure stops ``bb``'s batch,
+# so the prewrite aborts (all or nothing: the tests above).
+@pytest.mark.parametrize("call_no", [1, 3, 4, 5])
+def test_puts_lost_by_a_broken_batch_are_put_again(faulty: FaultyStore, call_no: int) -> None:
+    """The ``call_no``-th lock batch carrying puts (1-3: the prewrite's data with the
+    primary's lock, then the secondaries' locks of ``ba`` and ``bb``; 4-5: the write records
+    with the secondaries' commits of ``ba`` and ``bb``) fails after its compare-and-sets
+    applied and before its puts landed, as a call whose puts and compare-and-sets run
+    concurrently (HBase) may.  The prewrite finds the locks its own and puts its data
+    again; the committer puts the records again: committed, every record stored."""
+    real = faulty.compare_and_set_many
+    seen = itertools.count(1)
+
+    def losing_puts(
+        table: str, items: Sequence[CompareAndSet], puts: Sequence[Put] = ()
+    ) -> list[bool]:
+        if puts and table in TABLES and next(seen) == call_no:
+            real(table, items)  # the compare-and-sets land, the puts do not
+            raise StoreUnavailableError("connection lost after the compare-and-sets")
+        return real(table, items, puts)
+
+    faulty.compare_and_set_many = losing_puts  # type: ignore[method-assign]
+    client = connect(faulty)
+    try:
+        txn, cells = write_cells(client)
+        txn.commit()
+        assert next(seen) > call_no, "the batch to break was never sent"
+        stored = read_all(faulty.inner, TABLES)
+        assert not locked_cells(stored)
+        assert transactions(stored)[txn.start_ts].outcome == COMMITTED
+        for table, row, column in cells:
+            records = faulty.inner.read_row(table, row, [(WRITE, column.encode())])
+            assert records, f"no write record for {table}/{row!r}/{column}"
+        with client.snapshot() as snap:
+            assert {snap.get(*cell) for cell in cells} == {value_of(txn)}
     finally:
         client.close()
