@@ -71,7 +71,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, NoReturn
 
 import happybase
@@ -1092,16 +1092,21 @@ class HBaseStore(Store):
         self._validate(table, check)
         self._check_row_lengths(table, [*(item.row for item in items), *(p.row for p in puts)])
         self._count("compare_and_set_many")
-        tasks: list[CompareAndSet | None] = [*items, *([None] if puts else [])]
-
-        def run(item: CompareAndSet | None) -> bool:
-            if item is None:
-                self.put(table, puts)
-                return True
-            return self._check_and_put(table, item)
-
-        executor = self._executor() if len(tasks) > 1 else None
-        return run_all(executor, run, tasks)[: len(items)]
+        if not puts:
+            executor = self._executor() if len(items) > 1 else None
+            return run_all(executor, lambda item: self._check_and_put(table, item), items)
+        if not items:
+            self.put(table, puts)
+            return []
+        # The compare-and-sets go to the pool and this thread sends the puts meanwhile (a
+        # pool slot for them would queue behind a batch of compare-and-sets).
+        executor = self._executor()
+        futures = [executor.submit(self._check_and_put, table, item) for item in items]
+        try:
+            self.put(table, puts)
+        finally:
+            wait(futures)  # nothing of this call may still be in flight when it raises
+        return [f.result() for f in futures]
 
     def delete_versions(self, table: str, deletes: Sequence[Delete]) -> None:
         """Delete versions at or below each timestamp: one ``mutateRowsTs`` of delete
