@@ -13,7 +13,9 @@ runs again.  Beats run one at a time: a beat blocked on a slow store delays the 
 long, which a TTL of three intervals absorbs.
 
 After a fork the child starts without the parent's beats (their transactions belong to the
-parent) and starts its own thread when it first needs one.
+parent) and starts its own thread when it first needs one.  The child also gets a fresh
+lock: the parent's heartbeat thread may have held it at the moment of the fork, and no
+thread of the child would ever release that copy.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 
 from percolator.errors import PercolatorError
@@ -73,6 +76,14 @@ class Heartbeats:
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._closed = False
+        _instances.add(self)
+
+    def _after_fork_in_child(self) -> None:
+        """The child's copy: a fresh lock, no beats, no thread (see the module docstring)."""
+        self._cond = threading.Condition()
+        self._due = []
+        self._thread = None
+        self._pid = os.getpid()
 
     def start(self, beat: Callable[[], bool], interval_s: float) -> Beat:
         """Call ``beat()`` every ``interval_s`` seconds from the heartbeat thread, the first
@@ -124,3 +135,16 @@ class Heartbeats:
             if handle._run():
                 with self._cond:
                     self._schedule(handle)
+
+
+#: every Heartbeats of this process, renewed in a forked child
+_instances: weakref.WeakSet[Heartbeats] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for heartbeats in list(_instances):
+        heartbeats._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 import threading
 import time
 import uuid
@@ -110,6 +111,13 @@ def test_a_closed_client_starts_no_heartbeat() -> None:
         beats.start(lambda: True, 0.01)
 
 
+def _die_within(seconds: int) -> None:
+    """In a forked child: be killed by the kernel after ``seconds`` (the default action of
+    SIGALRM; the parent's handler, such as pytest-timeout's, cannot run in a blocked child)."""
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.alarm(seconds)
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_runs_its_own_beats() -> None:
     beats = Heartbeats()
@@ -118,6 +126,7 @@ def test_a_forked_child_runs_its_own_beats() -> None:
         read_end, write_end = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: the parent's thread did not come along
+            _die_within(10)  # a hung child fails the test instead of hanging it
             ok = threading.Event()
             beats.start(lambda: ok.set() is not None, 0.01)
             os._exit(0 if ok.wait(5) else 1)
@@ -127,6 +136,37 @@ def test_a_forked_child_runs_its_own_beats() -> None:
         assert os.waitstatus_to_exitcode(status) == 0
         parent_handle.stop()
     finally:
+        beats.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_fork_while_the_heartbeat_lock_is_held_leaves_the_child_a_usable_lock() -> None:
+    """The parent's heartbeat thread may hold the lock at the moment of a fork; the child
+    must not inherit it held (it would wait for it forever)."""
+    beats = Heartbeats()
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_lock() -> None:
+        with beats._cond:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold_the_lock)
+    holder.start()
+    try:
+        assert held.wait(5)
+        pid = os.fork()
+        if pid == 0:
+            _die_within(10)  # without the fix the child blocks in start(): fail, not hang
+            ok = threading.Event()
+            beats.start(lambda: ok.set() is not None, 0.01)
+            os._exit(0 if ok.wait(5) else 1)
+        release.set()
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, "the child hung or failed"
+    finally:
+        release.set()
+        holder.join()
         beats.close()
 
 
