@@ -7,12 +7,12 @@ step reads through it, so "one round trip per table" holds everywhere.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from percolator.layout import DATA, LOCK, WRITE
 from percolator.records import CommitInfo, Kind, LockCell, WriteRecord
-from percolator.store.base import Column, Store
+from percolator.store.base import Column, Put, Store
 
 
 @dataclass(frozen=True, order=True)
@@ -123,3 +123,11 @@ def fetch_cells(
 
 def _dedupe(columns: list[Column]) -> list[Column]:
     return list(dict.fromkeys(columns))
+
+
+def put_by_table(store: Store, by_table: Mapping[str, Sequence[Put]]) -> None:
+    """Each table's blind puts in one :meth:`Store.put` (tables without puts skipped), in
+    the order of the mapping.  Idempotent, like the puts."""
+    for table, puts in by_table.items():
+        if puts:
+            store.put(table, puts)

@@ -55,7 +55,7 @@ from percolator.errors import (
     UndeterminedCommitError,
 )
 from percolator.layout import WRITE, commit_index_qualifier
-from percolator.protocol.cells import CellKey, fetch_cells
+from percolator.protocol.cells import CellKey, fetch_cells, put_by_table
 from percolator.protocol.lock import commit_lock, commit_locks
 from percolator.records import Kind, LockCell, WriteRecord
 from percolator.store.base import Put, Store
@@ -130,8 +130,7 @@ def put_commit_records(
     committed."""
     if primary is not None:
         put_index_entry(store, primary, start_ts, commit_ts)
-    for table, puts in record_puts(store, primary, cells, start_ts, commit_ts).items():
-        store.put(table, puts)
+    put_by_table(store, record_puts(store, primary, cells, start_ts, commit_ts))
 
 
 def commit_primary(
@@ -269,13 +268,12 @@ def commit_secondaries(
         applied = commit_locks(store, known, commit_ts, records)
     except StoreUnavailableError:
         applied = [False] * len(known)  # unknown: settled below from a fresh read
-        records_lost = bool(records)
+        records_lost = True
     committed = {key for (key, _), ok in zip(known, applied, strict=True) if ok}
     results = [
         key in committed or commit_cell(store, key, start_ts, commit_ts, write_record_done=True)
         for key, _ in locked
     ]
     if records_lost and records:
-        for table, puts in records.items():
-            store.put(table, puts)
+        put_by_table(store, records)
     return results

@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from percolator import failpoints
 from percolator.errors import ConflictError, StoreUnavailableError, TransactionAbortedError
 from percolator.layout import DATA, WRITE
-from percolator.protocol.cells import CellKey, Mutation, RawCell, fetch_cells
+from percolator.protocol.cells import CellKey, Mutation, RawCell, fetch_cells, put_by_table
 from percolator.protocol.commit import commit_index_put
 from percolator.protocol.lock import place_locks
 from percolator.protocol.resolve import LockResolver
@@ -99,8 +99,8 @@ def prewrite(
             index_puts, puts = _puts([by_key[raw.key] for raw in ready], ready, start_ts)
             if index_puts:
                 # Missing history: entries, then records, then the locks (MUST).
-                _put_all(store, index_puts)
-                _put_all(store, puts)
+                put_by_table(store, index_puts)
+                put_by_table(store, puts)
                 puts = {}
             failpoints.failpoint("prewrite.before_lock")
             outcomes = _lock_all(store, ready, by_key, start_ts, make_lock, on_locked, puts)
@@ -183,12 +183,6 @@ def _puts(
     return index_by_table, by_table
 
 
-def _put_all(store: Store, by_table: dict[str, list[Put]]) -> None:
-    for table, puts in by_table.items():
-        if puts:
-            store.put(table, puts)
-
-
 def _lock_all(
     store: Store,
     ready: Sequence[RawCell],
@@ -217,7 +211,7 @@ def _lock_all(
                 f"prewrite of {lost[0]} had an unknown outcome and the lock is not ours"
             ) from None
         # The locks are ours; the data puts of the call may be lost: put them again.
-        _put_all(store, puts)
+        put_by_table(store, puts)
         return [True] * len(ready)
     _report_locked(ready, news, on_locked)
     return [new is not None for new in news]

@@ -299,8 +299,8 @@ class Store(abc.ABC):
 
         This default puts first, then runs the compare-and-sets one after the other through
         :meth:`compare_and_set` (so it checks each item only as it comes to it); the
-        backends override it (memory: under one lock; embedded:
-        one write transaction; HBase: parallel calls)."""
+        backends override it (memory: under one lock; embedded: one write transaction;
+        HBase: parallel calls)."""
         if puts:
             self.put(table, puts)
         return [

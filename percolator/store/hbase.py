@@ -987,6 +987,10 @@ class HBaseStore(Store):
 
         self._validate(table, check)
         self._check_row_lengths(table, (p.row for p in puts))
+        self._send_puts(table, puts)
+
+    def _send_puts(self, table: str, puts: Sequence[Put]) -> None:
+        """The ``mutateRowsTs`` calls of checked puts (see :meth:`put`)."""
         # version -> row -> column spec -> value, each in first-appearance order
         groups: dict[int, dict[bytes, dict[bytes, bytes]]] = {}
         for p in puts:
@@ -1078,7 +1082,7 @@ class HBaseStore(Store):
         self, table: str, items: Sequence[CompareAndSet], puts: Sequence[Put] = ()
     ) -> list[bool]:
         """One ``checkAndPut`` per item (Thrift-1 has no batched conditional mutation), run
-        ``pool_size`` at a time, beside the puts (one :meth:`put`, on the pool too).  Every
+        ``pool_size`` at a time, while the calling thread sends the puts (as :meth:`put`).  Every
         item and put is checked before anything is sent; if a call fails, the others still
         finish before the first error is raised (see :meth:`compare_and_set` for what each
         error means)."""
@@ -1096,14 +1100,14 @@ class HBaseStore(Store):
             executor = self._executor() if len(items) > 1 else None
             return run_all(executor, lambda item: self._check_and_put(table, item), items)
         if not items:
-            self.put(table, puts)
+            self._send_puts(table, puts)
             return []
         # The compare-and-sets go to the pool and this thread sends the puts meanwhile (a
         # pool slot for them would queue behind a batch of compare-and-sets).
         executor = self._executor()
         futures = [executor.submit(self._check_and_put, table, item) for item in items]
         try:
-            self.put(table, puts)
+            self._send_puts(table, puts)
         finally:
             wait(futures)  # nothing of this call may still be in flight when it raises
         return [f.result() for f in futures]

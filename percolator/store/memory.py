@@ -278,12 +278,15 @@ class MemoryStore(Store):
         check_table_name(table)
         with self._lock:
             self.stats.count("put")
-            tbl = self._table(table)
-            # Check every put before applying any: a bad batch writes nothing.
-            for put in check_sequence(puts, "puts"):
-                check_put(put, tbl.families)
-            for put in puts:
-                self._apply_put(tbl, put.row, put.family, put.qualifier, put.version, put.value)
+            self._put(self._table(table), puts)
+
+    def _put(self, tbl: _Table, puts: Sequence[Put]) -> None:
+        """The puts of one call, under the lock: every one checked before any is applied,
+        so a bad batch writes nothing."""
+        for put in check_sequence(puts, "puts"):
+            check_put(put, tbl.families)
+        for put in puts:
+            self._apply_put(tbl, put.row, put.family, put.qualifier, put.version, put.value)
 
     def compare_and_set(
         self,
@@ -309,12 +312,11 @@ class MemoryStore(Store):
         with self._lock:
             tbl = self._table(table)
             check_compare_and_sets(items, tbl.families)
-            for put in check_sequence(puts, "puts"):
-                check_put(put, tbl.families)
+            # _put checks the puts before applying any: a bad put raises before anything
+            # of the call is written (the compare-and-sets come after it).
             self.stats.count("compare_and_set_many")
             self.stats.count("compare_and_set", len(items))
-            for put in puts:
-                self._apply_put(tbl, put.row, put.family, put.qualifier, put.version, put.value)
+            self._put(tbl, puts)
             return [self._compare_and_set(tbl, item) for item in items]
 
     def _compare_and_set(self, tbl: _Table, item: CompareAndSet) -> bool:
