@@ -181,6 +181,11 @@ _VERSIONS_SQL = (
     "SELECT version, value FROM cells WHERE tid = ? AND family = ? AND row = ?"
     " AND qualifier = ? AND version < ? AND version >= ? ORDER BY version DESC LIMIT ?"
 )
+# Prefixed to a one-statement read of cells whose table id came from the cache: its first row
+# (index -1) exists only if the table of that name still has that id.  Ids are never reused
+# and a table's families never change, so the cached (id, families) is right exactly when
+# this row is there, in the same snapshot as the cells.
+_TABLE_STILL_SQL = "SELECT -1, NULL, NULL FROM tables WHERE id = ? AND name = ? UNION ALL "
 # Explicit cells per statement of a read (7 parameters each, far below SQLite's limit).
 _CELLS_PER_STATEMENT = 64
 
@@ -303,6 +308,8 @@ class EmbeddedStore(Store):
         self._closed = False
         self._initialised = False
         self._local = threading.local()
+        # Table name -> (id, families), filled by reads; see read_rows.
+        self._tables: dict[str, tuple[int, Mapping[str, FamilySpec]]] = {}
         # Every connection this process opened for this store, by thread, so close() and
         # the cleanup of finished threads can close them.
         self._conns: dict[int, tuple[weakref.ref[threading.Thread], sqlite3.Connection]] = {}
@@ -515,8 +522,14 @@ class EmbeddedStore(Store):
 
     def _run_group(self, group: list[_WriteRequest]) -> None:
         """One ``BEGIN IMMEDIATE`` transaction running every request of ``group``, each
-        inside a savepoint so that a failing call undoes only its own statements."""
+        inside a savepoint so that a failing call undoes only its own statements (a request
+        alone in its group needs none)."""
         with self._write() as conn:
+            if len(group) == 1:
+                # Alone in its transaction: if it fails, the whole transaction rolls back,
+                # which is what its savepoint would do, two statements cheaper.
+                group[0].result = group[0].work(conn)
+                return
             for request in group:
                 conn.execute("SAVEPOINT call")
                 try:
@@ -571,6 +584,7 @@ class EmbeddedStore(Store):
             conn.execute("DELETE FROM cells WHERE tid = ?", (tid,))
             conn.execute("DELETE FROM delete_masks WHERE tid = ?", (tid,))
             conn.execute("DELETE FROM tables WHERE name = ?", (name,))
+        self._tables.pop(name, None)
 
     def list_tables(self) -> list[str]:
         self._count("list_tables")
@@ -597,69 +611,29 @@ class EmbeddedStore(Store):
         min_version: int = 0,
         max_versions: int = 1,
     ) -> dict[bytes, RowCells]:
+        """A read of explicit cells that fits one statement (the common read: a
+        transaction's cells, the oracle record) is that one statement, outside any explicit
+        transaction: SQLite runs it in a read transaction of its own, so it is a snapshot,
+        and it checks in the same statement that the table it read is still the one cached
+        in :attr:`_tables` (see :data:`_TABLE_STILL_SQL`).  Anything else, and a table not
+        cached or dropped since, is read in an explicit read transaction."""
         check_table_name(table)
         self._count("read_rows")
         upper = MAX_BEFORE if before is None else before
-        result: dict[bytes, RowCells] = {}
-        with self._errors(f"read_rows({table!r})"), self._read() as conn:
-            tid, table_families = self._table(conn, table)
-            check_read_args(
-                rows, columns, families, before, min_version, max_versions, table_families
-            )
-            wanted_rows = list(dict.fromkeys(rows))
-            selection = selection_by_family(columns, families, table_families)
-            whole = [family for family, qualifiers in selection if qualifiers is None]
-            cells = [
-                (family, qualifier)
-                for family, qualifiers in selection
-                for qualifier in qualifiers or ()
-            ]
-            limit = min(max_versions, UNLIMITED_VERSIONS)  # no cell keeps more versions
-            if whole:  # check_read_args allows whole families only with max_versions=1
-                for row, family, qualifier, version, value in self._read_families(
-                    conn, tid, whole, wanted_rows, upper, min_version
-                ):
-                    result.setdefault(row, {})[(family, qualifier)] = [(version, value)]
-            wanted = [(row, family, q) for row in wanted_rows for family, q in cells]
-            for chunk in _chunks(wanted, _CELLS_PER_STATEMENT):
-                params: list[object] = []
-                for row, family, qualifier in chunk:
-                    params += (tid, family, row, qualifier, upper, min_version, limit)
-                found: dict[int, list[Version]] = {}
-                for index, version, value in conn.execute(_versions_sql(len(chunk)), params):
-                    found.setdefault(index, []).append((version, value))
-                for index, versions in found.items():
-                    row, family, qualifier = chunk[index]
-                    # Newest first (each part is ordered; sorting again costs nothing and does
-                    # not rely on how SQLite orders a compound select).
-                    versions.sort(reverse=True)
-                    result.setdefault(row, {})[(family, qualifier)] = versions
-        return result
-
-    @staticmethod
-    def _read_families(
-        conn: sqlite3.Connection,
-        tid: int,
-        families: Sequence[str],
-        rows: Sequence[bytes],
-        before: int,
-        min_version: int,
-    ) -> Iterator[tuple[bytes, str, bytes, int, bytes]]:
-        """The newest version in range of every cell of whole families of some rows.
-
-        ``max()`` with bare columns: SQLite takes ``value`` from the row holding the maximum.
-        This visits every version below ``before`` of the cells read (explicit columns, in
-        contrast, seek their newest version directly), so it costs more on cells with many
-        versions that garbage collection has not trimmed yet.
-        """
-        for chunk in _chunks(rows, _ROWS_PER_STATEMENT):
-            sql = (
-                "SELECT row, family, qualifier, max(version), value FROM cells"
-                f" WHERE tid = ? AND family IN ({_marks(len(families))})"
-                f" AND row IN ({_marks(len(chunk))}) AND version < ? AND version >= ?"
-                " GROUP BY family, row, qualifier"
-            )
-            yield from conn.execute(sql, [tid, *families, *chunk, before, min_version])
+        with self._errors(f"read_rows({table!r})"):
+            known = self._tables.get(table)
+            if known is not None:
+                plan = _ReadPlan(known, rows, columns, families, upper, min_version, max_versions)
+                if plan.single_statement:
+                    found = plan.run_checked(self._conn(), table)
+                    if found is not None:
+                        return found
+                    self._tables.pop(table, None)  # dropped (perhaps created again) since
+            with self._read() as conn:
+                known = self._table(conn, table)
+                self._tables[table] = known
+                plan = _ReadPlan(known, rows, columns, families, upper, min_version, max_versions)
+                return plan.run(conn)
 
     def scan(
         self, table: str, family: str, options: ScanOptions | None = None
@@ -861,6 +835,111 @@ class EmbeddedStore(Store):
             tid, _ = self._table(conn, table)
             dropped: int = conn.execute("DELETE FROM delete_masks WHERE tid = ?", (tid,)).rowcount
             return dropped
+
+
+class _ReadPlan:
+    """The statements of one :meth:`EmbeddedStore.read_rows` call, checked against the
+    table's families: explicit cells, up to :data:`_CELLS_PER_STATEMENT` per statement
+    (each seeks its cell's newest version directly), and whole families, up to
+    :data:`_ROWS_PER_STATEMENT` rows per statement."""
+
+    def __init__(
+        self,
+        table: tuple[int, Mapping[str, FamilySpec]],
+        rows: Sequence[bytes],
+        columns: Sequence[Column] | None,
+        families: Sequence[str] | None,
+        upper: int,
+        min_version: int,
+        max_versions: int,
+    ) -> None:
+        self.tid, table_families = table
+        check_read_args(rows, columns, families, upper, min_version, max_versions, table_families)
+        self.rows = list(dict.fromkeys(rows))
+        selection = selection_by_family(columns, families, table_families)
+        # check_read_args allows whole families only with max_versions=1
+        self.whole = [family for family, qualifiers in selection if qualifiers is None]
+        cells = [
+            (family, qualifier) for family, qualifiers in selection for qualifier in qualifiers or ()
+        ]
+        self.cells = [(row, family, q) for row in self.rows for family, q in cells]
+        self.upper = upper
+        self.min_version = min_version
+        self.limit = min(max_versions, UNLIMITED_VERSIONS)  # no cell keeps more versions
+
+    @property
+    def single_statement(self) -> bool:
+        """Explicit cells only, few enough for one statement."""
+        return not self.whole and 0 < len(self.cells) <= _CELLS_PER_STATEMENT
+
+    def run(self, conn: sqlite3.Connection) -> dict[bytes, RowCells]:
+        """Every statement, on ``conn`` (inside the caller's read transaction if more than
+        one)."""
+        result: dict[bytes, RowCells] = {}
+        if self.whole:
+            for row, family, qualifier, version, value in self._read_families(conn):
+                result.setdefault(row, {})[(family, qualifier)] = [(version, value)]
+        for chunk in _chunks(self.cells, _CELLS_PER_STATEMENT):
+            sql, params = self._cells_statement(chunk)
+            self._add_cells(result, chunk, conn.execute(sql, params))
+        return result
+
+    def run_checked(self, conn: sqlite3.Connection, table: str) -> dict[bytes, RowCells] | None:
+        """The one statement (see :attr:`single_statement`), run on its own; None if
+        ``table`` no longer has the id this plan was made for (dropped since)."""
+        sql, params = self._cells_statement(self.cells)
+        cursor = conn.execute(_TABLE_STILL_SQL + sql, [self.tid, table, *params])
+        found = cursor.fetchall()
+        cells = [row for row in found if row[0] != -1]
+        if len(cells) == len(found):
+            return None
+        result: dict[bytes, RowCells] = {}
+        self._add_cells(result, self.cells, cells)
+        return result
+
+    def _cells_statement(
+        self, chunk: Sequence[tuple[bytes, str, bytes]]
+    ) -> tuple[str, list[object]]:
+        params: list[object] = []
+        for row, family, qualifier in chunk:
+            params += (self.tid, family, row, qualifier, self.upper, self.min_version, self.limit)
+        return _versions_sql(len(chunk)), params
+
+    @staticmethod
+    def _add_cells(
+        result: dict[bytes, RowCells],
+        chunk: Sequence[tuple[bytes, str, bytes]],
+        found_rows: Iterable[tuple[int, int, bytes]],
+    ) -> None:
+        found: dict[int, list[Version]] = {}
+        for index, version, value in found_rows:
+            found.setdefault(index, []).append((version, value))
+        for index, versions in found.items():
+            row, family, qualifier = chunk[index]
+            # Newest first (each part is ordered; sorting again costs nothing and does not
+            # rely on how SQLite orders a compound select).
+            versions.sort(reverse=True)
+            result.setdefault(row, {})[(family, qualifier)] = versions
+
+    def _read_families(
+        self, conn: sqlite3.Connection
+    ) -> Iterator[tuple[bytes, str, bytes, int, bytes]]:
+        """The newest version in range of every cell of whole families of the rows.
+
+        ``max()`` with bare columns: SQLite takes ``value`` from the row holding the maximum.
+        This visits every version below ``upper`` of the cells read (explicit columns, in
+        contrast, seek their newest version directly), so it costs more on cells with many
+        versions that garbage collection has not trimmed yet.
+        """
+        for chunk in _chunks(self.rows, _ROWS_PER_STATEMENT):
+            sql = (
+                "SELECT row, family, qualifier, max(version), value FROM cells"
+                f" WHERE tid = ? AND family IN ({_marks(len(self.whole))})"
+                f" AND row IN ({_marks(len(chunk))}) AND version < ? AND version >= ?"
+                " GROUP BY family, row, qualifier"
+            )
+            params = [self.tid, *self.whole, *chunk, self.upper, self.min_version]
+            yield from conn.execute(sql, params)
 
 
 class _WriteRequest:

@@ -17,7 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from percolator.errors import InvalidArgumentError, StoreError, StoreUnavailableError
+from percolator.errors import (
+    InvalidArgumentError,
+    StoreError,
+    StoreUnavailableError,
+    TableNotFoundError,
+)
 from percolator.store import Delete, FamilySpec, Put, ScanOptions, Store, open_store
 from percolator.store.embedded import DB_FILE, EmbeddedStore
 from tests.store._store_worker import batch_rows
@@ -300,6 +305,51 @@ def test_a_failing_call_undoes_only_itself_in_its_write_group(tmp_path: Path) ->
                     assert cells[("l", b"q")][0][1] == b"locked"
                     assert cells[("d", b"q")] == [(1, b"v")]
         assert outcomes == {}
+
+
+def test_a_table_dropped_and_created_again_by_another_process_is_read_anew(
+    tmp_path: Path,
+) -> None:
+    """Reads remember a table's id; another process (here another instance) dropping the
+    table and creating one of the same name must not leave them reading the old id."""
+    path = str(tmp_path / "store")
+    with EmbeddedStore(path) as reader, EmbeddedStore(path) as other:
+        reader.create_table("t", FAMILIES)
+        reader.put("t", [Put(b"r", "d", b"q", 1, b"old")])
+        assert reader.read_row("t", b"r", [("d", b"q")]) == {("d", b"q"): [(1, b"old")]}
+        assert reader.read_row("t", b"r", [("d", b"q")]) == {("d", b"q"): [(1, b"old")]}
+        other.drop_table("t")
+        other.create_table("t", [FamilySpec("d", max_versions=1)])
+        other.put("t", [Put(b"r", "d", b"q", 2, b"new")])
+        assert reader.read_row("t", b"r", [("d", b"q")]) == {("d", b"q"): [(2, b"new")]}
+        # The new table's families, not the old one's, are what the read is checked against.
+        with pytest.raises(InvalidArgumentError):
+            reader.read_row("t", b"r", [("l", b"q")])
+        other.drop_table("t")
+        with pytest.raises(TableNotFoundError):
+            reader.read_row("t", b"r", [("d", b"q")])
+
+
+def test_a_small_read_is_one_statement_and_a_lone_write_has_no_savepoint(
+    tmp_path: Path,
+) -> None:
+    """Every SQLite statement costs a GIL hand-off, so the common calls are pinned: a read
+    of a few cells of a known table is one statement (its own snapshot), and a write call
+    alone in its group is BEGIN IMMEDIATE, its statements, COMMIT."""
+    with EmbeddedStore(str(tmp_path / "store")) as store:
+        store.create_table("t", FAMILIES)
+        store.put("t", [Put(b"r", "d", b"q", 1, b"v")])
+        store.read_row("t", b"r", [("d", b"q")])  # learns the table
+        statements: list[str] = []
+        store._conn().set_trace_callback(statements.append)
+        cells = store.read_rows("t", [b"r", b"s"], [("d", b"q"), ("l", b"q")])
+        assert cells == {b"r": {("d", b"q"): [(1, b"v")]}}
+        assert len(statements) == 1 and statements[0].startswith("SELECT"), statements
+        statements.clear()
+        assert store.compare_and_set("t", b"r", "l", b"q", None, b"lock")
+        verbs = [s.split()[0] for s in statements]
+        assert verbs[0] == "BEGIN" and verbs[-1] == "COMMIT", statements
+        assert "SAVEPOINT" not in verbs and len(verbs) <= 5, statements
 
 
 def test_finished_threads_do_not_leak_connections(tmp_path: Path) -> None:
