@@ -860,7 +860,9 @@ class _ReadPlan:
         # check_read_args allows whole families only with max_versions=1
         self.whole = [family for family, qualifiers in selection if qualifiers is None]
         cells = [
-            (family, qualifier) for family, qualifiers in selection for qualifier in qualifiers or ()
+            (family, qualifier)
+            for family, qualifiers in selection
+            for qualifier in qualifiers or ()
         ]
         self.cells = [(row, family, q) for row in self.rows for family, q in cells]
         self.upper = upper
