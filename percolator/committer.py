@@ -18,10 +18,13 @@ Order of steps, each marked with its failpoint:
    ``commit.primary_cas_applied``): compare-and-set the primary's lock cell from our exact
    lock bytes to ``Committed{commit_ts}``.  Failure means someone rolled us back: abort.  An
    unknown outcome raises :class:`UndeterminedCommitError`, never a guess;
-5. write records of every cell at ``commit_ts`` in one batch per table, concurrently with
-   the compare-and-sets of each secondary to ``Committed`` (``commit.after_write_records``
-   once both are done, ``commit.after_secondaries``).  Failures after the commit point are
-   left to lazy roll-forward by readers.
+   On a store with conditional puts the primary's write record and commit-index entry
+   ride on that compare-and-set (protocol/commit.py: ``primary_commit_puts``);
+5. write records of every cell at ``commit_ts`` (the primary's unless they rode on the
+   commit point) in one batch per table, concurrently with the compare-and-sets of each
+   secondary to ``Committed`` (``commit.after_write_records`` once both are done,
+   ``commit.after_secondaries``).  Failures after the commit point are left to lazy
+   roll-forward by readers.
 
 While the locks are held, a heartbeat extends the primary's TTL so a long commit is not
 rolled back by others.  On any error before the commit point, every lock this transaction
@@ -54,6 +57,7 @@ from percolator.protocol.cells import CellKey, Mutation, RawCell
 from percolator.protocol.commit import (
     commit_primary,
     commit_secondaries,
+    primary_commit_puts,
     put_index_entry,
     record_puts,
 )
@@ -107,6 +111,8 @@ class Committer:
         #: set when an interrupt struck while the commit point's compare-and-set was in
         #: flight: the transaction may or may not have committed
         self.undetermined = False
+        #: the primary's write record and commit-index entry rode on the commit point
+        self._primary_record_rides = False
         self.commit_ts = 0
         self._heartbeat: Beat | None = None
 
@@ -245,12 +251,17 @@ class Committer:
             self._committing = True
             expected = self._primary_bytes
             assert expected is not None
+            then_put = primary_commit_puts(
+                self._ctx.store, self.primary.key, self.primary.kind, self.start_ts, commit_ts
+            )
+            self._primary_record_rides = bool(then_put)
             commit_primary(
                 self._ctx.store,
                 self.primary.key,
                 self.start_ts,
                 commit_ts,
                 expected,
+                then_put=then_put,
                 on_committed=self._on_primary_committed,
                 on_undetermined=self._on_undetermined,
             )
@@ -268,12 +279,16 @@ class Committer:
         ctx = self._ctx
         try:
             failpoints.failpoint("commit.after_primary")
-            cells = [(m.key, m.kind) for m in (self.primary, *self.secondaries)]
-            # The primary's commit-index entry before its record (MUST, see
-            # percolator/protocol/commit.py): in a put of its own unless the store's puts
-            # are atomic, then in the same put as the record.
-            put_index_entry(ctx.store, self.primary.key, self.start_ts, commit_ts)
-            records = record_puts(ctx.store, self.primary.key, cells, self.start_ts, commit_ts)
+            cells = [(m.key, m.kind) for m in self.secondaries]
+            primary: CellKey | None = None
+            if not self._primary_record_rides:  # else it rode on the commit point
+                primary = self.primary.key
+                cells.insert(0, (primary, self.primary.kind))
+                # The primary's commit-index entry before its record (MUST, see
+                # percolator/protocol/commit.py): in a put of its own unless the store's
+                # puts are atomic, then in the same put as the record.
+                put_index_entry(ctx.store, primary, self.start_ts, commit_ts)
+            records = record_puts(ctx.store, primary, cells, self.start_ts, commit_ts)
             with self._locked_guard:
                 lock_bytes = dict(self._locked)
             # The records ride with the secondaries' compare-and-sets, one store call per

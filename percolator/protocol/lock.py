@@ -41,8 +41,18 @@ from percolator.records import LockCell, LockInfo
 from percolator.store.base import CompareAndSet, Put, Store
 
 
-def _cas(store: Store, key: CellKey, expected: bytes | None, new: bytes) -> bool:
-    return store.compare_and_set(key.table, key.row, LOCK, key.qualifier, expected, new)
+def _cas(
+    store: Store,
+    key: CellKey,
+    expected: bytes | None,
+    new: bytes,
+    then_put: tuple[Put, ...] = (),
+) -> bool:
+    if not then_put:
+        return store.compare_and_set(key.table, key.row, LOCK, key.qualifier, expected, new)
+    item = CompareAndSet(key.row, LOCK, key.qualifier, expected, new, then_put)
+    [applied] = store.compare_and_set_many(key.table, [item])
+    return applied
 
 
 def _cas_many(
@@ -112,12 +122,21 @@ def extend_lock(store: Store, key: CellKey, lock_bytes: bytes, ttl_ms: int) -> b
     return new if _cas(store, key, lock_bytes, new) else None
 
 
-def commit_lock(store: Store, key: CellKey, lock_bytes: bytes, commit_ts: int) -> bool:
+def commit_lock(
+    store: Store,
+    key: CellKey,
+    lock_bytes: bytes,
+    commit_ts: int,
+    then_put: tuple[Put, ...] = (),
+) -> bool:
     """The lock held in ``lock_bytes`` becomes ``Committed{commit_ts}``.  On a primary this
     is the commit point of the whole transaction; on any other cell it is the roll-forward
-    and needs the cell's write record first (commit.commit_cell puts it)."""
+    and needs the cell's write record first (commit.commit_cell puts it).
+
+    ``then_put``: puts of ``key``'s row that land with the change, atomically, and only if
+    it applies (needs ``store.conditional_puts``; see :class:`CompareAndSet`)."""
     new = _held(key, lock_bytes).committed(commit_ts).encode()
-    return _cas(store, key, lock_bytes, new)
+    return _cas(store, key, lock_bytes, new, then_put)
 
 
 def commit_locks(

@@ -26,7 +26,10 @@ What is atomic (this is the whole contract the transaction protocol relies on)
   :meth:`Store.compare_and_set_many` runs many such compare-and-sets in one call: each is
   atomic on its own, the batch is not (the embedded store runs them in one write
   transaction, HBase in parallel calls).  Blind puts of the same table may ride in that
-  call, in no order relative to the compare-and-sets.
+  call, in no order relative to the compare-and-sets.  On a store whose
+  :attr:`Store.conditional_puts` is True (memory, embedded), a compare-and-set may also carry
+  puts of its own row that land with it, atomically, and only if it applies
+  (:attr:`CompareAndSet.then_put`).
 * :meth:`Store.put` is atomic per row and version only (on HBase, cells of one row at
   different versions go in separate calls); a batch spanning rows may be applied partially
   if the call fails.  A store whose :attr:`Store.put_is_atomic` is True (memory, embedded)
@@ -54,6 +57,8 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+
+from percolator.errors import InvalidArgumentError
 
 # A version is (timestamp, value); lists of versions are always newest first.
 Version = tuple[int, bytes]
@@ -98,13 +103,19 @@ class Put:
 @dataclass(frozen=True)
 class CompareAndSet:
     """One cell's compare-and-set in :meth:`Store.compare_and_set_many`: if the newest
-    version of the cell equals ``expected`` (``None``: absent or empty), write ``new``."""
+    version of the cell equals ``expected`` (``None``: absent or empty), write ``new``.
+
+    ``then_put``: puts in the **same row**, written in the same atomic step as ``new`` and
+    only if the compare-and-set applies (HBase's ``checkAndMutate``).  Only on a store whose
+    :attr:`Store.conditional_puts` is True; any other store refuses a non-empty
+    ``then_put`` with :class:`~percolator.errors.InvalidArgumentError` before writing."""
 
     row: bytes
     family: str
     qualifier: bytes
     expected: bytes | None
     new: bytes
+    then_put: tuple[Put, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -173,6 +184,10 @@ class Store(abc.ABC):
     #: caller that needs one put stored before another may then send both in one call
     #: (percolator/protocol/commit.py does, for a commit-index entry and its record).
     put_is_atomic: bool = False
+    #: True if a compare-and-set can carry puts of its row, applied with it and only if it
+    #: applies (:attr:`CompareAndSet.then_put`; memory, embedded).  HBase through Thrift-1
+    #: cannot: its ``checkAndPut`` carries one unversioned mutation.
+    conditional_puts: bool = False
 
     def __init__(self) -> None:
         self.stats = StoreStats()
@@ -298,9 +313,14 @@ class Store(abc.ABC):
         or may not have landed (puts are idempotent: re-put them).
 
         This default puts first, then runs the compare-and-sets one after the other through
-        :meth:`compare_and_set` (so it checks each item only as it comes to it); the
-        backends override it (memory: under one lock; embedded: one write transaction;
-        HBase: parallel calls)."""
+        :meth:`compare_and_set` (so it checks each item only as it comes to it, and refuses
+        ``then_put``: see :attr:`conditional_puts`); the backends override it (memory: under
+        one lock; embedded: one write transaction; HBase: parallel calls)."""
+        if any(isinstance(c, CompareAndSet) and c.then_put for c in items):
+            raise InvalidArgumentError(
+                f"store {self.url} cannot put with a compare-and-set (conditional_puts is "
+                "False): send the puts in calls of their own"
+            )
         if puts:
             self.put(table, puts)
         return [

@@ -183,7 +183,9 @@ def value_in_ranges(value: bytes, ranges: Sequence[tuple[bytes, bytes | None]]) 
     return any(low <= value and (high is None or value < high) for low, high in ranges)
 
 
-def check_put(put: object, table_families: Mapping[str, object]) -> None:
+def check_put(put: object, table_families: Mapping[str, object] | None) -> None:
+    """The checks of one put (``table_families`` None: the family is checked by the
+    caller)."""
     if not isinstance(put, Put):
         raise InvalidArgumentError(f"puts must hold Put, got {put!r}")
     check_cell_args(put.row, put.family, put.qualifier, table_families)
@@ -201,11 +203,13 @@ def check_compare_and_set(item: CompareAndSet, table_families: Mapping[str, obje
 
 
 def check_compare_and_sets(
-    items: object, table_families: Mapping[str, object] | None
+    items: object, table_families: Mapping[str, object] | None, *, conditional_puts: bool
 ) -> Sequence[CompareAndSet]:
     """The checks of :meth:`Store.compare_and_set_many`'s items (``table_families`` None:
     families are checked by the caller): each a well-formed :class:`CompareAndSet`, and no
-    two on one cell (the backends do not order the items of a call)."""
+    two on one cell (the backends do not order the items of a call).  Puts riding on an
+    item (``then_put``) must be well-formed puts of its row, and only where the store has
+    ``conditional_puts``."""
     cells = set()
     for item in check_sequence(items, "items"):
         if not isinstance(item, CompareAndSet):
@@ -218,6 +222,25 @@ def check_compare_and_sets(
                 f"{item.family}:{item.qualifier!r}"
             )
         cells.add(cell)
+        if not isinstance(item.then_put, tuple):
+            raise InvalidArgumentError(f"then_put must be a tuple of Put, got {item.then_put!r}")
+        if item.then_put and not conditional_puts:
+            raise InvalidArgumentError(
+                "this store cannot put with a compare-and-set (conditional_puts is False): "
+                "send the puts in calls of their own"
+            )
+        for put in item.then_put:
+            check_put(put, table_families)
+            if put.row != item.row:
+                raise InvalidArgumentError(
+                    f"a compare-and-set of row {item.row!r} carries a put of another row "
+                    f"{put.row!r}: then_put is atomic only within the row"
+                )
+            if (put.family, put.qualifier) == (item.family, item.qualifier):
+                raise InvalidArgumentError(
+                    f"a compare-and-set of row {item.row!r}, column {item.family}:"
+                    f"{item.qualifier!r} carries a put of its own cell"
+                )
     return items  # type: ignore[return-value]  # checked above
 
 

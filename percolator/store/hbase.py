@@ -1089,7 +1089,7 @@ class HBaseStore(Store):
         check_table_name(table)
 
         def check(known: Mapping[str, object]) -> None:
-            check_compare_and_sets(items, known)
+            check_compare_and_sets(items, known, conditional_puts=False)
             for p in check_sequence(puts, "puts"):
                 check_put(p, known)
 

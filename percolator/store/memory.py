@@ -100,6 +100,7 @@ class MemoryStore(Store):
     """An in-process store with HBase's semantics.  Thread-safe; every call is atomic."""
 
     put_is_atomic = True
+    conditional_puts = True
 
     _registry: ClassVar[dict[str, MemoryStore]] = {}
     _registry_lock: ClassVar[threading.Lock] = threading.Lock()
@@ -311,7 +312,7 @@ class MemoryStore(Store):
         check_table_name(table)
         with self._lock:
             tbl = self._table(table)
-            check_compare_and_sets(items, tbl.families)
+            check_compare_and_sets(items, tbl.families, conditional_puts=True)
             # _put checks the puts before applying any: a bad put raises before anything
             # of the call is written (the compare-and-sets come after it).
             self.stats.count("compare_and_set_many")
@@ -333,6 +334,8 @@ class MemoryStore(Store):
         if cell is not None and cell.neg_versions:
             stamp = max(stamp, -cell.neg_versions[0])
         self._apply_put(tbl, item.row, item.family, item.qualifier, stamp, item.new)
+        for put in item.then_put:  # checked with the item
+            self._apply_put(tbl, put.row, put.family, put.qualifier, put.version, put.value)
         return True
 
     def delete_versions(self, table: str, deletes: Sequence[Delete]) -> None:

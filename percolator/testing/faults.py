@@ -28,8 +28,10 @@ every matching ``before`` / ``after`` hook runs.
 
 ``read_row`` and ``table_exists`` reach the store through ``read_rows`` and ``list_tables``, and
 ``compare_and_set_many`` through one ``compare_and_set`` per item, in order, so rules on those
-cover them too.  A ``scan`` is checked when the caller starts iterating it, as
-a real backend's scanner would fail.  The wrapper shares the inner store's ``url`` and
+cover them too (an item carrying ``then_put`` reaches the inner store whole, and the rules see
+``then_put`` among its arguments; the wrapper has the inner store's ``conditional_puts``).
+A ``scan`` is checked when the caller starts iterating it, as a real backend's scanner would
+fail.  The wrapper shares the inner store's ``url`` and
 ``stats``, so round trips are counted as before.
 """
 
@@ -44,6 +46,7 @@ from typing import Any
 from percolator.errors import StoreUnavailableError
 from percolator.store.base import (
     Column,
+    CompareAndSet,
     Delete,
     FamilySpec,
     Put,
@@ -119,6 +122,7 @@ class FaultyStore(Store):
         #: each its own ``put`` call for the rules: the weakest atomicity the Store contract
         #: allows (HBase's), so a test can stop a put half-way.
         self.split_puts = split_puts
+        self.conditional_puts = inner.conditional_puts
         self.url = inner.url
         self.stats = inner.stats
         self._rules: list[Rule] = []
@@ -349,6 +353,37 @@ class FaultyStore(Store):
             lambda: self.inner.compare_and_set(table, row, family, qualifier, expected, new),
         )
         return applied
+
+    def compare_and_set_many(
+        self, table: str, items: Sequence[CompareAndSet], puts: Sequence[Put] = ()
+    ) -> list[bool]:
+        """As :meth:`Store.compare_and_set_many`'s default (the puts first, then one
+        ``compare_and_set`` per item), except that an item carrying ``then_put`` goes to the
+        inner store whole, so its puts land with it or not at all."""
+        if not any(isinstance(item, CompareAndSet) and item.then_put for item in items):
+            return super().compare_and_set_many(table, items, puts)
+        if not self.conditional_puts:
+            return super().compare_and_set_many(table, items, puts)  # refuses them
+        if puts:
+            self.put(table, puts)
+        results: list[bool] = []
+        for item in items:
+            args = {
+                "table": table,
+                "row": item.row,
+                "family": item.family,
+                "qualifier": item.qualifier,
+                "expected": item.expected,
+                "new": item.new,
+                "then_put": item.then_put,
+            }
+            [applied] = self._call(
+                "compare_and_set",
+                args,
+                partial(self.inner.compare_and_set_many, table, [item]),
+            )
+            results.append(applied)
+        return results
 
     def delete_versions(self, table: str, deletes: Sequence[Delete]) -> None:
         self._call(

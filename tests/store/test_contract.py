@@ -482,6 +482,50 @@ def test_cas_many_carries_puts(store: Store, table: str) -> None:
     assert versions_of(store, table, b"d", "d", b"q") == [(3, b"d")]
 
 
+def test_then_put_lands_with_its_compare_and_set_only(store: Store, table: str) -> None:
+    # Puts of the item's row that land only if the compare-and-set applies, atomically with
+    # it; a store without conditional puts refuses them before writing anything.
+    store.put(table, [Put(b"a", "l", b"q", 5, b"A")])
+    record_a = Put(b"a", "w", b"q", 9, b"record a")
+    record_b = Put(b"b", "w", b"q", 9, b"record b")
+    items = [
+        CompareAndSet(b"a", "l", b"q", b"A", b"A2", (record_a, Put(b"a", "d", b"x", 9, b"x"))),
+        CompareAndSet(b"b", "l", b"q", b"stale", b"B", (record_b,)),
+    ]
+    if not store.conditional_puts:
+        must_reject("then_put", store.compare_and_set_many, table, items)
+        assert read_cell_of(store, table, b"a", "l", b"q") == b"A"
+        assert store.read_row(table, b"a", families=["w", "d"]) == {}
+        return
+    assert store.compare_and_set_many(table, items) == [True, False]
+    assert read_cell_of(store, table, b"a", "l", b"q") == b"A2"
+    assert versions_of(store, table, b"a", "w", b"q") == [(9, b"record a")]
+    assert versions_of(store, table, b"a", "d", b"x") == [(9, b"x")]
+    assert store.read_row(table, b"b") == {}
+
+
+def test_a_bad_then_put_fails_the_call_before_writing(store: Store, table: str) -> None:
+    if not store.conditional_puts:
+        return  # refused whatever it holds: the test above
+    good = Put(b"good", "w", b"q", 1, b"v")
+    bad_then_puts = [
+        (Put(b"other", "w", b"q", 1, b"another row"),),
+        (Put(b"good", "l", b"q", 1, b"its own cell"),),
+        (Put(b"good", "nope", b"q", 1, b"unknown family"),),
+        (Put(b"good", "w", b"q", -1, b"bad version"),),
+        [good],  # not a tuple
+        ("not a put",),
+    ]
+    for then_put in bad_then_puts:
+        items = [
+            CompareAndSet(b"first", "l", b"q", None, b"v", (Put(b"first", "w", b"q", 1, b"v"),)),
+            CompareAndSet(b"good", "l", b"q", None, b"v", then_put),  # type: ignore[arg-type]
+        ]
+        must_reject(then_put, store.compare_and_set_many, table, items, [good])
+        for row in (b"first", b"good"):
+            assert store.read_row(table, row) == {}, f"after {then_put!r}"
+
+
 def test_a_bad_put_fails_compare_and_set_many_before_writing(store: Store, table: str) -> None:
     item = CompareAndSet(b"good", "l", b"q", None, b"v")
     good = Put(b"good", "d", b"q", 1, b"v")

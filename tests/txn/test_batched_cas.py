@@ -23,7 +23,7 @@ import pytest
 
 import percolator
 from percolator.errors import PercolatorError, StoreUnavailableError
-from percolator.layout import LOCK, WRITE
+from percolator.layout import LOCK, WRITE, commit_index_qualifier
 from percolator.store import Store
 from percolator.store.base import CompareAndSet, Put
 from percolator.testing import FaultyStore, ManualOracle
@@ -136,34 +136,46 @@ def test_a_commit_sends_one_lock_batch_per_table(store: Store) -> None:
         txn.commit()
         calls = {op: n - before.get(op, 0) for op, n in store.stats.calls.items()}
         # Prewrite: the primary's lock first (1 batch), then the secondaries' locks, one
-        # batch per table (2); the commit point alone (not a batch); the secondaries'
-        # commits, one batch per table (2).
-        assert calls.get("compare_and_set_many") == 5, calls
+        # batch per table (2); the commit point alone (a batch of one where it carries the
+        # primary's record); the secondaries' commits, one batch per table (2).
+        assert calls.get("compare_and_set_many") == 5 + store.conditional_puts, calls
         assert calls.get("compare_and_set") == 4 + 1 + 3, calls
     finally:
         client.close()
 
 
-def test_a_one_cell_commit_makes_three_write_calls_where_puts_are_atomic(store: Store) -> None:
+def test_a_one_cell_commit_makes_two_write_calls_where_puts_are_conditional(
+    store: Store,
+) -> None:
     client = connect(store)
     try:
         txn = client.transaction()
-        txn.set("ba", uuid.uuid4().hex.encode(), "c", b"v")
+        row_written = uuid.uuid4().hex.encode()
+        txn.set("ba", row_written, "c", b"v")
         before = dict(store.stats.calls)
         txn.commit()
         calls = {op: n - before.get(op, 0) for op, n in store.stats.calls.items()}
-        # The lock with the data put in one call, the commit point, then the write record
-        # with the commit-index entry: in one put where a put call is atomic, else the
-        # entry first in a put of its own (protocol/commit.py: MUST).
-        assert calls.get("compare_and_set_many") == 1, calls
-        assert calls.get("compare_and_set") == 2, calls
-        if store.put_is_atomic:
-            assert calls.get("put") == 1, calls
+        if store.conditional_puts:
+            # The lock with the data put in one call; the commit point with the write
+            # record and the commit-index entry riding on it: two write calls.
+            assert calls.get("compare_and_set_many") == 2, calls
+            assert calls.get("compare_and_set") == 2, calls
+            assert calls.get("put", 0) == 0, calls
         else:
+            # The lock with the data put, the commit point, then the commit-index entry in
+            # a put of its own and the record (protocol/commit.py: MUST).
+            assert calls.get("compare_and_set_many") == 1, calls
+            assert calls.get("compare_and_set") == 2, calls
             assert calls.get("put", 0) >= 2, calls
+        # From the stored data: committed, unlocked, the record and index entry in place.
+        stored = read_all(store, ["ba"])
+        assert not locked_cells(stored)
+        [history] = [h for h in stored if h.row == row_written]
+        assert [commit_ts for commit_ts, _ in history.writes] == [txn.commit_ts]
+        index = store.read_row("ba", row_written, [(WRITE, commit_index_qualifier(b"c"))])
+        assert index[(WRITE, commit_index_qualifier(b"c"))][0][0] == txn.start_ts
     finally:
         client.close()
-
 
 
 # Call 2 (the secondaries' locks of ``ba``) is left out: its failure stops ``bb``'s batch,
