@@ -311,34 +311,39 @@ def crash_run(url: str, tmp_path: Path, duration_s: float) -> None:
         )
         started += 1
 
-    with Readers(client, threads=1) as readers:
-        for slot in range(3):
-            start(slot)
-        deadline = time.monotonic() + duration_s
-        while time.monotonic() < deadline:
-            time.sleep(rng.uniform(0.2, 0.6))
-            for slot, proc in procs.items():
-                if proc.poll() is not None:  # died by its own crash failpoint
-                    assert proc.returncode == -signal.SIGKILL, (
-                        f"worker {slot} exited with {proc.returncode}:\n"
-                        + (tmp_path / f"slot{slot}.out").read_text()[-3000:]
-                    )
-                    self_crashed += 1
-                    start(slot)
-            victim = rng.randrange(1, 3)  # slot 0 is left to its crash failpoint
-            procs[victim].send_signal(signal.SIGKILL)
-            procs[victim].wait()
-            killed += 1
-            start(victim)
-        if self_crashed == 0:  # a slow start (HBase): wait for worker 0's crash, under load
-            assert procs[0].wait(timeout=120) == -signal.SIGKILL, (
-                tmp_path / "slot0.out"
-            ).read_text()[-3000:]
-            self_crashed += 1
-    # The readers have stopped: what the last kills leave is for the final read pass.
-    for proc in procs.values():
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+    try:
+        with Readers(client, threads=1) as readers:
+            for slot in range(3):
+                start(slot)
+            deadline = time.monotonic() + duration_s
+            while time.monotonic() < deadline:
+                time.sleep(rng.uniform(0.2, 0.6))
+                for slot, proc in procs.items():
+                    if proc.poll() is not None:  # died by its own crash failpoint
+                        assert proc.returncode == -signal.SIGKILL, (
+                            f"worker {slot} exited with {proc.returncode}:\n"
+                            + (tmp_path / f"slot{slot}.out").read_text()[-3000:]
+                        )
+                        self_crashed += 1
+                        start(slot)
+                victim = rng.randrange(1, 3)  # slot 0 is left to its crash failpoint
+                procs[victim].send_signal(signal.SIGKILL)
+                procs[victim].wait()
+                killed += 1
+                start(victim)
+            if self_crashed == 0:  # a slow start (HBase): wait for worker 0's crash, under load
+                assert procs[0].wait(timeout=120) == -signal.SIGKILL, (
+                    tmp_path / "slot0.out"
+                ).read_text()[-3000:]
+                self_crashed += 1
+    finally:
+        # Workers run transfers until killed; also when an assertion above failed, or they
+        # would outlive the test.  The readers have stopped: what these kills leave is for
+        # the final read pass.
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
     # Two last workers die in the middle of their first commit, so the final pass surely has
     # locks to resolve: one after the commit point (roll forward), one before (roll back).
     for n, point in enumerate(["commit.after_primary", "prewrite.after_secondaries"]):
