@@ -90,6 +90,7 @@ from functools import lru_cache
 from typing import Any, TypeVar
 
 from percolator.errors import (
+    InvalidArgumentError,
     PercolatorError,
     StoreError,
     StoreUnavailableError,
@@ -629,9 +630,15 @@ class EmbeddedStore(Store):
         upper = MAX_BEFORE if before is None else before
         with self._errors(f"read_rows({table!r})"):
             known = self._tables.get(table)
+            plan: _ReadPlan | None = None
             if known is not None:
-                plan = _ReadPlan(known, rows, columns, families, upper, min_version, max_versions)
-                if plan.single_statement:
+                # Arguments refused by the families of a table dropped since are checked
+                # again below, against the table of that name now.
+                with suppress(InvalidArgumentError):
+                    plan = _ReadPlan(
+                        known, rows, columns, families, upper, min_version, max_versions
+                    )
+                if plan is not None and plan.single_statement:
                     found = plan.run_checked(self._conn(), table)
                     if found is not None:
                         return found

@@ -319,12 +319,16 @@ def test_a_table_dropped_and_created_again_by_another_process_is_read_anew(
         assert reader.read_row("t", b"r", [("d", b"q")]) == {("d", b"q"): [(1, b"old")]}
         assert reader.read_row("t", b"r", [("d", b"q")]) == {("d", b"q"): [(1, b"old")]}
         other.drop_table("t")
-        other.create_table("t", [FamilySpec("d", max_versions=1)])
-        other.put("t", [Put(b"r", "d", b"q", 2, b"new")])
+        other.create_table("t", [FamilySpec("d", max_versions=1), FamilySpec("x")])
+        other.put("t", [Put(b"r", "d", b"q", 2, b"new"), Put(b"r", "x", b"q", 2, b"x")])
         assert reader.read_row("t", b"r", [("d", b"q")]) == {("d", b"q"): [(2, b"new")]}
-        # The new table's families, not the old one's, are what the read is checked against.
+        # The new table's families, not the old one's, are what a read is checked against.
         with pytest.raises(InvalidArgumentError):
             reader.read_row("t", b"r", [("l", b"q")])
+        other.drop_table("t")
+        other.create_table("t", [FamilySpec("y")])
+        other.put("t", [Put(b"r", "y", b"q", 3, b"y")])
+        assert reader.read_row("t", b"r", [("y", b"q")]) == {("y", b"q"): [(3, b"y")]}
         other.drop_table("t")
         with pytest.raises(TableNotFoundError):
             reader.read_row("t", b"r", [("d", b"q")])
