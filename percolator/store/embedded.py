@@ -646,7 +646,10 @@ class EmbeddedStore(Store):
             with self._read() as conn:
                 known = self._table(conn, table)
                 self._tables[table] = known
-                plan = _ReadPlan(known, rows, columns, families, upper, min_version, max_versions)
+                if plan is None or plan.tid != known[0]:  # else checked against this table
+                    plan = _ReadPlan(
+                        known, rows, columns, families, upper, min_version, max_versions
+                    )
                 return plan.run(conn)
 
     def scan(
@@ -740,6 +743,16 @@ class EmbeddedStore(Store):
         tid, families = self._table(conn, table)
         for put in puts:
             check_put(put, families)
+        self._write_puts(conn, tid, families, puts)
+
+    def _write_puts(
+        self,
+        conn: sqlite3.Connection,
+        tid: int,
+        families: Mapping[str, FamilySpec],
+        puts: Sequence[Put],
+    ) -> None:
+        """Checked puts into table ``tid``, inside the caller's write transaction."""
         conn.executemany(
             _PUT_SQL, [(tid, p.family, p.row, p.qualifier, p.version, p.value) for p in puts]
         )
@@ -826,12 +839,7 @@ class EmbeddedStore(Store):
             # one replacing the newest, leaves the count of versions as it was.)
             self._prune(conn, tid, families, [(family, row, qualifier)])
         if item.then_put:  # in the same transaction: atomic with the compare-and-set
-            then_put = item.then_put
-            conn.executemany(
-                _PUT_SQL,
-                [(tid, p.family, p.row, p.qualifier, p.version, p.value) for p in then_put],
-            )
-            self._prune(conn, tid, families, ((p.family, p.row, p.qualifier) for p in then_put))
+            self._write_puts(conn, tid, families, item.then_put)
         return True
 
     def delete_versions(self, table: str, deletes: Sequence[Delete]) -> None:

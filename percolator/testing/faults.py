@@ -339,51 +339,43 @@ class FaultyStore(Store):
         expected: bytes | None,
         new: bytes,
     ) -> bool:
-        args = {
-            "table": table,
-            "row": row,
-            "family": family,
-            "qualifier": qualifier,
-            "expected": expected,
-            "new": new,
-        }
-        applied: bool = self._call(
-            "compare_and_set",
-            args,
-            lambda: self.inner.compare_and_set(table, row, family, qualifier, expected, new),
-        )
-        return applied
+        return self._compare_and_set(table, CompareAndSet(row, family, qualifier, expected, new))
 
     def compare_and_set_many(
         self, table: str, items: Sequence[CompareAndSet], puts: Sequence[Put] = ()
     ) -> list[bool]:
         """As :meth:`Store.compare_and_set_many`'s default (the puts first, then one
-        ``compare_and_set`` per item), except that an item carrying ``then_put`` goes to the
-        inner store whole, so its puts land with it or not at all."""
-        if not any(isinstance(item, CompareAndSet) and item.then_put for item in items):
-            return super().compare_and_set_many(table, items, puts)
+        ``compare_and_set`` per item), except that where the inner store has conditional
+        puts an item carrying ``then_put`` goes to it whole, so its puts land with it or
+        not at all."""
         if not self.conditional_puts:
-            return super().compare_and_set_many(table, items, puts)  # refuses them
+            return super().compare_and_set_many(table, items, puts)  # refuses then_put
         if puts:
             self.put(table, puts)
-        results: list[bool] = []
-        for item in items:
-            args = {
-                "table": table,
-                "row": item.row,
-                "family": item.family,
-                "qualifier": item.qualifier,
-                "expected": item.expected,
-                "new": item.new,
-                "then_put": item.then_put,
-            }
-            [applied] = self._call(
-                "compare_and_set",
-                args,
-                partial(self.inner.compare_and_set_many, table, [item]),
+        return [self._compare_and_set(table, item) for item in items]
+
+    def _compare_and_set(self, table: str, item: CompareAndSet) -> bool:
+        """One ``compare_and_set`` call for the rules (``then_put`` among its arguments)."""
+        args = {
+            "table": table,
+            "row": item.row,
+            "family": item.family,
+            "qualifier": item.qualifier,
+            "expected": item.expected,
+            "new": item.new,
+            "then_put": item.then_put,
+        }
+
+        def perform() -> bool:
+            if item.then_put:
+                [applied] = self.inner.compare_and_set_many(table, [item])
+                return applied
+            return self.inner.compare_and_set(
+                table, item.row, item.family, item.qualifier, item.expected, item.new
             )
-            results.append(applied)
-        return results
+
+        applied: bool = self._call("compare_and_set", args, perform)
+        return applied
 
     def delete_versions(self, table: str, deletes: Sequence[Delete]) -> None:
         self._call(
