@@ -12,6 +12,9 @@ STANDBY
     * by its own monotonic clock: the record has not changed for ``lease_ms + margin_ms``
       since this process first saw it; this needs no clock agreement at all.
 
+    A live lease of a local oracle (holder ``local:...``) is waited out the same way; each
+    poll meanwhile asks it to release early (see :mod:`percolator.timestamps.local`).
+
     Taking over is one compare-and-set from the exact bytes read, which bumps the epoch,
     names this process as holder, and sets a new high-water mark ``window_ms`` ahead.
     Everything issued afterwards is strictly above the old high-water mark.
@@ -63,7 +66,12 @@ from percolator.errors import (
 )
 from percolator.timestamps import LOGICAL_BITS, compose, describe
 from percolator.timestamps.clock import SYSTEM_CLOCK, Clock
-from percolator.timestamps.record import OracleRecord, OracleRecordRegister, StoredRecord
+from percolator.timestamps.record import (
+    OracleRecord,
+    OracleRecordRegister,
+    StoredRecord,
+    is_local_holder,
+)
 
 log = logging.getLogger("oracle")
 
@@ -173,6 +181,7 @@ class OracleNode:
         self._allocate_calls = 0
         self._renewals = 0
         self._fenced = 0
+        self._release_requests = 0
 
     # ------------------------------------------------------------------ state
 
@@ -245,6 +254,12 @@ class OracleNode:
         if old is not None and old.leased:
             assert stored.raw is not None
             if not self._lapsed(old, stored.raw, wall, mono):
+                if is_local_holder(old.holder):
+                    # A local oracle's short lease: ask it to end early (it is only a
+                    # hint; the lapse above is what makes taking over safe).
+                    self._release_requests += 1
+                    request = f"{self.holder_id}#{self._release_requests}".encode()
+                    self.register.ask_release(stored, request)
                 return
         floor = old.high_water if old is not None else 0
         with self._cas_lock:

@@ -247,8 +247,10 @@ class OracleServer:
             raise ConfigError(f"cannot listen on {options.listen} (address in use?)")
         host, _ = check_listen_address(options.listen)
         # Unique per process start: a restarted oracle never mistakes its old lease for its own.
+        # "oracle:" first: never mistaken for a local oracle ("local:...", see the record).
         holder_id = (
-            f"{socket.gethostname()}:{os.getpid()}@{host}:{self.port}/{secrets.token_hex(3)}"
+            f"oracle:{socket.gethostname()}:{os.getpid()}@{host}:{self.port}/"
+            f"{secrets.token_hex(3)}"
         )
         self.node = OracleNode(
             OracleRecordRegister(self._store), holder_id, options.lease, self._clock

@@ -1,4 +1,5 @@
-"""The two clocks the timestamp sources read.  Injectable so tests need no sleeps."""
+"""The two clocks the timestamp sources read, and how to wait on them.  Injectable: tests
+need no sleeps."""
 
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ class Clock(Protocol):
         """A clock that never jumps; only differences between readings are meaningful."""
         ...
 
+    def sleep_ms(self, ms: float) -> None:
+        """Wait ``ms`` milliseconds of this clock's time."""
+        ...
+
 
 class SystemClock:
     def wall_ms(self) -> int:
@@ -26,6 +31,9 @@ class SystemClock:
 
     def monotonic_ms(self) -> float:
         return time.monotonic() * 1000.0
+
+    def sleep_ms(self, ms: float) -> None:
+        time.sleep(ms / 1000.0)
 
 
 SYSTEM_CLOCK = SystemClock()

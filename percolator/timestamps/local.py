@@ -35,6 +35,36 @@ batch reserves a new block.  A reservation made right after another instance's i
 ahead of the wall clock.  ``block_ms=0`` reserves every batch exactly, one
 compare-and-set each, with the mark equal to the last timestamp handed out.
 
+A short lease: no store access at all
+-------------------------------------
+An instance that has been the only one drawing timestamps for ``lease_ms`` (all its reads
+and compare-and-sets found its own bytes) takes a *lease* with its next reservation: the
+record names it with ``lease_ms`` and a wall-clock expiry, and the mark runs ``lease_ms``
+ahead of the clock.  While the lease is valid **by its own monotonic clock** (until
+``sent + lease_ms - margin``, ``sent`` read before the compare-and-set was sent, margin
+``lease_ms / 8``) it serves batches from its block with no store access at all.  Every
+``lease_ms / 4`` (or when the block runs out) it renews the lease by compare-and-set from the
+bytes it wrote; a renewal that fails means it was paused past its lease and someone took
+over, so it drops the lease and serves nothing from it.
+
+Another local oracle that finds a live lease of someone else waits: it takes over (one
+compare-and-set from the exact bytes it saw) only once those bytes have not changed for
+``lease_ms + margin`` by *its own* monotonic clock, so the two intervals cannot overlap
+whatever the wall clocks say.  While it waits it asks the holder to release
+(:meth:`~percolator.timestamps.record.OracleRecordRegister.ask_release`, polled every
+10 ms); a holder sees the request at its next renewal and writes the record back without a
+lease, so a waiter normally waits at most ``lease_ms / 4``, and ``lease_ms + margin`` after a
+holder crashed or was paused.  A holder that released needs another ``lease_ms`` alone
+before it leases again, so instances that take turns settle on the read-validated blocks.
+``close()`` releases the lease.  An oracle server waits out (and asks to end) a local
+lease the same way as a server's.
+
+Why it is safe: a timestamp served under the lease is checked against the validity after
+its request began; anyone else hands out timestamps only after a compare-and-set over the
+holder's bytes, which it may make only after the validity ended, and then above the mark.
+A timestamp from the lease can therefore be below one handed out elsewhere only if the two
+requests overlapped in time, which real-time order allows.
+
 The mark is still never exceeded (a block is reserved before anything is served from it)
 and a restarted instance starts above it, so a crash wastes at most the rest of a block:
 a harmless gap.
@@ -54,10 +84,12 @@ paused server that wakes up finds its lease gone and serves nothing.
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import secrets
 import socket
+import threading
 import time
 
 from percolator.errors import (
@@ -70,13 +102,30 @@ from percolator.store.base import Store
 from percolator.timestamps.clock import SYSTEM_CLOCK, Clock
 from percolator.timestamps.coalesce import Coalescer, CoalescerStats
 from percolator.timestamps.hybrid import compose
-from percolator.timestamps.record import OracleRecord, OracleRecordRegister, StoredRecord
+from percolator.timestamps.record import (
+    LOCAL_HOLDER_PREFIX,
+    OracleRecord,
+    OracleRecordRegister,
+    StoredRecord,
+    is_local_holder,
+)
 from percolator.timestamps.source import TimestampOracle
 
 DEFAULT_MAX_BATCH = 1 << 16
 #: How far ahead of the wall clock a leased block runs (see the module docstring): one
 #: compare-and-set per this many milliseconds of an uncontended instance's life.
 DEFAULT_BLOCK_MS = 100
+#: The length of a local oracle's lease (see the module docstring): how long another
+#: instance waits at most when the holder crashed, and how long an instance must be alone
+#: before it leases.  0: never lease (every batch is validated by a read).
+DEFAULT_LEASE_MS = 400
+#: How often an instance that waits for another's lease re-reads the record.
+WAIT_POLL_MS = 10
+
+
+def lease_margin_ms(lease_ms: int) -> float:
+    """The allowance between a local lease's holder and its waiters (module docstring)."""
+    return lease_ms / 8
 
 
 class LocalOracle(TimestampOracle):
@@ -85,7 +134,9 @@ class LocalOracle(TimestampOracle):
     Thread-safe; many instances in many processes may share one store.  ``timeout_s``
     bounds how long one batch keeps retrying under contention or store outages before
     raising :class:`OracleUnavailableError`.  ``block_ms`` (>= 0) is how far ahead of the
-    wall clock a leased block runs; 0 reserves every batch exactly.
+    wall clock a leased block runs; 0 reserves every batch exactly (and never leases).
+    ``lease_ms`` (0 or >= 8) is the length of the short lease that serves timestamps with no
+    store access; 0 never leases.
     """
 
     def __init__(
@@ -96,12 +147,21 @@ class LocalOracle(TimestampOracle):
         timeout_s: float = 30.0,
         max_batch: int = DEFAULT_MAX_BATCH,
         block_ms: int = DEFAULT_BLOCK_MS,
+        lease_ms: int = DEFAULT_LEASE_MS,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         if not isinstance(block_ms, int) or isinstance(block_ms, bool) or block_ms < 0:
             raise InvalidArgumentError(f"block_ms must be an int >= 0, got {block_ms!r}")
+        if (
+            not isinstance(lease_ms, int)
+            or isinstance(lease_ms, bool)
+            or not (lease_ms == 0 or 8 <= lease_ms < 1 << 31)
+        ):
+            raise InvalidArgumentError(f"lease_ms must be 0 or an int >= 8, got {lease_ms!r}")
         self.store = store
-        self.instance_id = f"local:{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self.instance_id = (
+            f"{LOCAL_HOLDER_PREFIX}{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        )
         self._register = OracleRecordRegister(store)
         self._margin_ms = margin_ms
         self._timeout_s = timeout_s
@@ -112,16 +172,38 @@ class LocalOracle(TimestampOracle):
         self._block_ms = block_ms
         # The next timestamp of the block in ``_known`` not yet handed out (0: none).
         self._next = 0
+        self._lease_ms = lease_ms if block_ms else 0
+        # While this instance holds a lease (``_known`` is the leased record): serve without
+        # the store until ``_renew_at`` (monotonic ms; 0 = no lease), then renew; and the
+        # release request seen when the lease was taken or last renewed.
+        self._renew_at = 0.0
+        self._wanted_seen: bytes | None = None
+        # Since when (monotonic ms) every read and write found this instance's own bytes.
+        self._alone_since: float | None = None
+        # Waiting for another instance's lease: the bytes seen, and since when.
+        self._waiting_on: bytes | None = None
+        self._waiting_since = 0.0
+        self._requests = itertools.count(1)
+        # Held by whoever changes the fields above: the coalescer's leader, or close().
+        self._state_lock = threading.Lock()
+        self._closed = False
         self.reservations = 0  # successful compare-and-sets on the record
         self.validations = 0  # batches served from a block after one read
+        self.leased_batches = 0  # batches served under a lease, with no store access
+        self.lease_waits = 0  # polls spent waiting for another instance's lease
         self._coalescer = Coalescer(self._reserve, max_batch)
 
     @property
     def stats(self) -> CoalescerStats:
         """``fetches`` is the number of batches served (each costs one compare-and-set, or
-        one read when served from a leased block: see :attr:`reservations` and
-        :attr:`validations`)."""
+        one read when served from a leased block, or nothing under a lease: see
+        :attr:`reservations`, :attr:`validations` and :attr:`leased_batches`)."""
         return self._coalescer.stats
+
+    @property
+    def holds_lease(self) -> bool:
+        """Whether this instance holds a lease now (it may have lapsed unnoticed)."""
+        return self._renew_at > 0
 
     def get_timestamp(self) -> int:
         return self._coalescer.take(1)[0]
@@ -129,33 +211,50 @@ class LocalOracle(TimestampOracle):
     def get_timestamps(self, count: int) -> list[int]:
         return self._coalescer.take(count)
 
+    def close(self) -> None:
+        """Release the lease, if this instance holds one, so others need not wait it out.
+        Best effort (a failure leaves a lease that lapses by itself).  Idempotent; the
+        oracle still serves afterwards, without leasing again."""
+        with self._state_lock:
+            self._closed = True
+            if self._renew_at and self._known is not None:
+                try:
+                    self._release()
+                except StoreUnavailableError:
+                    self._drop()
+
     def _reserve(self, total: int) -> int:
         """Hand out ``[first, first + total)``; returns ``first``.
 
-        From the leased block after one read that shows the record unchanged, else by
-        compare-and-set.  Called by one thread at a time (the coalescer's leader)."""
+        Under the lease with no store access; else from the leased block after one read
+        that shows the record unchanged; else by compare-and-set.  Called by one thread at
+        a time (the coalescer's leader)."""
         deadline = time.monotonic() + self._timeout_s
         attempt = 0
         last_error: Exception | None = None
         while True:
+            waited = False
             try:
-                if self._block_left():
-                    served = self._serve_from_block(total)
-                    if served is not None:
-                        return served
-                stored = self._known if self._known is not None else self._register.read()
-                first, new = self._next_record(stored, total)
-                if self._compare_and_set(stored, new):
-                    self._known = StoredRecord(new, new.encode())
-                    self._next = first + total
-                    self.reservations += 1
-                    return first
+                with self._state_lock:
+                    served = self._reserve_once(total)
+                if served is not None:
+                    return served
+                waited = self._waiting_on is not None
                 last_error = None
             except StoreUnavailableError as exc:
                 last_error = exc
-            # Lost a race with another process (or the store is down): re-read and retry.
-            self._known = None
-            self._next = 0
+                with self._state_lock:
+                    self._drop()
+            if waited:  # another instance's live lease: ask it to release, look again
+                self.lease_waits += 1
+                if time.monotonic() >= deadline:
+                    raise OracleUnavailableError(
+                        f"local oracle could not reserve timestamps in {self.store.url} "
+                        f"within {self._timeout_s:g} s: another local oracle holds a lease "
+                        "and neither released it nor let it lapse"
+                    )
+                self._clock.sleep_ms(WAIT_POLL_MS)
+                continue
             attempt += 1
             if time.monotonic() >= deadline:
                 why = (
@@ -169,6 +268,126 @@ class LocalOracle(TimestampOracle):
                 )
             # Jitter so racing processes do not collide again in lock step.
             time.sleep(random.uniform(0, min(0.05, 0.0005 * 2 ** min(attempt, 7))))
+
+    def _reserve_once(self, total: int) -> int | None:
+        """One attempt: ``first``, or None to retry (a lost race, or a lease to wait for:
+        then ``_waiting_on`` is set).  Holds the state lock."""
+        if self._renew_at:
+            served = self._serve_leased(total)
+            if served is not None:
+                return served
+        if self._block_left():
+            served = self._serve_from_block(total)
+            if served is not None:
+                return served
+        stored = self._known if self._known is not None else self._register.read()
+        if self._must_wait(stored):
+            return None
+        sent = self._clock.monotonic_ms()
+        first, new = self._next_record(stored, total, sent)
+        if new.leased:
+            # The release request as it is now: only a later one asks this lease to end.
+            self._wanted_seen = self._register.read().wanted
+        if not self._compare_and_set(stored, new):
+            self._drop()
+            return None
+        old = stored.record
+        if self._alone_since is None or old is None or old.holder != self.instance_id:
+            self._alone_since = sent  # the first of a run of our own reservations
+        self._known = StoredRecord(new, new.encode())
+        self._next = first + total
+        self.reservations += 1
+        if new.leased:
+            self._renew_at = sent + self._lease_ms / 4
+        return first
+
+    def _drop(self) -> None:
+        """Forget what this instance believed it held: the next attempt reads the record."""
+        self._known = None
+        self._next = 0
+        self._renew_at = 0.0
+        self._alone_since = None
+
+    def _serve_leased(self, total: int) -> int | None:
+        """``first`` of ``total`` timestamps under the lease, renewing it first when due or
+        when the block is too small; None once the lease is gone (released or lost)."""
+        known = self._known
+        assert known is not None and known.record is not None
+        first = max(self._next, compose(self._clock.wall_ms()))
+        needed = first + total - 1
+        # ``_renew_at`` comes before the lease's validity ends, so serving before it needs no
+        # look at the store; renewing proves nobody wrote the record since our last write.
+        if (
+            self._clock.monotonic_ms() >= self._renew_at or needed > known.record.high_water
+        ) and not self._renew(needed):
+            return None
+        self._next = first + total
+        self.leased_batches += 1
+        return first
+
+    def _renew(self, needed: int) -> bool:
+        """Renew the lease, raising the mark to at least ``needed``; or release it when
+        someone asked.  True if the lease is held afterwards."""
+        known = self._known
+        assert known is not None and known.record is not None
+        wanted = self._register.read().wanted
+        if wanted != self._wanted_seen or self._closed:
+            self._release()
+            return False
+        sent = self._clock.monotonic_ms()
+        wall = self._clock.wall_ms()
+        new = OracleRecord(
+            epoch=known.record.epoch,
+            high_water=max(known.record.high_water, needed, compose(wall + self._lease_ms) - 1),
+            holder=self.instance_id,
+            lease_expiry_ms=wall + self._lease_ms,
+            lease_ms=self._lease_ms,
+        )
+        if not self._compare_and_set(known, new):
+            self._drop()  # paused past the lease, and someone took over: serve nothing
+            return False
+        self._known = StoredRecord(new, new.encode())
+        self._renew_at = sent + self._lease_ms / 4
+        self.reservations += 1
+        return True
+
+    def _release(self) -> None:
+        """Write the record back without a lease, keeping the mark (the rest of the block
+        is still ours, validated by a read like any block).  After a lost race, drop."""
+        known = self._known
+        assert known is not None and known.record is not None
+        new = OracleRecord(
+            epoch=known.record.epoch, high_water=known.record.high_water, holder=self.instance_id
+        )
+        self._renew_at = 0.0
+        self._alone_since = None  # lease again only after another lease_ms alone
+        if self._compare_and_set(known, new):
+            self._known = StoredRecord(new, new.encode())
+        else:
+            self._drop()
+
+    def _must_wait(self, stored: StoredRecord) -> bool:
+        """Whether ``stored`` is another local instance's lease that has not lapsed by our
+        monotonic clock; if so, ask it to release.  Sets ``_waiting_on``."""
+        record = stored.record
+        if (
+            record is None
+            or not record.leased
+            or not is_local_holder(record.holder)
+            or record.holder == self.instance_id
+        ):
+            self._waiting_on = None
+            return False
+        mono = self._clock.monotonic_ms()
+        if stored.raw != self._waiting_on:
+            self._waiting_on = stored.raw
+            self._waiting_since = mono
+        if mono - self._waiting_since > record.lease_ms + lease_margin_ms(record.lease_ms):
+            self._waiting_on = None  # lapsed (holder crashed or paused): take it over
+            return False
+        self._register.ask_release(stored, f"{self.instance_id}#{next(self._requests)}".encode())
+        self._known = None  # look again next time
+        return True
 
     def _block_left(self) -> bool:
         """Whether a leased block may have timestamps left (only a read can tell for sure)."""
@@ -192,6 +411,7 @@ class LocalOracle(TimestampOracle):
         if stored.raw != known.raw:
             self._known = stored
             self._next = 0
+            self._alone_since = None
             return None
         first = max(self._next, compose(self._clock.wall_ms()))
         if first + total - 1 > known.record.high_water:
@@ -200,10 +420,17 @@ class LocalOracle(TimestampOracle):
         self.validations += 1
         return first
 
-    def _next_record(self, stored: StoredRecord, total: int) -> tuple[int, OracleRecord]:
+    def _next_record(
+        self, stored: StoredRecord, total: int, sent: float
+    ) -> tuple[int, OracleRecord]:
         old = stored.record
         wall = self._clock.wall_ms()
-        if old is not None and old.leased and wall <= old.lease_expiry_ms + self._margin_ms:
+        if (
+            old is not None
+            and old.leased
+            and not is_local_holder(old.holder)
+            and wall <= old.lease_expiry_ms + self._margin_ms
+        ):
             raise OracleError(
                 f"timestamps for {self.store.url} are served by the oracle server "
                 f"{old.holder!r} (epoch {old.epoch}, lease until {old.lease_expiry_ms} ms): "
@@ -211,11 +438,27 @@ class LocalOracle(TimestampOracle):
             )
         first = max((old.high_water if old is not None else 0) + 1, compose(wall))
         high_water = first + total - 1
-        if self._block_ms and old is not None and old.holder == self.instance_id:
+        ours = old is not None and old.holder == self.instance_id
+        if self._block_ms and ours:
             # Our second reservation in a row: nobody else is drawing timestamps right now,
             # so lease a block.  Only then: instances that alternate reserve exactly, so
             # the mark never runs more than block_ms ahead of the wall clock.
             high_water = max(high_water, compose(wall + self._block_ms) - 1)
+        if (
+            self._lease_ms
+            and ours
+            and not self._closed
+            and self._alone_since is not None
+            and sent - self._alone_since >= self._lease_ms
+        ):
+            # Alone for a whole lease: lease, so later batches need no store access.
+            return first, OracleRecord(
+                epoch=old.epoch if old is not None else 0,
+                high_water=max(high_water, compose(wall + self._lease_ms) - 1),
+                holder=self.instance_id,
+                lease_expiry_ms=wall + self._lease_ms,
+                lease_ms=self._lease_ms,
+            )
         return first, OracleRecord(
             epoch=old.epoch if old is not None else 0,
             high_water=high_water,

@@ -21,12 +21,22 @@ Meaning
     Bumped by every oracle server that takes the lease over.  Clients reject responses from
     a lower epoch than one they have seen.
 ``holder``
-    Who wrote the record last: an oracle server's id while it holds the lease, or a local
-    oracle's instance id (with ``lease_ms == 0``: no lease).
+    Who wrote the record last: an oracle server's id (``oracle:...``) or a local oracle's
+    instance id (``local:...``, see :data:`LOCAL_HOLDER_PREFIX`).
 ``lease_expiry_ms`` / ``lease_ms``
     Wall-clock expiry of the holder's lease, and its duration.  ``lease_ms == 0`` means
     nobody holds a lease.  Standbys use the duration to wait out a lease on their own
-    monotonic clock (see :mod:`percolator.oracle.lease`, the gRPC oracle server's lease).
+    monotonic clock (see :mod:`percolator.oracle.lease`, the gRPC oracle server's lease, and
+    :mod:`percolator.timestamps.local` for the local oracle's short lease).
+
+The release request
+-------------------
+A second cell of the same row, qualifier ``b"wanted"``, is how an instance that waits for
+someone else's lease asks the holder to give it up early: the waiter replaces it (by
+compare-and-set, from what it read) with a value of its own that was never written before.
+A holder that finds a value other than the one it saw when it took its lease releases the
+lease.  Only a hint: correctness never depends on it (a waiter that is not answered waits
+the lease out).
 
 Byte format (version 1, big-endian)
 -----------------------------------
@@ -56,6 +66,10 @@ from percolator.store.base import Store
 
 ORACLE_ROW = b"oracle"
 ORACLE_QUALIFIER = b"record"
+WANTED_QUALIFIER = b"wanted"
+#: Holder ids of local oracles start with this, those of oracle servers with ``oracle:``: a
+#: local oracle waits out another local oracle's lease but refuses to run beside a server.
+LOCAL_HOLDER_PREFIX = "local:"
 
 FORMAT_VERSION = 1
 _HEADER = struct.Struct(">BQQQIH")
@@ -136,10 +150,12 @@ class OracleRecord:
 @dataclass(frozen=True)
 class StoredRecord:
     """What a read of the register found: the decoded record (None if absent) and its exact
-    stored bytes, which are what the next compare-and-set must expect."""
+    stored bytes, which are what the next compare-and-set must expect; and the release
+    request cell's value (None if never written)."""
 
     record: OracleRecord | None
     raw: bytes | None
+    wanted: bytes | None = None
 
 
 class OracleRecordRegister:
@@ -162,16 +178,20 @@ class OracleRecordRegister:
             self._table_ready = True
 
     def read(self) -> StoredRecord:
-        """One consistent read of the record."""
+        """One consistent read of the record and the release request (one row read)."""
         self.ensure_table()
         cells = self.store.read_row(
-            META_TABLE, ORACLE_ROW, columns=[(META_FAMILY, ORACLE_QUALIFIER)]
+            META_TABLE,
+            ORACLE_ROW,
+            columns=[(META_FAMILY, ORACLE_QUALIFIER), (META_FAMILY, WANTED_QUALIFIER)],
         )
+        wanted_versions = cells.get((META_FAMILY, WANTED_QUALIFIER), [])
+        wanted = wanted_versions[0][1] if wanted_versions else None
         versions = cells.get((META_FAMILY, ORACLE_QUALIFIER), [])
         if not versions or versions[0][1] == b"":
-            return StoredRecord(None, None)
+            return StoredRecord(None, None, wanted)
         raw = versions[0][1]
-        return StoredRecord(OracleRecord.decode(raw), raw)
+        return StoredRecord(OracleRecord.decode(raw), raw, wanted)
 
     def compare_and_set(self, expected: bytes | None, new: OracleRecord) -> bool:
         """Write ``new`` if the register still holds exactly ``expected`` (None: absent).
@@ -182,3 +202,17 @@ class OracleRecordRegister:
         return self.store.compare_and_set(
             META_TABLE, ORACLE_ROW, META_FAMILY, ORACLE_QUALIFIER, expected, new.encode()
         )
+
+    def ask_release(self, seen: StoredRecord, request: bytes) -> None:
+        """Ask the lease holder to release its lease: replace the release request ``seen``
+        found with ``request``, a value never written before.  A lost race means somebody
+        else asked meanwhile, which serves as well.  May raise StoreUnavailableError."""
+        self.ensure_table()
+        self.store.compare_and_set(
+            META_TABLE, ORACLE_ROW, META_FAMILY, WANTED_QUALIFIER, seen.wanted, request
+        )
+
+
+def is_local_holder(holder: str) -> bool:
+    """Whether ``holder`` names a local oracle instance (not an oracle server)."""
+    return holder.startswith(LOCAL_HOLDER_PREFIX)

@@ -38,6 +38,9 @@ class FakeClock:
         self.wall += int(ms)
         self.mono += ms
 
+    def sleep_ms(self, ms: float) -> None:
+        self.advance(ms)
+
 
 @pytest.fixture
 def clock() -> FakeClock:

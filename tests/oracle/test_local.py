@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import threading
@@ -320,3 +321,197 @@ def test_a_transaction_draws_no_compare_and_set_for_its_timestamps(store: Faulty
             assert snap.get("t", b"row19", "c") == b"v"
     finally:
         client.close()
+
+
+# ------------------------------------------------------------------ the short lease
+
+
+def lease_now(oracle: LocalOracle, clock: FakeClock) -> None:
+    """Draw timestamps as the only instance until ``oracle`` holds its lease."""
+    for _ in range(100):
+        oracle.get_timestamp()
+        if oracle.holds_lease:
+            return
+        clock.advance(50)
+    raise AssertionError("an instance alone for a whole lease never leased")
+
+
+def test_an_instance_alone_for_a_lease_serves_with_no_store_access(
+    store: FaultyStore, clock: FakeClock
+) -> None:
+    oracle = LocalOracle(store, clock=clock, lease_ms=400)
+    lease_now(oracle, clock)
+    record = OracleRecordRegister(store).read().record
+    assert record is not None and record.leased and record.holder == oracle.instance_id
+    before = dict(store.stats.calls)
+    seen = [oracle.get_timestamp() for _ in range(50)] + oracle.get_timestamps(50)
+    assert dict(store.stats.calls) == before, "under the lease: no store access at all"
+    assert seen == sorted(set(seen)) and seen[-1] <= record.high_water
+    # A quarter lease later the next batch renews: one read (the release request), one
+    # compare-and-set; the mark stays a lease ahead of the clock.
+    clock.advance(100)
+    t = oracle.get_timestamp()
+    assert t == compose(clock.wall) and t > seen[-1]
+    assert store.stats.calls["compare_and_set"] == before["compare_and_set"] + 1
+    assert store.stats.calls["read_rows"] == before["read_rows"] + 1
+    assert mark(store) == compose(clock.wall + 400) - 1
+    assert oracle.holds_lease
+
+
+def test_a_lease_is_taken_only_after_a_whole_lease_alone(
+    store: FaultyStore, clock: FakeClock
+) -> None:
+    a, b = LocalOracle(store, clock=clock), LocalOracle(store, clock=clock)
+    for _ in range(40):  # 2 s of taking turns: neither ever leases
+        a.get_timestamp()
+        b.get_timestamp()
+        clock.advance(50)
+    assert not a.holds_lease and not b.holds_lease
+    assert a.leased_batches == b.leased_batches == 0
+
+
+class _HolderKeepsDrawing:
+    """The waiter's clock: each poll lets time pass and the holder draw a timestamp, as a
+    holder busy in another process would."""
+
+    def __init__(self, clock: FakeClock, holder: LocalOracle, drawn: list[int]) -> None:
+        self._clock = clock
+        self._holder = holder
+        self._drawn = drawn
+        self.waited_ms = 0.0
+
+    def wall_ms(self) -> int:
+        return self._clock.wall_ms()
+
+    def monotonic_ms(self) -> float:
+        return self._clock.monotonic_ms()
+
+    def sleep_ms(self, ms: float) -> None:
+        self._clock.advance(ms)
+        self.waited_ms += ms
+        self._drawn.append(self._holder.get_timestamp())
+
+
+def test_a_waiter_asks_the_holder_to_release_and_gets_in_within_a_quarter_lease(
+    store: FaultyStore, clock: FakeClock
+) -> None:
+    holder = LocalOracle(store, clock=clock, lease_ms=400)
+    lease_now(holder, clock)
+    drawn = [holder.get_timestamp()]
+    waiter_clock = _HolderKeepsDrawing(clock, holder, drawn)
+    waiter = LocalOracle(store, clock=waiter_clock, lease_ms=400)
+    t = waiter.get_timestamp()
+    # The holder saw the request at its next renewal (a quarter lease) and released; the
+    # waiter did not have to wait the lease out.
+    assert waiter_clock.waited_ms <= 100 + 2 * 10
+    assert waiter.lease_waits > 0 and not holder.holds_lease
+    assert t > max(drawn), "the waiter's timestamp is above everything the holder handed out"
+    assert holder.get_timestamp() > t
+    record = OracleRecordRegister(store).read().record
+    assert record is not None and not record.leased
+
+
+def test_a_paused_holder_is_waited_out_and_serves_nothing_from_its_lease_after(
+    store: FaultyStore, clock: FakeClock
+) -> None:
+    holder = LocalOracle(store, clock=clock, lease_ms=400)
+    lease_now(holder, clock)
+    last = holder.get_timestamp()
+    leased_at = clock.mono
+    # The holder is paused: it never renews nor answers.  The waiter waits until the
+    # holder's bytes have been unchanged for lease + margin by its own clock.
+    waiter = LocalOracle(store, clock=clock, lease_ms=400)
+    t = waiter.get_timestamp()
+    assert clock.mono - leased_at > 400 + 400 / 8
+    assert t > last
+    # The holder wakes up: its renewal fails (someone else wrote the record), so nothing
+    # comes from the old lease.
+    before = holder.leased_batches
+    again = holder.get_timestamp()
+    assert again > t and holder.leased_batches == before and not holder.holds_lease
+
+
+def test_close_releases_the_lease_so_nobody_waits(store: FaultyStore, clock: FakeClock) -> None:
+    holder = LocalOracle(store, clock=clock)
+    lease_now(holder, clock)
+    last = holder.get_timestamp()
+    holder.close()
+    record = OracleRecordRegister(store).read().record
+    assert record is not None and not record.leased
+    other = LocalOracle(store, clock=clock)
+    mono = clock.mono
+    assert other.get_timestamp() > last
+    assert other.lease_waits == 0 and clock.mono == mono
+    # A closed instance still serves, without leasing again.
+    for _ in range(20):
+        holder.get_timestamp()
+        clock.advance(50)
+    assert not holder.holds_lease
+
+
+def test_an_oracle_server_asks_a_local_lease_to_end_then_takes_over(
+    store: FaultyStore, clock: FakeClock
+) -> None:
+    local = LocalOracle(store, clock=clock, lease_ms=400)
+    lease_now(local, clock)
+    last = local.get_timestamp()
+    server = OracleNode(OracleRecordRegister(store), "oracle:server-1", LeaseConfig(), clock)
+    server.step()  # the local lease is live: the server stays standby and asks
+    assert server.role is Role.STANDBY
+    clock.advance(100)
+    local.get_timestamp()  # the local oracle's renewal sees the request and releases
+    assert not local.holds_lease
+    server.step()
+    assert server.role is Role.ACTIVE
+    assert server.allocate(1).first > last
+    with pytest.raises(OracleError, match="served by the oracle server 'oracle:server-1'"):
+        local.get_timestamp()
+
+
+def test_lease_ms_must_be_zero_or_at_least_8(store: FaultyStore) -> None:
+    for bad in (-1, 1, 7, 1.5, True, "400"):
+        with pytest.raises(InvalidArgumentError, match="lease_ms"):
+            LocalOracle(store, lease_ms=bad)  # type: ignore[arg-type]
+    assert not LocalOracle(store, lease_ms=0).holds_lease
+
+
+def test_a_process_paused_while_holding_the_lease_breaks_no_real_time_order(
+    embedded_url: str,
+) -> None:
+    """Adversarial, with real processes and clocks: one process takes timestamps under its
+    lease and is stopped (SIGSTOP) mid-run; another waits the lease out and takes its
+    own; the first resumes.  Every call of both is checked for real-time order."""
+
+    def worker(count: int, pace_ms: int) -> subprocess.Popen[str]:
+        args = [embedded_url, str(count), "1", str(DEFAULT_BLOCK_MS), str(pace_ms)]
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.oracle.local_worker", *args],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    holder = worker(count=600, pace_ms=2)
+    try:
+        assert holder.stderr is not None
+        line = holder.stderr.readline()
+        assert line.strip() == "ready", line + holder.stderr.read()
+        holder.send_signal(signal.SIGSTOP)
+        other = worker(count=200, pace_ms=0)
+        out_other, err_other = other.communicate(timeout=60)
+        assert other.returncode == 0, err_other
+        holder.send_signal(signal.SIGCONT)
+        out_holder, err_holder = holder.communicate(timeout=60)
+        assert holder.returncode == 0, err_holder
+    finally:
+        holder.kill()
+        holder.wait()
+    assert "lease_waits=0" not in err_other, "the second process never met the lease"
+    assert "leased_batches=0" not in err_holder
+    calls = [
+        Call(*(int(x) for x in line.split()))
+        for line in (out_holder + out_other).strip().splitlines()
+    ]
+    assert len(calls) == 800
+    check_real_time_order(calls)
