@@ -50,14 +50,17 @@ over, so it drops the lease and serves nothing from it.
 Another local oracle that finds a live lease of someone else waits: it takes over (one
 compare-and-set from the exact bytes it saw) only once those bytes have not changed for
 ``lease_ms + margin`` by *its own* monotonic clock, so the two intervals cannot overlap
-whatever the wall clocks say.  While it waits it asks the holder to release
+whatever the wall clocks say. While it waits it asks the holder to release
 (:meth:`~percolator.timestamps.record.OracleRecordRegister.ask_release`, polled every
 10 ms); a holder sees the request at its next renewal and writes the record back without a
-lease, so a waiter normally waits at most ``lease_ms / 4``, and ``lease_ms + margin`` after a
-holder crashed or was paused.  A holder that released needs another ``lease_ms`` alone
-before it leases again, so instances that take turns settle on the read-validated blocks.
-``close()`` releases the lease.  An oracle server waits out (and asks to end) a local
-lease the same way as a server's.
+lease, so a waiter normally waits at most ``lease_ms / 4``, and ``lease_ms + margin`` after
+a holder went idle (it renews only when asked for timestamps), crashed or was paused; hence
+the short default of 100 ms (renewing costs a read and a compare-and-set every 25 ms). A
+holder that released needs another ``lease_ms`` alone before it leases again, so instances
+that take turns settle on the read-validated blocks. ``close()`` releases the lease. A
+forked child never serves from its parent's lease or block: it notices the new process id
+and starts as a new instance. An oracle server waits out (and asks to end) a local lease the
+same way as a server's.
 
 Why it is safe: a timestamp served under the lease is checked against the validity after
 its request began; anyone else hands out timestamps only after a compare-and-set over the
@@ -116,9 +119,10 @@ DEFAULT_MAX_BATCH = 1 << 16
 #: compare-and-set per this many milliseconds of an uncontended instance's life.
 DEFAULT_BLOCK_MS = 100
 #: The length of a local oracle's lease (see the module docstring): how long another
-#: instance waits at most when the holder crashed, and how long an instance must be alone
-#: before it leases.  0: never lease (every batch is validated by a read).
-DEFAULT_LEASE_MS = 400
+#: instance waits at most (plus the margin) when the holder went idle, crashed or was
+#: paused, and how long an instance must be alone before it leases.  Short, because an idle
+#: holder cannot answer a release request.  0: never lease (every batch is read-validated).
+DEFAULT_LEASE_MS = 100
 #: How often an instance that waits for another's lease re-reads the record.
 WAIT_POLL_MS = 10
 
@@ -126,6 +130,10 @@ WAIT_POLL_MS = 10
 def lease_margin_ms(lease_ms: int) -> float:
     """The allowance between a local lease's holder and its waiters (module docstring)."""
     return lease_ms / 8
+
+
+def _new_instance_id() -> str:
+    return f"{LOCAL_HOLDER_PREFIX}{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
 
 class LocalOracle(TimestampOracle):
@@ -159,9 +167,7 @@ class LocalOracle(TimestampOracle):
         ):
             raise InvalidArgumentError(f"lease_ms must be 0 or an int >= 8, got {lease_ms!r}")
         self.store = store
-        self.instance_id = (
-            f"{LOCAL_HOLDER_PREFIX}{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-        )
+        self.instance_id = _new_instance_id()
         self._register = OracleRecordRegister(store)
         self._margin_ms = margin_ms
         self._timeout_s = timeout_s
@@ -191,6 +197,7 @@ class LocalOracle(TimestampOracle):
         self.validations = 0  # batches served from a block after one read
         self.leased_batches = 0  # batches served under a lease, with no store access
         self.lease_waits = 0  # polls spent waiting for another instance's lease
+        self._pid = os.getpid()
         self._coalescer = Coalescer(self._reserve, max_batch)
 
     @property
@@ -272,6 +279,12 @@ class LocalOracle(TimestampOracle):
     def _reserve_once(self, total: int) -> int | None:
         """One attempt: ``first``, or None to retry (a lost race, or a lease to wait for:
         then ``_waiting_on`` is set).  Holds the state lock."""
+        if os.getpid() != self._pid:
+            # A forked child: the lease and block are its parent's, which may go on serving
+            # from them.  Start over as an instance of its own.
+            self._pid = os.getpid()
+            self.instance_id = _new_instance_id()
+            self._drop()
         if self._renew_at:
             served = self._serve_leased(total)
             if served is not None:

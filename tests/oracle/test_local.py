@@ -468,6 +468,25 @@ def test_an_oracle_server_asks_a_local_lease_to_end_then_takes_over(
         local.get_timestamp()
 
 
+def test_a_forked_child_never_serves_from_its_parents_lease(
+    store: FaultyStore, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import percolator.timestamps.local as local_module
+
+    parent = LocalOracle(store, clock=clock, lease_ms=400)
+    lease_now(parent, clock)
+    parent_id, last = parent.instance_id, parent.get_timestamp()
+    limit = mark(store)
+    # After a fork the same object lives on in the child, with the parent's lease and block
+    # in memory, while the parent may go on serving from them.
+    monkeypatch.setattr(local_module.os, "getpid", lambda: -1)
+    before = dict(store.stats.calls)
+    child_ts = parent.get_timestamp()
+    assert parent.instance_id != parent_id, "the child is an instance of its own"
+    assert child_ts > limit > last, "above everything the parent's lease could hand out"
+    assert store.stats.calls["compare_and_set"] > before["compare_and_set"]
+
+
 def test_lease_ms_must_be_zero_or_at_least_8(store: FaultyStore) -> None:
     for bad in (-1, 1, 7, 1.5, True, "400"):
         with pytest.raises(InvalidArgumentError, match="lease_ms"):
