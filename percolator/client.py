@@ -137,9 +137,11 @@ class Client:
             self._tables.discard(name)
 
     def list_tables(self) -> list[str]:
-        from percolator.layout import SYSTEM_TABLE_PREFIX
+        """The engine's tables in the store (:func:`percolator.layout.engine_tables`): other
+        tables sharing the store are not listed, dropped or collected."""
+        from percolator.layout import engine_tables
 
-        return [t for t in self.store.list_tables() if not t.startswith(SYSTEM_TABLE_PREFIX)]
+        return engine_tables(self.store)
 
     def _check_table(self, name: str, *, allow_loading: bool = False) -> None:
         """Raise at the call for an unknown or malformed table, or (TableLoadingError) one

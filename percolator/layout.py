@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 
-from percolator.errors import InvalidArgumentError, TableExistsError
+from percolator.errors import InvalidArgumentError, TableExistsError, TableNotFoundError
 from percolator.store import checks as store_checks
 from percolator.store.base import MAX_ROW_LENGTH, FamilySpec, Store
 
@@ -59,6 +59,24 @@ def ensure_meta_table(store: Store) -> None:
     with contextlib.suppress(TableExistsError):
         store.create_table(META_TABLE, META_FAMILIES)
 
+
+def engine_tables(store: Store) -> list[str]:
+    """The store's engine tables: those with every family of :data:`TABLE_FAMILIES`, except
+    the system tables.  A store (or an HBase prefix) may also hold tables of its own users
+    (raw tables, other applications'): they are not the engine's, and scanning them for
+    locks or notifications would fail on the missing families.  One families lookup per
+    table; a table dropped meanwhile is left out."""
+    found = []
+    for name in store.list_tables():
+        if name.startswith(SYSTEM_TABLE_PREFIX):
+            continue
+        try:
+            families = {spec.name for spec in store.table_families(name)}
+        except TableNotFoundError:
+            continue
+        if families.issuperset(FAMILIES):
+            found.append(name)
+    return found
 
 # \Z, not $: a name must not end in a newline.
 MAX_COLUMN_BYTES = 1024

@@ -205,7 +205,7 @@ def test_json_output_of_the_listings(deployment: str, capsys: pytest.CaptureFixt
     ("argv", "message"),
     [
         (["status", "--scan-limit", "0"], "--scan-limit must be > 0"),
-        (["status", "--table", "nope"], "no such table 'nope'"),
+        (["status", "--table", "nope"], "no such percolator table 'nope'"),
         (["notifications", "list", "--pending"], "--pending needs --table"),
         (["notifications", "retry", "--row", "a", "--row-hex", "61"], "not both"),
         (["notifications", "retry", "--row-hex", "zz"], "is not hexadecimal"),

@@ -156,7 +156,7 @@ def test_status_bad_inputs_are_one_line(tmp_path: Path) -> None:
     assert result.returncode == 2 and "--oldest must be >= 0" in result.stderr
     percolator.connect(url).close()  # status never creates a store: make an empty one
     result = status(url, "--table", "nope")
-    assert result.returncode == 2 and "no such table 'nope'" in result.stderr
+    assert result.returncode == 2 and "no such percolator table 'nope'" in result.stderr
     # An unreachable oracle is a problem in the report, not a crash.
     result = status(url, "--json", "--oracle", "grpc://127.0.0.1:1")
     assert result.returncode == 1, result.stderr

@@ -38,7 +38,7 @@ from percolator import notifications
 from percolator.command_options import add_oracle_option, add_store_option, connect_existing
 from percolator.commands.display import show_bytes
 from percolator.errors import ConfigError, OracleError
-from percolator.layout import LOCK, SYSTEM_TABLE_PREFIX
+from percolator.layout import LOCK, engine_tables
 from percolator.records import LockCell
 from percolator.store.base import ScanOptions, Store
 from percolator.timestamps import describe, now_ms, physical_ms
@@ -254,12 +254,14 @@ def gc_report(store: Store) -> dict[str, Any]:
 
 def build_report(client: Any, args: argparse.Namespace) -> dict[str, Any]:
     store: Store = client.store
-    # Engine tables only: the meta table (and any other system table) has no lock family.
-    tables = [t for t in store.list_tables() if not t.startswith(SYSTEM_TABLE_PREFIX)]
+    # Engine tables only: system tables and other tables sharing the store have no locks.
+    tables = engine_tables(store)
     if args.table:
         missing = sorted(set(args.table) - set(tables))
         if missing:
-            raise ConfigError(f"--table: no such table {', '.join(map(repr, missing))}")
+            raise ConfigError(
+                f"--table: no such percolator table {', '.join(map(repr, missing))}"
+            )
         tables = [t for t in tables if t in args.table]
     locks = scan_locks(store, tables, oldest=args.oldest, scan_limit=args.scan_limit)
     observed, unobserved = notification_report(client, tables)

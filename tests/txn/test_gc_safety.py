@@ -260,6 +260,23 @@ def test_drop_table_holding_primaries_of_locked_secondaries_is_refused_or_resolv
     operator.gc(life_time_ms=0, tables=["b"])
 
 
+def test_tables_the_engine_did_not_create_are_neither_listed_nor_touched(
+    app: percolator.Client, shared_store: Store
+) -> None:
+    """A store (or an HBase prefix) may also hold its users' own tables: listing, GC and
+    dropping an engine table must pass over them instead of failing on their families."""
+    from percolator.store.base import FamilySpec, Put
+
+    shared_store.create_table("theirs", [FamilySpec("d")])
+    shared_store.put("theirs", [Put(b"r", "d", b"q", 1, b"raw")])
+    app.run(lambda t: t.set("a", b"k", "c", b"v"))
+    assert set(app.list_tables()) == {"a", "b"}
+    app.gc(life_time_ms=0)
+    app.drop_table("a")
+    assert app.list_tables() == ["b"]
+    assert shared_store.read_row("theirs", b"r")[("d", b"q")] == [(1, b"raw")]
+
+
 # ---------------------------------------------------------------- 6. nothing uncollectable
 
 
