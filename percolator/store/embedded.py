@@ -184,6 +184,16 @@ _CAS_READ_SQL = (
     "  AND qualifier = ?4 ORDER BY version DESC LIMIT 1)"
     " FROM tables t WHERE t.name = ?1"
 )
+# The table and the store clock, for a batch of compare-and-sets (:func:`_newest_sql` reads
+# their cells).
+_CAS_TABLE_SQL = (
+    "SELECT t.id, t.families, (SELECT value FROM meta WHERE key = 'clock_ms')"
+    " FROM tables t WHERE t.name = ?"
+)
+_NEWEST_SQL = (
+    "SELECT version, value FROM cells WHERE tid = ? AND family = ? AND row = ?"
+    " AND qualifier = ? ORDER BY version DESC LIMIT 1"
+)
 _VERSIONS_SQL = (
     "SELECT version, value FROM cells WHERE tid = ? AND family = ? AND row = ?"
     " AND qualifier = ? AND version < ? AND version >= ? ORDER BY version DESC LIMIT ?"
@@ -195,6 +205,13 @@ _VERSIONS_SQL = (
 _TABLE_STILL_SQL = "SELECT -1, NULL, NULL FROM tables WHERE id = ? AND name = ? UNION ALL "
 # Explicit cells per statement of a read (7 parameters each, far below SQLite's limit).
 _CELLS_PER_STATEMENT = 64
+
+
+@lru_cache(maxsize=_CELLS_PER_STATEMENT)
+def _newest_sql(cells: int) -> str:
+    """One statement reading the newest version of ``cells`` cells, each tagged with its
+    index (a cell without versions yields no row)."""
+    return " UNION ALL ".join(f"SELECT {i}, * FROM ({_NEWEST_SQL})" for i in range(cells))
 
 
 @lru_cache(maxsize=_CELLS_PER_STATEMENT)
@@ -806,10 +823,58 @@ class EmbeddedStore(Store):
         def work(conn: sqlite3.Connection) -> list[bool]:
             if puts:
                 self._put(conn, table, puts)
+            if _batchable(items):
+                return self._compare_and_set_batch(conn, table, items)
             return [self._compare_and_set(conn, table, item) for item in items]
 
         with self._errors(f"compare_and_set_many({table!r}, {len(items)} cells)"):
             return self._grouped(work) if items or puts else []
+
+    def _compare_and_set_batch(
+        self, conn: sqlite3.Connection, table: str, items: Sequence[CompareAndSet]
+    ) -> list[bool]:
+        """Compare-and-sets of distinct cells (see :func:`_batchable`) inside the caller's
+        write transaction, as :meth:`_compare_and_set` one after the other would do them,
+        in a fixed number of statements: the table, every cell's newest version, the
+        writes, the trims.  One clock stamp serves them all."""
+        found = conn.execute(_CAS_TABLE_SQL, (table,)).fetchone()
+        if found is None:
+            raise TableNotFoundError(table)
+        tid, encoded, last = found
+        families = _decode_families(encoded)
+        params: list[object] = []
+        for item in items:
+            check_family_name(item.family, families)
+            for put in item.then_put:
+                check_family_name(put.family, families)
+            params += (tid, item.family, item.row, item.qualifier)
+        newest = {
+            i: (version, value)
+            for i, version, value in conn.execute(_newest_sql(len(items)), params)
+        }
+        clock = max(_now_ms(), int(last))  # the store clock: see _compare_and_set
+        if clock != last:
+            conn.execute("UPDATE meta SET value = ? WHERE key = 'clock_ms'", (clock,))
+        applied: list[bool] = []
+        writes = []
+        grown: list[tuple[str, bytes, bytes]] = []
+        then_put: list[Put] = []
+        for i, item in enumerate(items):
+            newest_version, newest_value = newest.get(i, (None, None))
+            if not cas_matches(newest_value, item.expected):
+                applied.append(False)
+                continue
+            stamp = clock if newest_version is None else max(clock, int(newest_version))
+            writes.append((tid, item.family, item.row, item.qualifier, stamp, item.new))
+            if newest_version is not None and stamp != newest_version:
+                grown.append((item.family, item.row, item.qualifier))
+            then_put += item.then_put
+            applied.append(True)
+        conn.executemany(_PUT_SQL, writes)
+        self._prune(conn, tid, families, grown)
+        if then_put:
+            self._write_puts(conn, tid, families, then_put)
+        return applied
 
     def _compare_and_set(self, conn: sqlite3.Connection, table: str, item: CompareAndSet) -> bool:
         """One compare-and-set inside the caller's write transaction."""
@@ -866,6 +931,20 @@ class EmbeddedStore(Store):
             tid, _ = self._table(conn, table)
             dropped: int = conn.execute("DELETE FROM delete_masks WHERE tid = ?", (tid,)).rowcount
             return dropped
+
+
+def _batchable(items: Sequence[CompareAndSet]) -> bool:
+    """Whether :meth:`EmbeddedStore._compare_and_set_batch` gives the same outcome as the
+    items one after the other: more than one, few enough for one statement, and no item
+    reading a cell an earlier item (or its ``then_put``) writes."""
+    if not 1 < len(items) <= _CELLS_PER_STATEMENT:
+        return False
+    cells = {(item.family, item.row, item.qualifier) for item in items}
+    if len(cells) < len(items):
+        return False
+    return not any(
+        (put.family, put.row, put.qualifier) in cells for item in items for put in item.then_put
+    )
 
 
 class _ReadPlan:

@@ -23,7 +23,7 @@ from percolator.errors import (
     StoreUnavailableError,
     TableNotFoundError,
 )
-from percolator.store import Delete, FamilySpec, Put, ScanOptions, Store, open_store
+from percolator.store import CompareAndSet, Delete, FamilySpec, Put, ScanOptions, Store, open_store
 from percolator.store.embedded import DB_FILE, EmbeddedStore
 from tests.store._store_worker import batch_rows
 
@@ -354,6 +354,36 @@ def test_a_small_read_is_one_statement_and_a_lone_write_has_no_savepoint(
         verbs = [s.split()[0] for s in statements]
         assert verbs[0] == "BEGIN" and verbs[-1] == "COMMIT", statements
         assert "SAVEPOINT" not in verbs and len(verbs) <= 5, statements
+
+
+def test_compare_and_sets_of_many_cells_take_a_fixed_number_of_statements(
+    tmp_path: Path,
+) -> None:
+    """A transaction locks and commits its cells in compare-and-sets of many cells: those
+    read in two statements whatever their number (the table, then every cell's newest
+    version), with each item decided on its own as if they ran one after the other.  (The
+    trace shows each row of an ``executemany`` as a statement: one write per applied item.)"""
+    with EmbeddedStore(str(tmp_path / "store")) as store:
+        store.create_table("t", FAMILIES)
+        store.put("t", [Put(b"r%02d" % i, "l", b"q", 1, b"old") for i in range(0, 20, 2)])
+        statements: list[str] = []
+        store._conn().set_trace_callback(statements.append)
+        items = [
+            CompareAndSet(b"r%02d" % i, "l", b"q", b"old" if i % 4 == 0 else None, b"new")
+            for i in range(20)
+        ]
+        applied = store.compare_and_set_many("t", items)
+        # Even rows hold "old": those expecting it apply; odd rows are empty: those expecting
+        # nothing apply.  Rows 2, 6, 10, ... hold "old" but expect nothing: refused.
+        assert applied == [i % 4 == 0 or i % 2 == 1 for i in range(20)]
+        verbs = [s.split()[0] for s in statements]
+        assert verbs[0] == "BEGIN" and verbs[-1] == "COMMIT", statements
+        assert verbs.count("SELECT") == 2, statements
+        assert verbs.count("INSERT") == sum(applied), statements
+        for i, item in enumerate(items):
+            versions = store.read_row("t", item.row, [("l", b"q")]).get(("l", b"q"), [])
+            assert versions[0][1] == (b"new" if applied[i] else b"old"), i
+            assert len(versions) == 1, "the lock family keeps one version"
 
 
 def test_finished_threads_do_not_leak_connections(tmp_path: Path) -> None:
