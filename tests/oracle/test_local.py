@@ -417,15 +417,17 @@ def test_a_paused_holder_is_waited_out_and_serves_nothing_from_its_lease_after(
     holder = LocalOracle(store, clock=clock, lease_ms=400)
     lease_now(holder, clock)
     last = holder.get_timestamp()
-    leased_at = clock.mono
+    leased_at, wall_at_pause = clock.mono, clock.wall
     # The holder is paused: it never renews nor answers.  The waiter waits until the
     # holder's bytes have been unchanged for lease + margin by its own clock.
     waiter = LocalOracle(store, clock=clock, lease_ms=400)
     t = waiter.get_timestamp()
     assert clock.mono - leased_at > 400 + 400 / 8
     assert t > last
-    # The holder wakes up: its renewal fails (someone else wrote the record), so nothing
-    # comes from the old lease.
+    # The holder wakes up, and its wall clock has stepped back to when it paused, so its
+    # block looks unused: only its monotonic clock says the lease is over.  Its renewal
+    # fails (someone else wrote the record), so nothing comes from the old lease.
+    clock.wall = wall_at_pause
     before = holder.leased_batches
     again = holder.get_timestamp()
     assert again > t and holder.leased_batches == before and not holder.holds_lease
