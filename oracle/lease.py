@@ -12,8 +12,9 @@ STANDBY
     * by its own monotonic clock: the record has not changed for ``lease_ms + margin_ms``
       since this process first saw it; this needs no clock agreement at all.
 
-    A live lease of a local oracle (holder ``local:...``) is waited out the same way; each
-    poll meanwhile asks it to release early (see :mod:`percolator.timestamps.local`).
+    A live lease of a local oracle (holder ``local:...``) is waited out by the monotonic
+    clock only (its expiry comes from a client host's wall clock); each poll meanwhile asks
+    it to release early (see :mod:`percolator.timestamps.local`).
 
     Taking over is one compare-and-set from the exact bytes read, which bumps the epoch,
     names this process as holder, and sets a new high-water mark ``window_ms`` ahead.
@@ -239,6 +240,10 @@ class OracleNode:
             self._observed_raw = raw
             self._observed_since = mono
         margin = self.config.margin_ms
+        if is_local_holder(record.holder):
+            # A local oracle's lease: by our monotonic clock only.  Its expiry is from a
+            # client host's wall clock, which the servers' clock margin says nothing about.
+            return mono - self._observed_since > record.lease_ms + margin
         return (
             wall > record.lease_expiry_ms + margin
             or mono - self._observed_since > record.lease_ms + margin

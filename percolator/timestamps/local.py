@@ -40,27 +40,31 @@ A short lease: no store access at all
 An instance that has been the only one drawing timestamps for ``lease_ms`` (all its reads
 and compare-and-sets found its own bytes) takes a *lease* with its next reservation: the
 record names it with ``lease_ms`` and a wall-clock expiry, and the mark runs ``lease_ms``
-ahead of the clock.  While the lease is valid **by its own monotonic clock** (until
-``sent + lease_ms - margin``, ``sent`` read before the compare-and-set was sent, margin
-``lease_ms / 8``) it serves batches from its block with no store access at all.  Every
-``lease_ms / 4`` (or when the block runs out) it renews the lease by compare-and-set from the
-bytes it wrote; a renewal that fails means it was paused past its lease and someone took
-over, so it drops the lease and serves nothing from it.
+ahead of the clock.  The lease is valid **by its own monotonic clock** until
+``sent + lease_ms - margin`` (``sent`` read before the compare-and-set was sent, margin
+``lease_ms / 8``).  The holder serves batches from its block with no store access at all
+until ``sent + lease_ms / 4``, well inside that, and then renews the lease by
+compare-and-set from the bytes it wrote (also when the block runs out).  A renewal that
+fails means it was paused past its lease and someone took over, so it drops the lease and
+serves nothing from it.  A renewal always changes the bytes (its expiry only grows).
 
 Another local oracle that finds a live lease of someone else waits: it takes over (one
 compare-and-set from the exact bytes it saw) only once those bytes have not changed for
 ``lease_ms + margin`` by *its own* monotonic clock, so the two intervals cannot overlap
-whatever the wall clocks say. While it waits it asks the holder to release
+whatever the wall clocks say.  While it waits it asks the holder to release
 (:meth:`~percolator.timestamps.record.OracleRecordRegister.ask_release`, polled every
 10 ms); a holder sees the request at its next renewal and writes the record back without a
 lease, so a waiter normally waits at most ``lease_ms / 4``, and ``lease_ms + margin`` after
 a holder went idle (it renews only when asked for timestamps), crashed or was paused; hence
-the short default of 100 ms (renewing costs a read and a compare-and-set every 25 ms). A
-holder that released needs another ``lease_ms`` alone before it leases again, so instances
-that take turns settle on the read-validated blocks. ``close()`` releases the lease. A
-forked child never serves from its parent's lease or block: it notices the new process id
-and starts as a new instance. An oracle server waits out (and asks to end) a local lease the
-same way as a server's.
+the short default of 100 ms (renewing costs a read and a compare-and-set every 25 ms).  A
+holder that released on request leases again only after a hold-off (a second, or ten
+leases) and another ``lease_ms`` alone, so whoever asked finds the record unleased even if
+it polls slowly, and instances that take turns settle on the read-validated blocks.
+
+An oracle server waits out a local lease by its monotonic clock only (never by the wall
+clocks, which would bring every client host's clock into the argument) and asks it to end
+meanwhile.  ``close()`` releases the lease.  A forked child never serves from its parent's
+lease or block, nor touches them: it starts as a new instance (``os.register_at_fork``).
 
 Why it is safe: a timestamp served under the lease is checked against the validity after
 its request began; anyone else hands out timestamps only after a compare-and-set over the
@@ -94,11 +98,13 @@ import secrets
 import socket
 import threading
 import time
+import weakref
 
 from percolator.errors import (
     InvalidArgumentError,
     OracleError,
     OracleUnavailableError,
+    StoreError,
     StoreUnavailableError,
 )
 from percolator.store.base import Store
@@ -125,11 +131,27 @@ DEFAULT_BLOCK_MS = 100
 DEFAULT_LEASE_MS = 100
 #: How often an instance that waits for another's lease re-reads the record.
 WAIT_POLL_MS = 10
+#: After releasing its lease on request, an instance leases again no sooner than this (or
+#: ten leases), so that whoever asked finds the record unleased even if it polls slowly.
+RELEASE_HOLD_OFF_MS = 1000
 
 
 def lease_margin_ms(lease_ms: int) -> float:
     """The allowance between a local lease's holder and its waiters (module docstring)."""
     return lease_ms / 8
+
+
+#: every LocalOracle of this process, made new instances in a forked child
+_instances: weakref.WeakSet[LocalOracle] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for oracle in list(_instances):
+        oracle._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _new_instance_id() -> str:
@@ -186,6 +208,8 @@ class LocalOracle(TimestampOracle):
         self._wanted_seen: bytes | None = None
         # Since when (monotonic ms) every read and write found this instance's own bytes.
         self._alone_since: float | None = None
+        # After releasing on request: no lease before this (monotonic ms).
+        self._no_lease_before = 0.0
         # Waiting for another instance's lease: the bytes seen, and since when.
         self._waiting_on: bytes | None = None
         self._waiting_since = 0.0
@@ -197,8 +221,18 @@ class LocalOracle(TimestampOracle):
         self.validations = 0  # batches served from a block after one read
         self.leased_batches = 0  # batches served under a lease, with no store access
         self.lease_waits = 0  # polls spent waiting for another instance's lease
-        self._pid = os.getpid()
         self._coalescer = Coalescer(self._reserve, max_batch)
+        _instances.add(self)
+
+    def _after_fork_in_child(self) -> None:
+        """The child's copy: the lease and block are its parent's, which may go on serving
+        from them (and a request of another parent thread may have been in flight, holding
+        the locks).  Start over as an instance of its own, with fresh locks."""
+        self.instance_id = _new_instance_id()
+        self._state_lock = threading.Lock()
+        self._coalescer = Coalescer(self._reserve, self._coalescer.max_batch)
+        self._waiting_on = None
+        self._drop()
 
     @property
     def stats(self) -> CoalescerStats:
@@ -227,7 +261,7 @@ class LocalOracle(TimestampOracle):
             if self._renew_at and self._known is not None:
                 try:
                     self._release()
-                except StoreUnavailableError:
+                except (StoreError, OracleError):  # the lease lapses by itself
                     self._drop()
 
     def _reserve(self, total: int) -> int:
@@ -279,12 +313,6 @@ class LocalOracle(TimestampOracle):
     def _reserve_once(self, total: int) -> int | None:
         """One attempt: ``first``, or None to retry (a lost race, or a lease to wait for:
         then ``_waiting_on`` is set).  Holds the state lock."""
-        if os.getpid() != self._pid:
-            # A forked child: the lease and block are its parent's, which may go on serving
-            # from them.  Start over as an instance of its own.
-            self._pid = os.getpid()
-            self.instance_id = _new_instance_id()
-            self._drop()
         if self._renew_at:
             served = self._serve_leased(total)
             if served is not None:
@@ -353,7 +381,10 @@ class LocalOracle(TimestampOracle):
             epoch=known.record.epoch,
             high_water=max(known.record.high_water, needed, compose(wall + self._lease_ms) - 1),
             holder=self.instance_id,
-            lease_expiry_ms=wall + self._lease_ms,
+            # Strictly later than the last expiry even if the wall clock stood still or
+            # stepped back: a renewal always changes the bytes, which is what tells a
+            # waiter the holder is alive.
+            lease_expiry_ms=max(wall + self._lease_ms, known.record.lease_expiry_ms + 1),
             lease_ms=self._lease_ms,
         )
         if not self._compare_and_set(known, new):
@@ -373,7 +404,12 @@ class LocalOracle(TimestampOracle):
             epoch=known.record.epoch, high_water=known.record.high_water, holder=self.instance_id
         )
         self._renew_at = 0.0
-        self._alone_since = None  # lease again only after another lease_ms alone
+        self._alone_since = None
+        # Whoever asked polls at its own pace (an oracle server every 250 ms): give it time
+        # to find the record unleased before leasing again.
+        self._no_lease_before = self._clock.monotonic_ms() + max(
+            RELEASE_HOLD_OFF_MS, 10 * self._lease_ms
+        )
         if self._compare_and_set(known, new):
             self._known = StoredRecord(new, new.encode())
         else:
@@ -463,6 +499,7 @@ class LocalOracle(TimestampOracle):
             and not self._closed
             and self._alone_since is not None
             and sent - self._alone_since >= self._lease_ms
+            and sent >= self._no_lease_before
         ):
             # Alone for a whole lease: lease, so later batches need no store access.
             return first, OracleRecord(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import select
 import signal
 import subprocess
 import sys
@@ -470,23 +472,89 @@ def test_an_oracle_server_asks_a_local_lease_to_end_then_takes_over(
         local.get_timestamp()
 
 
-def test_a_forked_child_never_serves_from_its_parents_lease(
-    store: FaultyStore, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+def test_a_forked_child_starts_as_a_new_instance_with_fresh_locks(
+    store: FaultyStore, clock: FakeClock
 ) -> None:
-    import percolator.timestamps.local as local_module
-
+    """A real fork while the parent holds its lease and has a request in flight (the state
+    lock held): the child does not hang, serves nothing from the parent's lease, and its
+    close() leaves the record alone."""
     parent = LocalOracle(store, clock=clock, lease_ms=400)
     lease_now(parent, clock)
     parent_id, last = parent.instance_id, parent.get_timestamp()
     limit = mark(store)
-    # After a fork the same object lives on in the child, with the parent's lease and block
-    # in memory, while the parent may go on serving from them.
-    monkeypatch.setattr(local_module.os, "getpid", lambda: -1)
-    before = dict(store.stats.calls)
-    child_ts = parent.get_timestamp()
-    assert parent.instance_id != parent_id, "the child is an instance of its own"
+    read_fd, write_fd = os.pipe()
+    with parent._state_lock:  # as if another thread's request were in flight
+        pid = os.fork()
+    if pid == 0:  # the child: its store is a copy of the parent's memory
+        code = 1
+        try:
+            fresh = parent.instance_id != parent_id and not parent.holds_lease
+            before = store.stats.calls.get("compare_and_set", 0)
+            parent.close()  # holds no lease: writes nothing
+            untouched = store.stats.calls.get("compare_and_set", 0) == before
+            t = parent.get_timestamp()  # waits the parent's lease out on the fake clock
+            os.write(write_fd, f"{int(fresh)} {int(untouched)} {t}".encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    ready, _, _ = select.select([read_fd], [], [], 30)
+    if not ready:  # a hung child must not hang the suite
+        os.kill(pid, signal.SIGKILL)
+    with os.fdopen(read_fd) as pipe:
+        answer = pipe.read() if ready else "the child hung"
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, answer
+    fresh, untouched, child_ts = (int(x) for x in answer.split())
+    assert fresh and untouched
     assert child_ts > limit > last, "above everything the parent's lease could hand out"
-    assert store.stats.calls["compare_and_set"] > before["compare_and_set"]
+    assert parent.holds_lease and parent.instance_id == parent_id
+
+
+def test_an_oracle_server_gets_in_beside_a_busy_local_holder(
+    store: FaultyStore, clock: FakeClock
+) -> None:
+    """The holder keeps drawing timestamps; the server polls every 250 ms.  A holder that
+    leased again right after releasing could make the server miss every window."""
+    local = LocalOracle(store, clock=clock)
+    server = OracleNode(OracleRecordRegister(store), "oracle:server-1", LeaseConfig(), clock)
+    lease_now(local, clock)
+    for step in range(400):  # 4 s of fake time, 10 ms per step
+        try:
+            local.get_timestamp()
+        except OracleError:
+            break  # the server took over: the local oracle refuses
+        if step % 25 == 0:
+            server.step()
+        clock.advance(10)
+    assert server.role is Role.ACTIVE, "the server never found the record unleased"
+
+
+def test_an_oracle_server_ignores_a_local_lease_s_wall_clock_expiry(
+    store: FaultyStore, clock: FakeClock
+) -> None:
+    """The expiry in a local lease comes from a client host's wall clock, which may run far
+    behind the server's: only the server's monotonic clock may decide that it lapsed."""
+    local = LocalOracle(store, clock=clock, lease_ms=400)
+    lease_now(local, clock)
+    server = OracleNode(OracleRecordRegister(store), "oracle:server-1", LeaseConfig(), clock)
+    clock.wall += 60_000  # as seen by a server whose clock is a minute ahead
+    server.step()
+    assert server.role is Role.STANDBY
+
+
+def test_a_renewal_changes_the_record_even_if_the_wall_clock_stands_still(
+    store: FaultyStore, clock: FakeClock
+) -> None:
+    """Waiters judge a holder alive by its bytes changing."""
+    oracle = LocalOracle(store, clock=clock, lease_ms=400)
+    lease_now(oracle, clock)
+    oracle.get_timestamp()
+    seen = OracleRecordRegister(store).read().raw
+    clock.mono += 150  # the wall clock stands still: a renewal is due
+    oracle.get_timestamp()
+    assert oracle.holds_lease
+    assert OracleRecordRegister(store).read().raw != seen
 
 
 def test_lease_ms_must_be_zero_or_at_least_8(store: FaultyStore) -> None:
