@@ -8,6 +8,7 @@ not from the job's own report.  :class:`RunCounter` logs each committed observer
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Sequence
 
@@ -38,6 +39,25 @@ def write_records(
 
 def table_rows(client: percolator.Client, table: str) -> dict[bytes, dict[str, bytes]]:
     return dict(client.snapshot().scan(table))
+
+
+def rows_after_failed_job(
+    client: percolator.Client, table: str, *, quiet_s: float = 2.0, timeout_s: float = 60.0
+) -> dict[bytes, dict[str, bytes]]:
+    """The table's rows once a failed job has stopped writing.  Spark reports a job failed
+    as soon as one task has used up its attempts, without waiting for its other running
+    tasks: those are only asked to stop, and their Python workers may still commit the
+    batch they are writing.  So: the rows once they stayed the same for ``quiet_s``."""
+    deadline = time.monotonic() + timeout_s
+    rows = table_rows(client, table)
+    while True:
+        time.sleep(quiet_s)
+        again = table_rows(client, table)
+        if again == rows:
+            return rows
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{table} still changing {timeout_s:g} s after the job failed")
+        rows = again
 
 
 class RunCounter(Observer):

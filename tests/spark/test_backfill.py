@@ -26,6 +26,7 @@ from tests.spark.helpers import (
     ITEMS,
     RunCounter,
     connect,
+    rows_after_failed_job,
     runs_per_row,
     table_rows,
     write_records,
@@ -159,7 +160,7 @@ def test_rerun_after_failed_job_writes_each_row_once_and_observers_run_once(
                                      partitions=(0,))
             with pytest.raises(SparkJobError, match="injected failure in partition 0"):
                 run_backfill(spark, options(shared_store_url, path, inject_failure=inject))
-            partial = table_rows(client, ITEMS)
+            partial = rows_after_failed_job(client, ITEMS)
             assert 0 < len(partial) < ROWS
             report = run_backfill(spark, options(shared_store_url, path))
             assert report.rows_skipped == len(partial)
@@ -186,7 +187,7 @@ def test_rerun_with_different_file_layout_still_skips_committed_batches(
     with pytest.raises(SparkJobError):
         run_backfill(spark, options(embedded_url, path, job_id="layout", inject_failure=inject))
     with connect(embedded_url) as client:
-        committed = len(table_rows(client, ITEMS))
+        committed = len(rows_after_failed_job(client, ITEMS))
     assert 0 < committed < ROWS
     shutil.rmtree(path)
     write_json(tmp_path / "in", list(reversed(rows)), files=5)
