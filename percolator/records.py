@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import enum
 import struct
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from percolator.timestamps import physical_ms
 
@@ -108,7 +108,7 @@ class LockCell:
         return self.lock is not None and self.lock.start_ts == start_ts
 
     def with_lock(self, lock: LockInfo) -> LockCell:
-        return replace(self, lock=lock)
+        return LockCell(lock=lock, last_commit=self.last_commit, rolled_back=self.rolled_back)
 
     def committed(self, commit_ts: int) -> LockCell:
         """The state after committing the lock it holds at ``commit_ts``."""

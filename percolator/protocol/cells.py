@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from percolator.layout import DATA, LOCK, WRITE
 from percolator.records import CommitInfo, Kind, LockCell, WriteRecord
@@ -22,10 +22,20 @@ class CellKey:
     table: str
     row: bytes
     column: str
+    # Derived once: a transaction hashes each key and encodes its qualifier many times.
+    qualifier: bytes = field(init=False, repr=False, compare=False)
+    _hash: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def qualifier(self) -> bytes:
-        return self.column.encode("utf-8")
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "qualifier", self.column.encode("utf-8"))
+        object.__setattr__(self, "_hash", hash((self.table, self.row, self.column)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[type[CellKey], tuple[str, bytes, str]]:
+        # Rebuilt from its fields: the cached hash of str is valid in this process only.
+        return (CellKey, (self.table, self.row, self.column))
 
     def __str__(self) -> str:
         return f"{self.table}/{self.row!r}/{self.column}"

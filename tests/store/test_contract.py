@@ -764,6 +764,8 @@ BAD_PUTS = [
     Put(b"r", "d", b"q", -1, b"v"),
     Put(b"r", "d", b"q", MAX_VERSION + 1, b"v"),
     Put(b"r", "d", b"q", 1.5, b"v"),  # type: ignore[arg-type]
+    Put(b"r", "d", b"q", True, b"v"),  # a bool is an int, but not a version
+    Put(b"r", "", b"q", 1, b"v"),
     Put(b"r", "d", b"q", 1, "text-value"),  # type: ignore[arg-type]
     Put(b"r", "d", b"q", 1, None),  # type: ignore[arg-type]
     "not a put",

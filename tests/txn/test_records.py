@@ -61,3 +61,35 @@ def test_malformed_lock_cells_are_rejected(data: bytes) -> None:
 def test_malformed_write_records_are_rejected(data: bytes) -> None:
     with pytest.raises(RecordError):
         WriteRecord.decode(data)
+
+
+def test_with_lock_keeps_the_rest_of_the_state() -> None:
+    cell = LockCell(last_commit=COMMIT, rolled_back=99)
+    assert cell.with_lock(LOCK) == LockCell(lock=LOCK, last_commit=COMMIT, rolled_back=99)
+
+
+def test_cell_key_survives_pickling_into_a_process_with_another_hash_seed() -> None:
+    """A key caches its hash, and str hashes differ between processes: an unpickled key must
+    hash as a key built there, or dict lookups of it would silently miss."""
+    import base64
+    import pickle
+    import subprocess
+    import sys
+
+    from percolator.protocol.cells import CellKey
+
+    key = CellKey("table", b"row", "col/\u00fc")
+    assert key.qualifier == "col/\u00fc".encode()
+    assert hash(key) == hash(CellKey("table", b"row", "col/\u00fc"))
+    blob = base64.b64encode(pickle.dumps({key: 1})).decode()
+    check = (
+        "import base64, pickle\n"
+        "from percolator.protocol.cells import CellKey\n"
+        f"d = pickle.loads(base64.b64decode({blob!r}))\n"
+        "k = CellKey('table', b'row', 'col/\\u00fc')\n"
+        "assert d[k] == 1 and next(iter(d)).qualifier == k.qualifier, d\n"
+    )
+    for seed in ("1", "2"):
+        subprocess.run(
+            [sys.executable, "-c", check], check=True, env={"PYTHONHASHSEED": seed, "PATH": ""}
+        )
