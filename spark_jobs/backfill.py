@@ -1015,8 +1015,8 @@ def _delete_rows(client: percolator.Client, table: str, prefix: bytes) -> int:
     stop = prefix[:-1] + b"0"  # b"0" follows b"/": exactly the rows under the prefix
     removed = 0
     while True:
-        snapshot = client.snapshot()
-        chunk = list(itertools.islice(snapshot.scan(table, prefix, stop), 500))
+        with client.snapshot() as snapshot:  # released before the deletes commit
+            chunk = list(itertools.islice(snapshot.scan(table, prefix, stop), 500))
         if not chunk:
             return removed
 

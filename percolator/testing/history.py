@@ -1031,8 +1031,8 @@ def read_all(
 ) -> Txn:
     """Read every key in one snapshot (resolving whatever locks are left) and record it as a
     committed read-only transaction.  Run it after the workload to fix the final state."""
-    snapshot = client.snapshot()
-    ops = tuple(Read(k, decode_list(snapshot.get(table, k, column))) for k in keys)
+    with client.snapshot() as snapshot:
+        ops = tuple(Read(k, decode_list(snapshot.get(table, k, column))) for k in keys)
     txn = Txn(recorder.new_id(), ops, COMMITTED, snapshot.read_ts, None, process)
     recorder.add(txn)
     return txn
