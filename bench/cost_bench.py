@@ -399,7 +399,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     promise.add_argument("--store", help="store URL (default: embedded store in a temp dir)")
     promise.add_argument("--docs", type=int, default=10_000)
     promise.add_argument("--fraction", type=float, default=0.01)
-    promise.add_argument("--threads", type=int, default=4)
+    promise.add_argument(
+        "--threads", type=int, default=None, help="worker threads (default: the worker's)"
+    )
     promise.add_argument("--rounds", type=int, default=2)
     promise.add_argument("--seed", type=int, default=1)
     promise.add_argument("--master", default="local[2]")

@@ -226,7 +226,7 @@ def measure_incremental(
     *,
     docs: int,
     fraction: float,
-    threads: int,
+    threads: int | None,
     seed: int,
     rounds: int,
     batch_size: int = 1,
@@ -367,7 +367,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="change-then-process rounds, alternating worker and drain "
         "(medians reported; default %(default)s)",
     )
-    parser.add_argument("--threads", type=int, default=4, help="observer runner threads")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="observer runner threads (default: the worker's, by the store)",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args(argv)

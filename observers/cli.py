@@ -52,7 +52,13 @@ def register_worker(subparsers: Any) -> None:
         "factory, or a list of them), imported with the current directory on the path; "
         "repeatable; with it, installed plugins run only if named with --observer",
     )
-    worker.add_argument("--threads", type=int, default=4, help="observer runs in parallel")
+    worker.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="observer runs in parallel (default: 1 on the embedded store, where more threads "
+        "cost CPU and add nothing; 4 on HBase)",
+    )
     worker.add_argument("--scanners", type=int, default=1, help="scanner threads")
     worker.add_argument(
         "--batch",

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from percolator.observers.runner import RunResult
 
 from percolator.errors import ConfigError
 from percolator.notifications import Notification
+from percolator.store.base import Store
+
+#: The worker's run threads when none are given, by whether the store's calls run in
+#: parallel (:attr:`Store.calls_run_in_parallel`): on HBase runs wait on the network, so
+#: threads overlap them; on the embedded and memory stores they take turns in this process,
+#: and one thread did the example pipeline's changes for 7.1-7.3 ms each where four needed
+#: 12.4-13.8 ms (bench/results.md, "The worker's threads follow the store").
+PARALLEL_STORE_THREADS = 4
+LOCAL_STORE_THREADS = 1
 
 
 @dataclass(frozen=True)
@@ -16,7 +25,8 @@ class WorkerOptions:
     """Tunables of a worker (see the docstrings of observers/worker.py, finder.py and
     processor.py)."""
 
-    threads: int = 4
+    #: observer runs in parallel; None: by the store (:meth:`for_store`)
+    threads: int | None = None
     scanners: int = 1
     failure_limit: int = 5
     backoff_base_s: float = 0.5
@@ -45,8 +55,11 @@ class WorkerOptions:
     batch_size: int = 1
 
     def __post_init__(self) -> None:
+        if self.threads is not None and (
+            not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 1
+        ):
+            raise ConfigError(f"worker option threads must be an int >= 1, got {self.threads!r}")
         for name in (
-            "threads",
             "scanners",
             "failure_limit",
             "scan_batch",
@@ -78,3 +91,18 @@ class WorkerOptions:
             )
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics port must be in 0..65535, got {self.metrics_port}")
+
+    def for_store(self, store: Store) -> WorkerOptions:
+        """These options with ``threads`` set: as given, or by the store when None (see
+        :data:`PARALLEL_STORE_THREADS`)."""
+        if self.threads is not None:
+            return self
+        threads = PARALLEL_STORE_THREADS if store.calls_run_in_parallel else LOCAL_STORE_THREADS
+        return replace(self, threads=threads)
+
+    @property
+    def run_threads(self) -> int:
+        """``threads`` once set (:meth:`for_store`; the worker does it)."""
+        if self.threads is None:
+            raise ConfigError("worker option threads is not set: use WorkerOptions.for_store")
+        return self.threads

@@ -83,7 +83,7 @@ class NotificationProcessor:
     ) -> None:
         self._client = client
         self._observers = observers
-        self._options = options
+        self._options = options = options.for_store(client.store)
         self._metrics = metrics
         self._parking = parking
         self._stopping = stopping
@@ -91,7 +91,7 @@ class NotificationProcessor:
         # Partitioned workers: the fence a run checks before its commit (None: no check).
         self._fence_for = fence_for
         # Room for every thread's next batch and the one after it.
-        room = options.threads * max(4, 2 * options.batch_size)
+        room = options.run_threads * max(4, 2 * options.batch_size)
         self._queue: queue.Queue[Notification | None] = queue.Queue(maxsize=room)
         self._lock = threading.Lock()
         self._inflight: set[Cell] = set()

@@ -6,7 +6,8 @@ A worker wires three parts together and owns their threads and lifecycle:
   of the observed tables, from random rows, jumping away from other scanners;
 * a **pool** of ``threads`` threads runs observers (observers/processor.py: queue, back-off,
   failure counting and parking; observers/runner.py: one run), one notification at a time
-  each.  A cell is never queued twice in one worker;
+  each; by default 4 on HBase and 1 on the embedded and memory stores
+  (``WorkerOptions.for_store``).  A cell is never queued twice in one worker;
 * a **housekeeper** reloads the parked set and shares scanner positions.
 
 Shutdown (:meth:`Worker.stop`, SIGTERM in the CLI): scanners stop, queued notifications are
@@ -85,7 +86,7 @@ class Worker:
         worker_id: str | None = None,
     ) -> None:
         self.client = client
-        self.options = options or WorkerOptions()
+        self.options = (options or WorkerOptions()).for_store(client.store)
         self.worker_id = worker_id or (
             f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         )
@@ -208,7 +209,7 @@ class Worker:
             idle_sleep_s=self.options.idle_sleep_s,
             hash_ranges=self.leases.hash_ranges if self.leases is not None else None,
         )
-        for index in range(self.options.threads):
+        for index in range(self.options.run_threads):
             thread = threading.Thread(
                 target=self.processor.run_loop, name=f"observer-run-{index}", daemon=True
             )
@@ -227,7 +228,7 @@ class Worker:
             "worker %s running %s on %d threads",
             self.worker_id,
             ", ".join(o.name for o in self.observers),
-            self.options.threads,
+            self.options.run_threads,
         )
 
     def stop(self, drain_timeout_s: float | None = None) -> None:

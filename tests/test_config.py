@@ -38,7 +38,7 @@ def parse(
 
 def test_defaults_without_settings() -> None:
     args = parse(["worker"])
-    assert args.threads == 4
+    assert args.threads is None  # by the store: WorkerOptions.for_store
     assert args.store == "embedded:./percolator-data"
     assert args.oracle is None
 

@@ -188,6 +188,12 @@ class Store(abc.ABC):
     #: applies (:attr:`CompareAndSet.then_put`; memory, embedded).  HBase through Thrift-1
     #: cannot: its ``checkAndPut`` carries one unversioned mutation.
     conditional_puts: bool = False
+    #: True if calls of several threads of one process proceed in parallel, because a server
+    #: does the work and the threads wait on the network (HBase); False if they take turns
+    #: in this process (memory, embedded: Python runs one thread at a time, and an SQLite
+    #: statement costs 3-4x the CPU with four threads issuing them), so that more threads
+    #: add cost, not throughput.  The observer worker's default thread count follows it.
+    calls_run_in_parallel: bool = True
 
     def __init__(self) -> None:
         self.stats = StoreStats()

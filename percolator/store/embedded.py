@@ -323,6 +323,7 @@ class EmbeddedStore(Store):
 
     put_is_atomic = True
     conditional_puts = True
+    calls_run_in_parallel = False
 
     def __init__(self, path: str, *, busy_timeout_s: float = 60.0) -> None:
         super().__init__()

@@ -101,6 +101,7 @@ class MemoryStore(Store):
 
     put_is_atomic = True
     conditional_puts = True
+    calls_run_in_parallel = False
 
     _registry: ClassVar[dict[str, MemoryStore]] = {}
     _registry_lock: ClassVar[threading.Lock] = threading.Lock()

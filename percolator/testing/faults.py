@@ -123,6 +123,7 @@ class FaultyStore(Store):
         #: allows (HBase's), so a test can stop a put half-way.
         self.split_puts = split_puts
         self.conditional_puts = inner.conditional_puts
+        self.calls_run_in_parallel = inner.calls_run_in_parallel
         self.url = inner.url
         self.stats = inner.stats
         self._rules: list[Rule] = []

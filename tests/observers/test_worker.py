@@ -17,6 +17,7 @@ from percolator.observers.worker import Worker, WorkerOptions
 
 import percolator
 from percolator.errors import ConfigError
+from percolator.store.base import Store
 from percolator.testing import ProtocolHarness
 from percolator.transaction import Transaction
 from tests.observers import helpers
@@ -288,6 +289,27 @@ def test_two_hosted_observers_on_one_column_are_refused(local_client: percolator
 def test_bad_worker_options_are_config_errors(option: str, value: object) -> None:
     with pytest.raises(ConfigError, match=option):
         WorkerOptions(**{option: value})  # type: ignore[arg-type]
+
+
+def test_default_threads_follow_the_store(store: Store) -> None:
+    """One run thread where the store's calls take turns in this process (memory,
+    embedded), four where a server does the work (HBase); given threads are kept."""
+    expected = 4 if store.url.startswith("hbase") else 1
+    assert store.calls_run_in_parallel == (expected == 4)
+    assert WorkerOptions().for_store(store).run_threads == expected
+    assert WorkerOptions(threads=3).for_store(store).run_threads == 3
+    with pytest.raises(ConfigError, match="not set"):
+        _ = WorkerOptions().run_threads
+
+
+def test_a_worker_with_default_options_runs_one_thread_on_a_local_store(
+    local_client: percolator.Client, start_worker: Callable[..., Worker]
+) -> None:
+    worker = start_worker([helpers.RunLogger()], WorkerOptions(idle_sleep_s=0.01))
+    assert worker.options.threads == 1
+    assert [t.name for t in worker._runners] == ["observer-run-0"]
+    set_cells(local_client, "value", {b"r": b"1"})
+    wait_for(lambda: b"r" in runs(local_client.snapshot()), what="run-logger run")
 
 
 class _Sleepy(helpers.RunLogger):
