@@ -26,9 +26,9 @@ import logging
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable
 
+from percolator.concurrency import renew_after_fork
 from percolator.errors import PercolatorError
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class Heartbeats:
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._closed = False
-        _instances.add(self)
+        renew_after_fork(self)
 
     def _after_fork_in_child(self) -> None:
         """The child's copy: a fresh lock, no beats, no thread (see the module docstring)."""
@@ -135,16 +135,3 @@ class Heartbeats:
             if handle._run():
                 with self._cond:
                     self._schedule(handle)
-
-
-#: every Heartbeats of this process, renewed in a forked child
-_instances: weakref.WeakSet[Heartbeats] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for heartbeats in list(_instances):
-        heartbeats._after_fork_in_child()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)

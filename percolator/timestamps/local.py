@@ -98,8 +98,8 @@ import secrets
 import socket
 import threading
 import time
-import weakref
 
+from percolator.concurrency import renew_after_fork
 from percolator.errors import (
     InvalidArgumentError,
     OracleError,
@@ -139,19 +139,6 @@ RELEASE_HOLD_OFF_MS = 1000
 def lease_margin_ms(lease_ms: int) -> float:
     """The allowance between a local lease's holder and its waiters (module docstring)."""
     return lease_ms / 8
-
-
-#: every LocalOracle of this process, made new instances in a forked child
-_instances: weakref.WeakSet[LocalOracle] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for oracle in list(_instances):
-        oracle._after_fork_in_child()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _new_instance_id() -> str:
@@ -222,7 +209,7 @@ class LocalOracle(TimestampOracle):
         self.leased_batches = 0  # batches served under a lease, with no store access
         self.lease_waits = 0  # polls spent waiting for another instance's lease
         self._coalescer = Coalescer(self._reserve, max_batch)
-        _instances.add(self)
+        renew_after_fork(self)  # a forked child starts as a new instance
 
     def _after_fork_in_child(self) -> None:
         """The child's copy: the lease and block are its parent's, which may go on serving
