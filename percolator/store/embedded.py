@@ -274,6 +274,24 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _advance_clock(conn: sqlite3.Connection, last: int | str) -> int:
+    """The store clock for a compare-and-set, inside the caller's write transaction:
+    wall-clock milliseconds, never below the last stamp ``last`` read from ``meta`` (clocks
+    of different processes, or one clock stepped back, must not make a later
+    compare-and-set older than an earlier one); stored when it moved."""
+    clock = max(_now_ms(), int(last))
+    if clock != last:
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'clock_ms'", (clock,))
+    return clock
+
+
+def _stamp(clock: int, newest_version: int | None) -> int:
+    """The version a compare-and-set writes: as HBase 2 does, never below the version just
+    compared, so the written value is the newest of its cell (an equal version is
+    replaced)."""
+    return clock if newest_version is None else max(clock, int(newest_version))
+
+
 @lru_cache(maxsize=256)
 def _decode_families(encoded: str) -> Mapping[str, FamilySpec]:
     return {
@@ -853,9 +871,7 @@ class EmbeddedStore(Store):
             i: (version, value)
             for i, version, value in conn.execute(_newest_sql(len(items)), params)
         }
-        clock = max(_now_ms(), int(last))  # the store clock: see _compare_and_set
-        if clock != last:
-            conn.execute("UPDATE meta SET value = ? WHERE key = 'clock_ms'", (clock,))
+        clock = _advance_clock(conn, last)
         applied: list[bool] = []
         writes = []
         grown: list[tuple[str, bytes, bytes]] = []
@@ -865,7 +881,7 @@ class EmbeddedStore(Store):
             if not cas_matches(newest_value, item.expected):
                 applied.append(False)
                 continue
-            stamp = clock if newest_version is None else max(clock, int(newest_version))
+            stamp = _stamp(clock, newest_version)
             writes.append((tid, item.family, item.row, item.qualifier, stamp, item.new))
             if newest_version is not None and stamp != newest_version:
                 grown.append((item.family, item.row, item.qualifier))
@@ -890,15 +906,7 @@ class EmbeddedStore(Store):
             check_family_name(put.family, families)
         if not cas_matches(newest_value, item.expected):
             return False
-        # The store clock: wall-clock milliseconds, never below the last stamp (clocks of
-        # different processes, or one clock stepped back, must not make a later
-        # compare-and-set older than an earlier one).
-        clock = max(_now_ms(), int(last))
-        if clock != last:
-            conn.execute("UPDATE meta SET value = ? WHERE key = 'clock_ms'", (clock,))
-        # As HBase 2 does, never stamp below the version just compared: the written value is
-        # the newest of its cell (an equal version is replaced).
-        stamp = clock if newest_version is None else max(clock, int(newest_version))
+        stamp = _stamp(_advance_clock(conn, last), newest_version)
         conn.execute(_PUT_SQL, (tid, family, row, qualifier, stamp, item.new))
         if newest_version is not None and stamp != newest_version:
             # A new version next to older ones: trim to max_versions.  (A first version, or
