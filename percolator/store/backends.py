@@ -51,7 +51,14 @@ BACKENDS: tuple[Backend, ...] = (
 def with_table_prefix(url: str, prefix: str) -> str:
     """An ``hbase://`` URL with ``prefix`` appended to its table prefix (if it has one), so a
     namespace can be carved out of a namespace."""
+    prefix = dict(parse_qsl(urlsplit(url).query)).get("prefix", "") + prefix
+    return with_url_options(url, prefix=prefix)
+
+
+def with_url_options(url: str, **options: str) -> str:
+    """An ``hbase://`` URL with ``options`` set (replacing any of the same name), keeping
+    the others (``thrift2_port``, ``transport``, ...)."""
     parts = urlsplit(url)
-    options = dict(parse_qsl(parts.query, keep_blank_values=True))
-    options["prefix"] = options.get("prefix", "") + prefix
-    return urlunsplit(parts._replace(query=urlencode(options)))
+    merged = dict(parse_qsl(parts.query, keep_blank_values=True))
+    merged.update(options)
+    return urlunsplit(parts._replace(query=urlencode(merged)))

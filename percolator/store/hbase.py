@@ -98,6 +98,7 @@ from percolator.errors import (
     TableExistsError,
     TableNotFoundError,
 )
+from percolator.store import thrift2
 from percolator.store.base import (
     MAX_ROW_LENGTH,
     Column,
@@ -150,6 +151,8 @@ _TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
 )
 # Exceptions the gateway declares in its IDL: a complete reply, the connection stays usable.
 _SERVER_ERRORS: tuple[type[BaseException], ...] = (HBaseIOError, IllegalArgument, AlreadyExists)
+# The same for the Thrift-2 gateway's calls.
+_SERVER_ERRORS_2: tuple[type[BaseException], ...] = (thrift2.TIOError, thrift2.TIllegalArgument)
 
 # A table prefix must keep prefixed names valid HBase table names (no namespace: the prefix
 # plays that role).
@@ -271,11 +274,12 @@ class _Connection:
         )
         self._hb.open()
         self.client: Any = self._hb.client
+        self._transport: Any = self._hb.transport
 
     def _socket(self) -> socket.socket | None:
         # The compiled buffered transport exposes the raw socket as ``.sock``; the pure-Python
         # one wraps a TSocket (``._trans``) whose ``.sock`` is the raw socket.
-        transport = self._hb.transport
+        transport = self._transport
         sock = getattr(transport, "sock", None)
         if sock is None:
             sock = getattr(getattr(transport, "_trans", None), "sock", None)
@@ -284,7 +288,7 @@ class _Connection:
     def looks_alive(self) -> bool:
         """False if the idle socket is closed or readable.
 
-        Between requests a healthy Thrift-1 connection has nothing to read; a readable
+        Between requests a healthy Thrift connection has nothing to read; a readable
         socket means the gateway closed it (EOF) or sent something unexpected.  Either way
         the next request on it would fail or read a stale reply.
         """
@@ -304,7 +308,22 @@ class _Connection:
     def close(self) -> None:
         # Closing a broken socket may fail; it is gone either way.
         with contextlib.suppress(Exception):
-            self._hb.close()
+            self._transport.close()
+
+
+class _Thrift2Connection(_Connection):
+    """One connection to the Thrift-2 gateway (:mod:`percolator.store.thrift2`), with the
+    same transport and protocol as happybase uses for Thrift-1.  Not thread-safe."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        timeout_ms: int,
+        transport: str = "buffered",
+        protocol: str = "binary",
+    ) -> None:
+        self.client, self._transport = thrift2.connect(host, port, timeout_ms, transport, protocol)
 
 
 class _ConnectionPool:
@@ -411,6 +430,7 @@ class HBaseStore(Store):
         timeout_ms: int = 30_000,
         transport: str = "buffered",
         protocol: str = "binary",
+        thrift2_port: int | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(host, str) or not host:
@@ -432,6 +452,12 @@ class HBaseStore(Store):
         for key, value in (("pool_size", pool_size), ("timeout_ms", timeout_ms)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise InvalidArgumentError(f"{key} must be a positive int, got {value!r}")
+        if thrift2_port is not None and (
+            not isinstance(thrift2_port, int)
+            or isinstance(thrift2_port, bool)
+            or not 0 < thrift2_port < 65536
+        ):
+            raise InvalidArgumentError(f"thrift2_port must be 1..65535, got {thrift2_port!r}")
         self.host = host
         self.port = port
         self.prefix = prefix
@@ -440,6 +466,10 @@ class HBaseStore(Store):
         self.transport = transport
         self.protocol = protocol
         self.address = f"{host}:{port}"
+        self.thrift2_port = thrift2_port
+        self.thrift2_address = f"{host}:{thrift2_port}" if thrift2_port is not None else None
+        # With the Thrift-2 gateway, a compare-and-set can carry puts of its row.
+        self.conditional_puts = thrift2_port is not None
         options = [f"prefix={prefix}"] if prefix else []
         if pool_size != 8:
             options.append(f"pool_size={pool_size}")
@@ -449,6 +479,8 @@ class HBaseStore(Store):
             options.append(f"transport={transport}")
         if protocol != PROTOCOLS[0]:
             options.append(f"protocol={protocol}")
+        if thrift2_port is not None:
+            options.append(f"thrift2_port={thrift2_port}")
         self.url = f"hbase://{self.address}" + ("?" + "&".join(options) if options else "")
         self._stats_lock = threading.Lock()
         self._families_lock = threading.Lock()
@@ -462,10 +494,18 @@ class HBaseStore(Store):
             pool_size,
             timeout_ms / 1000,
         )
+        self._pool2: _ConnectionPool | None = None
+        if thrift2_port is not None:
+            self._pool2 = _ConnectionPool(
+                lambda: _Thrift2Connection(host, thrift2_port, timeout_ms, transport, protocol),
+                pool_size,
+                timeout_ms / 1000,
+            )
         try:
             self._probe()
+            self._probe_thrift2()
         except BaseException:
-            self._pool.close()
+            self.close()
             raise
 
     # ------------------------------------------------------------------ plumbing
@@ -477,19 +517,22 @@ class HBaseStore(Store):
     def _hname(self, table: str) -> bytes:
         return (self.prefix + table).encode("ascii")
 
-    def _acquire(self) -> _Connection:
+    def _acquire(self, pool: _ConnectionPool | None = None) -> _Connection:
+        """A connection from ``pool`` (default: the Thrift-1 gateway's)."""
+        gateway = "Thrift" if pool is None else "Thrift-2"
+        address = self.address if pool is None else self.thrift2_address
         try:
-            return self._pool.acquire()
+            return (pool or self._pool).acquire()
         except RuntimeError:
             raise StoreError(f"the HBase store {self.url} is closed") from None
         except TimeoutError:
             raise StoreUnavailableError(
-                f"HBase Thrift gateway at {self.address}: all {self.pool_size} pooled "
+                f"HBase {gateway} gateway at {address}: all {self.pool_size} pooled "
                 f"connections stayed busy for {self.timeout_ms} ms (raise pool_size?)"
             ) from None
         except _TRANSPORT_ERRORS as exc:
             raise StoreUnavailableError(
-                f"cannot reach HBase Thrift gateway at {self.address}: "
+                f"cannot reach HBase {gateway} gateway at {address}: "
                 f"{_transport_reason(exc, self.timeout_ms)}"
             ) from exc
 
@@ -525,6 +568,40 @@ class HBaseStore(Store):
             self._pool.discard(conn)
             raise
         self._pool.release(conn)
+
+    def _probe_thrift2(self) -> None:
+        """Check that the ``thrift2_port`` (if any) is an HBase Thrift-2 gateway (one
+        ``getThriftServerType`` call)."""
+        if self._pool2 is None:
+            return
+        conn = self._acquire(self._pool2)
+        hint = (
+            f"is it an HBase Thrift-2 gateway (hbase thrift2) with the {self.transport} "
+            f"transport and the {self.protocol} protocol?"
+        )
+        try:
+            kind = conn.client.getThriftServerType()
+        except TApplicationException as exc:
+            self._pool2.release(conn)
+            raise StoreUnavailableError(
+                f"{self.thrift2_address} (thrift2_port) speaks Thrift but rejected "
+                f"getThriftServerType ({_short(_server_message(exc))}): {hint}"
+            ) from exc
+        except _TRANSPORT_ERRORS as exc:
+            self._pool2.discard(conn)
+            raise StoreUnavailableError(
+                f"{self.thrift2_address} (thrift2_port) did not answer like an HBase Thrift "
+                f"gateway ({_transport_reason(exc, self.timeout_ms)}): {hint}"
+            ) from exc
+        except BaseException:
+            self._pool2.discard(conn)
+            raise
+        self._pool2.release(conn)
+        if kind != thrift2.SERVER_TYPE_TWO:
+            raise StoreUnavailableError(
+                f"{self.thrift2_address} (thrift2_port) is a Thrift-1 gateway, not a Thrift-2 "
+                "one: start `hbase thrift2` there, or drop thrift2_port from the store URL"
+            )
 
     def _call(
         self,
@@ -577,8 +654,13 @@ class HBaseStore(Store):
     def _on(table: str | None) -> str:
         return f" on table {table!r}" if table is not None else ""
 
-    def _raise_server_error(self, op: str, table: str | None, exc: BaseException) -> NoReturn:
-        message = _server_message(exc)
+    def _raise_server_error(
+        self, op: str, table: str | None, exc: BaseException, message: str | None = None
+    ) -> NoReturn:
+        """Raise the store error for a server error ``exc`` (``message``: its text, if the
+        caller already read or amended it)."""
+        if message is None:
+            message = _server_message(exc)
         if table is not None and "TableNotFoundException" in message:
             self._forget_families(table)
             raise TableNotFoundError(table) from exc
@@ -1037,59 +1119,82 @@ class HBaseStore(Store):
         return self._check_and_put(table, item)
 
     def _check_and_put(self, table: str, item: CompareAndSet) -> bool:
-        """The ``checkAndPut`` of one checked item (see :meth:`compare_and_set`)."""
+        """The ``checkAndPut`` of one checked item (see :meth:`compare_and_set`): on the
+        Thrift-1 gateway, or on the Thrift-2 gateway if the item carries ``then_put``
+        (one ``TPut`` of the new cell, stamped by the server as Thrift-1 does, and the
+        riding cells at their own versions: one atomic row operation)."""
         row, family, qualifier = item.row, item.family, item.qualifier
-        spec = self._column_spec(family, qualifier)
-        mutation = Mutation(column=spec, value=item.new, isDelete=False)
+        hname = self._hname(table)
+        pool = self._pool
+        server_errors = _SERVER_ERRORS
+        if item.then_put:
+            assert self._pool2 is not None  # checked: conditional_puts
+            pool, server_errors = self._pool2, _SERVER_ERRORS_2
+            cells = [thrift2.TColumnValue(family.encode(), qualifier, item.new)]
+            cells.extend(
+                thrift2.TColumnValue(p.family.encode(), p.qualifier, p.value, p.version)
+                for p in item.then_put
+            )
+            tput = thrift2.TPut(row=row, columnValues=cells)
+        else:
+            spec = self._column_spec(family, qualifier)
+            mutation = Mutation(column=spec, value=item.new, isDelete=False)
         where = f"table {table!r}, row {row!r}, column {family}:{qualifier!r}"
         # Failing to get a connection means nothing was sent: that error is definite.
-        conn = self._acquire()
+        conn = self._acquire(None if pool is self._pool else pool)
         try:
             self._count("compare_and_set")
-            applied = conn.client.checkAndPut(
-                self._hname(table), row, spec, item.expected, mutation, {}
-            )
-        except _SERVER_ERRORS as exc:
-            self._pool.release(conn)
+            if item.then_put:
+                applied = conn.client.checkAndPut(
+                    hname, row, family.encode(), qualifier, item.expected, tput
+                )
+            else:
+                applied = conn.client.checkAndPut(hname, row, spec, item.expected, mutation, {})
+        except server_errors as exc:
+            pool.release(conn)
             message = _server_message(exc)
+            # The Thrift-2 gateway reports an unknown table by its name alone.
+            if message == hname.decode("ascii"):
+                message = f"TableNotFoundException: {message}"
             if "TableNotFoundException" in message or "NoSuchColumnFamilyException" in message:
-                self._raise_server_error("compare_and_set", table, exc)
+                self._raise_server_error("compare_and_set", table, exc, message)
             raise StoreUnavailableError(
                 f"compare-and-set on {where} at {self.address}: outcome unknown, the server "
                 f"reported {_short(message)}; re-read the cell, do not re-send"
             ) from exc
         except TApplicationException as exc:
-            self._pool.release(conn)
+            pool.release(conn)
             raise StoreUnavailableError(
                 f"compare-and-set on {where} at {self.address}: outcome unknown, the gateway "
                 f"failed internally ({_short(_server_message(exc))}); re-read the cell, "
                 "do not re-send"
             ) from exc
         except _TRANSPORT_ERRORS as exc:
-            self._pool.discard(conn)
+            pool.discard(conn)
             raise StoreUnavailableError(
                 f"compare-and-set on {where} at {self.address}: outcome unknown "
                 f"({_transport_reason(exc, self.timeout_ms)}); re-read the cell, do not "
                 "re-send"
             ) from exc
         except BaseException:
-            self._pool.discard(conn)
+            pool.discard(conn)
             raise
-        self._pool.release(conn)
+        pool.release(conn)
         return bool(applied)
 
     def compare_and_set_many(
         self, table: str, items: Sequence[CompareAndSet], puts: Sequence[Put] = ()
     ) -> list[bool]:
-        """One ``checkAndPut`` per item (Thrift-1 has no batched conditional mutation), run
-        ``pool_size`` at a time, while the calling thread sends the puts (as :meth:`put`).  Every
+        """One ``checkAndPut`` per item (neither gateway has a batched conditional mutation;
+        an item with ``then_put`` goes to the Thrift-2 gateway), run ``pool_size`` at a
+        time, while the calling thread sends the puts (as :meth:`put`).  Every
         item and put is checked before anything is sent; if a call fails, the others still
         finish before the first error is raised (see :meth:`compare_and_set` for what each
         error means)."""
         check_table_name(table)
 
         def check(known: Mapping[str, object]) -> None:
-            check_compare_and_sets(items, known, conditional_puts=False)
+            check_compare_and_sets(items, known, conditional_puts=self.conditional_puts)
             for p in check_sequence(puts, "puts"):
                 check_put(p, known)
 
@@ -1175,6 +1280,8 @@ class HBaseStore(Store):
         """Close every pooled connection; later calls raise StoreError.  Idempotent.
         Connections lent out at this moment are closed when they come back."""
         self._pool.close()
+        if self._pool2 is not None:
+            self._pool2.close()
         with self._calls_lock:
             calls, self._calls = self._calls, None
         if calls is not None:

@@ -15,7 +15,7 @@ from percolator.store.base import Store
 
 DEFAULT_STORE_URL = "embedded:./percolator-data"
 
-_HBASE_OPTIONS = {"prefix", "pool_size", "timeout_ms", "transport", "protocol"}
+_HBASE_OPTIONS = {"prefix", "pool_size", "timeout_ms", "transport", "protocol", "thrift2_port"}
 #: the values of ``transport`` and ``protocol`` (happybase's; the first is the default)
 HBASE_TRANSPORTS = ("buffered", "framed")
 HBASE_PROTOCOLS = ("binary", "compact")
@@ -44,7 +44,10 @@ def parse_store_url(url: str) -> StoreURL:
     HBase options: ``prefix`` (table-name prefix), ``pool_size`` and ``timeout_ms``
     (positive integers), ``transport`` (``buffered``, the default, or ``framed``) and
     ``protocol`` (``binary``, the default, or ``compact``), which must match the Thrift
-    gateway's settings (e.g. ``hbase://h:9090?transport=framed&protocol=compact``)."""
+    gateway's settings (e.g. ``hbase://h:9090?transport=framed&protocol=compact``), and
+    ``thrift2_port``: the port of a Thrift-2 gateway on the same host, for compare-and-sets
+    that carry puts of their row (fewer round trips per transaction; see
+    :mod:`percolator.store.hbase`)."""
     if not isinstance(url, str) or not url.strip():
         raise ConfigError(f"store URL must be a non-empty string, got {url!r}")
     url = url.strip()
@@ -93,6 +96,10 @@ def _parse_hbase(url: str) -> StoreURL:
     for key in ("pool_size", "timeout_ms"):
         if key in options and not (options[key].isdigit() and int(options[key]) > 0):
             raise ConfigError(f"store URL {url!r}: {key} must be a positive integer")
+    if "thrift2_port" in options and not (
+        options["thrift2_port"].isdigit() and 0 < int(options["thrift2_port"]) < 65536
+    ):
+        raise ConfigError(f"store URL {url!r}: thrift2_port must be a port number, 1..65535")
     for key, allowed in (("transport", HBASE_TRANSPORTS), ("protocol", HBASE_PROTOCOLS)):
         if key in options and options[key] not in allowed:
             raise ConfigError(
@@ -146,4 +153,5 @@ def open_store(url: str | None = None, *, create: bool = True) -> Store:
         timeout_ms=int(parsed.options.get("timeout_ms", "30000")),
         transport=parsed.options.get("transport", HBASE_TRANSPORTS[0]),
         protocol=parsed.options.get("protocol", HBASE_PROTOCOLS[0]),
+        thrift2_port=int(thrift2) if (thrift2 := parsed.options.get("thrift2_port")) else None,
     )

@@ -23,6 +23,7 @@ from thriftpy2.transport import TBufferedTransportFactory, TFramedTransportFacto
 from percolator.errors import ConfigError, InvalidArgumentError, StoreUnavailableError
 from percolator.store import hbase as hbase_module
 from percolator.store import url as url_module
+from percolator.store.backends import with_url_options
 from percolator.store.hbase import HBaseStore
 from percolator.store.url import open_store, parse_store_url
 
@@ -117,7 +118,7 @@ def test_the_defaults_against_a_framed_compact_gateway_fail_with_a_hint(
 
 @pytest.mark.hbase
 def test_the_shared_hbase_with_the_default_and_the_explicit_default(hbase_url: str) -> None:
-    for url in (hbase_url, f"{hbase_url}?transport=buffered&protocol=binary"):
+    for url in (hbase_url, with_url_options(hbase_url, transport="buffered", protocol="binary")):
         store = open_store(url)
         try:
             store.list_tables()
@@ -131,5 +132,6 @@ def test_framed_compact_against_the_buffered_binary_hbase_is_one_clear_error(
     hbase_url: str,
 ) -> None:
     with pytest.raises(StoreUnavailableError) as raised:
-        open_store(f"{hbase_url}?transport=framed&protocol=compact&timeout_ms=3000")
+        framed = with_url_options(hbase_url, transport="framed", protocol="compact")
+        open_store(with_url_options(framed, timeout_ms="3000"))
     assert "framed transport and the compact protocol" in str(raised.value)

@@ -1,0 +1,184 @@
+"""The HBase store with a Thrift-2 gateway (``thrift2_port``): compare-and-sets that carry
+puts of their row, and what happens when that gateway is wrong, missing or cut off.
+
+The contract suite runs on the session's HBase with both gateways (conditional puts); this
+module adds what it cannot see: the wire-level faults (through the TCP proxy of
+test_hbase_specific), the errors of a wrong ``thrift2_port``, and a store on the same HBase
+*without* the Thrift-2 gateway, which must still commit through Thrift-1 alone.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+import percolator
+from percolator.errors import ConfigError, StoreUnavailableError, TableNotFoundError
+from percolator.store.base import CompareAndSet, FamilySpec, Put
+from percolator.store.hbase import HBaseStore
+from percolator.store.url import open_store, parse_store_url
+from percolator.testing import ManualOracle
+from tests.store.test_hbase_specific import FaultyProxy
+
+FAMILIES = [FamilySpec("d"), FamilySpec("w"), FamilySpec("l", max_versions=1)]
+
+
+def _ports(hbase_url: str) -> tuple[int, int]:
+    parsed = parse_store_url(hbase_url)
+    thrift2 = parsed.options.get("thrift2_port")
+    assert thrift2, f"the test session's HBase has no Thrift-2 gateway: {hbase_url}"
+    return parsed.port, int(thrift2)
+
+
+@pytest.fixture
+def prefix(hbase_url: str) -> Iterator[str]:
+    name = f"t2_{uuid.uuid4().hex[:10]}_"
+    yield name
+    port, _ = _ports(hbase_url)
+    with HBaseStore("127.0.0.1", port, prefix=name) as admin:
+        for table in admin.list_tables():
+            admin.drop_table(table)
+
+
+def _rides(row: bytes) -> CompareAndSet:
+    """A lock-like compare-and-set carrying a data version and a write record."""
+    return CompareAndSet(
+        row,
+        "l",
+        b"q",
+        None,
+        b"lock",
+        (Put(row, "d", b"q", 5, b"data"), Put(row, "w", b"q", 9, b"record")),
+    )
+
+
+# --------------------------------------------------------------------------- URL and errors
+
+
+def test_the_url_names_the_thrift2_port() -> None:
+    parsed = parse_store_url("hbase://h:9090?thrift2_port=9095&prefix=p_")
+    assert parsed.options["thrift2_port"] == "9095"
+    for bad in ("0", "65536", "x", ""):
+        with pytest.raises(ConfigError, match="thrift2_port must be a port number"):
+            parse_store_url(f"hbase://h:9090?thrift2_port={bad}")
+
+
+@pytest.mark.hbase
+def test_the_thrift1_port_given_as_thrift2_port_is_one_clear_error(hbase_url: str) -> None:
+    port, _ = _ports(hbase_url)
+    with pytest.raises(StoreUnavailableError) as raised:
+        open_store(f"hbase://127.0.0.1:{port}?thrift2_port={port}")
+    assert str(raised.value) == (
+        f"127.0.0.1:{port} (thrift2_port) is a Thrift-1 gateway, not a Thrift-2 one: start "
+        "`hbase thrift2` there, or drop thrift2_port from the store URL"
+    )
+
+
+@pytest.mark.hbase
+def test_a_closed_thrift2_port_fails_when_the_store_opens(hbase_url: str) -> None:
+    port, thrift2 = _ports(hbase_url)
+    proxy = FaultyProxy(("127.0.0.1", thrift2))
+    proxy.close()  # nothing listens there any more
+    with pytest.raises(StoreUnavailableError) as raised:
+        open_store(f"hbase://127.0.0.1:{port}?thrift2_port={proxy.port}")
+    assert str(raised.value) == (
+        f"cannot reach HBase Thrift-2 gateway at 127.0.0.1:{proxy.port}: connection refused"
+    )
+
+
+@pytest.mark.hbase
+def test_a_table_dropped_behind_the_cache_is_table_not_found(hbase_url: str, prefix: str) -> None:
+    # The Thrift-2 gateway names a missing table by its name alone; the store still says
+    # which table, as on Thrift-1, and forgets what it had cached.
+    port, thrift2 = _ports(hbase_url)
+    with (
+        HBaseStore("127.0.0.1", port, prefix=prefix, thrift2_port=thrift2) as store,
+        HBaseStore("127.0.0.1", port, prefix=prefix) as other,
+    ):
+        store.create_table("gone", FAMILIES)
+        store.table_families("gone")  # cached
+        other.drop_table("gone")
+        with pytest.raises(TableNotFoundError, match="'gone'"):
+            store.compare_and_set_many("gone", [_rides(b"r")])
+
+
+# --------------------------------------------------------------------------- on the wire
+
+
+@pytest.mark.hbase
+def test_riders_land_with_the_compare_and_set_stamped_by_the_server(
+    hbase_url: str, prefix: str
+) -> None:
+    port, thrift2 = _ports(hbase_url)
+    with HBaseStore("127.0.0.1", port, prefix=prefix, thrift2_port=thrift2) as store:
+        assert store.conditional_puts
+        store.create_table("t", FAMILIES)
+        before_ms = time.time_ns() // 1_000_000
+        assert store.compare_and_set_many("t", [_rides(b"r")]) == [True]
+        row = store.read_row("t", b"r")
+        [(stamp, lock)] = row[("l", b"q")]
+        assert lock == b"lock" and abs(stamp - before_ms) < store.stamp_skew_ms
+        assert row[("d", b"q")] == [(5, b"data")]
+        assert row[("w", b"q")] == [(9, b"record")]
+        # A failed check writes none of it.
+        stale = CompareAndSet(b"r", "l", b"q", b"stale", b"x", (Put(b"r", "d", b"z", 1, b"no"),))
+        assert store.compare_and_set_many("t", [stale]) == [False]
+        assert store.read_row("t", b"r", [("d", b"z")]) == {}
+
+
+@pytest.mark.hbase
+@pytest.mark.parametrize("fault", ["drop_request", "drop_reply"])
+def test_a_cut_connection_leaves_the_outcome_unknown_and_all_or_nothing(
+    hbase_url: str, prefix: str, fault: str
+) -> None:
+    port, thrift2 = _ports(hbase_url)
+    proxy = FaultyProxy(("127.0.0.1", thrift2))
+    try:
+        with HBaseStore(
+            "127.0.0.1", port, prefix=prefix, thrift2_port=proxy.port, timeout_ms=3_000
+        ) as store:
+            store.create_table("t", FAMILIES)
+            proxy.fault = fault
+            with pytest.raises(StoreUnavailableError, match="outcome unknown") as raised:
+                store.compare_and_set_many("t", [_rides(b"r")])
+            assert "do not re-send" in str(raised.value)
+            row = store.read_row("t", b"r")
+            if fault == "drop_request":
+                assert row == {}  # never sent, never re-sent
+            else:
+                # Applied, all of it: the lock and both riders.
+                assert set(row) == {("l", b"q"), ("d", b"q"), ("w", b"q")}
+    finally:
+        proxy.close()
+
+
+# --------------------------------------------------------------------------- Thrift-1 only
+
+
+@pytest.mark.hbase
+def test_without_thrift2_a_transaction_commits_through_thrift1_alone(
+    hbase_url: str, prefix: str
+) -> None:
+    port, _ = _ports(hbase_url)
+    store = HBaseStore("127.0.0.1", port, prefix=prefix)
+    assert not store.conditional_puts
+    client = percolator.connect(store, oracle=ManualOracle())
+    try:
+        client.create_table("t")
+        txn = client.transaction()
+        txn.set("t", b"r", "c", b"v")
+        before = dict(store.stats.calls)
+        txn.commit()
+        calls = {op: n - before.get(op, 0) for op, n in store.stats.calls.items()}
+        # The lock with the data put beside it, the commit point, then the commit-index
+        # entry and the record in puts of their own.
+        assert calls.get("compare_and_set", 0) == 2, calls
+        assert calls.get("put", 0) >= 2, calls
+        with client.snapshot() as snap:
+            assert snap.get("t", b"r", "c") == b"v"
+    finally:
+        client.close()
+        store.close()
