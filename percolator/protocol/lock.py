@@ -59,21 +59,42 @@ def _cas_many(
     store: Store,
     edges: Sequence[tuple[CellKey, bytes | None, bytes]],
     puts: Mapping[str, Sequence[Put]] | None = None,
+    *,
+    ride: bool = False,
 ) -> list[bool]:
     """``(key, expected, new)`` compare-and-sets, one store call per table, each carrying
     that table's ``puts`` (in no order relative to the compare-and-sets; a table with puts
     and no edge gets a call of its own); results in the order given.  An error leaves the
-    outcome of every edge and put of the call unknown."""
+    outcome of every edge and put of the call unknown.
+
+    ``ride`` (only where ``store.conditional_puts``): a put of an edge's row and qualifier
+    rides on that edge's compare-and-set (:attr:`CompareAndSet.then_put`), landing only if
+    it applies; on HBase that saves the put's round trip."""
     by_table: dict[str, list[int]] = {table: [] for table, p in (puts or {}).items() if p}
     for i, (key, _, _) in enumerate(edges):
         by_table.setdefault(key.table, []).append(i)
     applied = [False] * len(edges)
     for table, indexes in by_table.items():
+        table_puts: Sequence[Put] = puts.get(table, ()) if puts else ()
+        riders: dict[tuple[bytes, bytes], list[Put]] = {}
+        if ride and table_puts:
+            cells = {(edges[i][0].row, edges[i][0].qualifier) for i in indexes}
+            loose: list[Put] = []
+            for put in table_puts:
+                cell = (put.row, put.qualifier)
+                (riders.setdefault(cell, []) if cell in cells else loose).append(put)
+            table_puts = loose
         items = [
-            CompareAndSet(edges[i][0].row, LOCK, edges[i][0].qualifier, edges[i][1], edges[i][2])
+            CompareAndSet(
+                edges[i][0].row,
+                LOCK,
+                edges[i][0].qualifier,
+                edges[i][1],
+                edges[i][2],
+                tuple(riders.get((edges[i][0].row, edges[i][0].qualifier), ())),
+            )
             for i in indexes
         ]
-        table_puts = puts.get(table, ()) if puts else ()
         if not items:
             store.put(table, table_puts)
             continue
@@ -105,10 +126,11 @@ def place_locks(
 ) -> list[bytes | None]:
     """:func:`place_lock` for many cells at once: for each, the new bytes if it applied,
     ``None`` if the cell changed since it was read.  ``puts`` (by table) go to the store in
-    the same calls, in no order relative to the locks."""
+    the same calls, in no order relative to the locks; where the store has conditional
+    puts, a cell's own puts (its data) ride on its lock and land only with it."""
     news = [raw.lock_cell.with_lock(lock).encode() for raw, lock in locks]
     edges = [(raw.key, raw.lock_bytes, new) for (raw, _), new in zip(locks, news, strict=True)]
-    applied = _cas_many(store, edges, puts)
+    applied = _cas_many(store, edges, puts, ride=store.conditional_puts)
     return [new if ok else None for new, ok in zip(news, applied, strict=True)]
 
 
