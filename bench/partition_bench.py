@@ -42,6 +42,7 @@ from percolator.observers.worker import Worker, WorkerOptions
 import percolator
 from percolator.layout import META_FAMILY, META_TABLE
 from percolator.notifications import Notification
+from percolator.store.backends import with_table_prefix
 from percolator.store.base import ScanOptions
 from percolator.transaction import Transaction
 
@@ -119,8 +120,7 @@ def one_run(workers: int, mode: str, rows: int, hbase: str | None = None) -> dic
         url = f"embedded:{tmp}/store"
         if hbase is not None:
             # A fresh table prefix per run: the runs must not see each other's leftovers.
-            sep = "&" if "?" in hbase else "?"
-            url = f"{hbase}{sep}prefix=pb{os.getpid()}_{workers}{mode[0]}_"
+            url = with_table_prefix(hbase, f"pb{os.getpid()}_{workers}{mode[0]}_")
         client = percolator.connect(url)
         Copy().setup(client)
         register_observers(client, [Copy()])

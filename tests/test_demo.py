@@ -15,6 +15,7 @@ from docpipeline import reference
 
 import percolator
 from percolator.store import open_store
+from percolator.store.backends import with_table_prefix
 
 ROOT = Path(__file__).resolve().parent.parent
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -70,7 +71,7 @@ def test_demo_on_the_embedded_default(tmp_path: Path) -> None:
 @pytest.mark.spark
 @pytest.mark.hbase
 def test_demo_on_hbase(tmp_path: Path, hbase_url: str) -> None:
-    store = f"{hbase_url}?prefix=demo{uuid.uuid4().hex[:8]}_"
+    store = with_table_prefix(hbase_url, f"demo{uuid.uuid4().hex[:8]}_")
     result = demo("--documents", "200", "--json", "--store", store, "--work-dir",
                   str(tmp_path / "out"), "--chart", str(tmp_path / "chart.png"), cwd=tmp_path)
     try:

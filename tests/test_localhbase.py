@@ -22,6 +22,8 @@ from pathlib import Path
 import happybase
 import pytest
 
+from percolator.store import open_store
+from percolator.store.base import CompareAndSet, FamilySpec, Put
 from percolator.store.url import parse_store_url
 from percolator.testing.localhbase import (
     HBaseLauncherError,
@@ -29,6 +31,7 @@ from percolator.testing.localhbase import (
     LocalHBase,
     ensure_classpath,
     probe,
+    probe_thrift2,
 )
 from percolator.testing.localhbase.launcher import check_classpath, read_classpath
 
@@ -343,11 +346,17 @@ def test_start_failure_with_a_bogus_classpath_shows_the_log_tail(tmp_path: Path)
     message = str(failure.value)
     # Both JVMs fail the same way: the first to exit is named, and its log tail says why
     # (the other may be stopped before it gets that far).  Both logs are shown.
-    exited = re.search(r"the HBase (master|thrift) JVM exited with code 1 during start-up", message)
+    exited = re.search(
+        r"the HBase (master|thrift|thrift2) JVM exited with code 1 during start-up", message
+    )
     assert exited is not None, message
-    main_class = {"master": "master.HMaster", "thrift": "thrift.ThriftServer"}[exited.group(1)]
+    main_class = {
+        "master": "master.HMaster",
+        "thrift": "thrift.ThriftServer",
+        "thrift2": "thrift2.ThriftServer",
+    }[exited.group(1)]
     assert f"Could not find or load main class org.apache.hadoop.hbase.{main_class}" in message
-    for role in ("master", "thrift"):
+    for role in ("master", "thrift", "thrift2"):
         assert f"Last lines of {hbase.log_dir / (role + '.log')}" in message
     assert _jvms_of(hbase.workdir) == []
     assert not hbase.state_file.exists()
@@ -390,11 +399,11 @@ def test_second_instance_in_background_serves_and_stops_from_another_process(
         assert f"percolator hbase stop --dir {workdir}" in started.stderr
 
         state = json.loads((workdir / "localhbase.json").read_text())
-        port = state["thrift_port"]
-        assert url == f"hbase://127.0.0.1:{port}"
+        port, port2 = state["thrift_port"], state["thrift2_port"]
+        assert url == f"hbase://127.0.0.1:{port}?thrift2_port={port2}"
         assert port != session.port
-        assert state["zk_port"] not in (port, session.port)
-        pids = [state["master_pid"], state["thrift_pid"]]
+        assert len({port, port2, state["zk_port"], session.port}) == 4
+        pids = [state["master_pid"], state["thrift_pid"], state["thrift2_pid"]]
         assert sorted(_jvms_of(workdir)) == sorted(pids)
 
         # Another process (and a fresh object here) finds it through the state file.
@@ -403,9 +412,17 @@ def test_second_instance_in_background_serves_and_stops_from_another_process(
         assert status.returncode == 0, status.stdout
         reported = json.loads(status.stdout)
         assert reported["serving"] is True
-        assert [reported["master_pid"], reported["thrift_pid"]] == pids
+        assert [reported[f"{role}_pid"] for role in ("master", "thrift", "thrift2")] == pids
+        assert reported["thrift2_alive"] is True and reported["url"] == url
 
         _round_trip("127.0.0.1", port)
+        with open_store(url) as store:  # both gateways answer: a put rides on a compare-and-set
+            assert store.conditional_puts
+            store.create_table("t", [FamilySpec("l"), FamilySpec("w")])
+            ride = (Put(b"r", "w", b"q", 7, b"record"),)
+            item = CompareAndSet(b"r", "l", b"q", None, b"lock", ride)
+            assert store.compare_and_set_many("t", [item]) == [True]
+            assert store.read_row("t", b"r", [("w", b"q")]) == {("w", b"q"): [(7, b"record")]}
 
         stopped = _cli("stop", "--dir", str(workdir), "--grace", "10")
         assert stopped.returncode == 0, stopped.stderr
@@ -414,6 +431,7 @@ def test_second_instance_in_background_serves_and_stops_from_another_process(
         assert _jvms_of(workdir) == []
         assert not (workdir / "localhbase.json").exists()
         assert probe("127.0.0.1", port, timeout_s=2.0) is not None
+        assert probe_thrift2("127.0.0.1", port2, timeout_s=2.0) is not None
 
         assert _cli("status", "--dir", str(workdir)).returncode == 3
         again = _cli("stop", "--dir", str(workdir))
@@ -452,7 +470,7 @@ def test_foreground_instance_cleans_up_on_sigterm(tmp_path: Path, hbase_url: str
         assert port != parse_store_url(hbase_url).port
         state = json.loads((workdir / "localhbase.json").read_text())
         assert state["launcher_pid"] == process.pid
-        pids = [state["master_pid"], state["thrift_pid"]]
+        pids = [state["master_pid"], state["thrift_pid"], state["thrift2_pid"]]
 
         _round_trip("127.0.0.1", port)
 

@@ -19,6 +19,7 @@ from percolator.cli import main
 from percolator.layout import META_TABLE
 from percolator.notifications import Notification
 from percolator.store import open_store
+from percolator.store.backends import with_table_prefix
 from percolator.transaction import Transaction
 from tests.observers.procs import WorkerProcess
 
@@ -134,7 +135,7 @@ def test_a_wrong_hbase_prefix_is_reported_and_nothing_is_created(
     command: str, hbase_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     prefix = f"nope{uuid.uuid4().hex[:8]}_"
-    url = f"{hbase_url}?prefix={prefix}"
+    url = with_table_prefix(hbase_url, prefix)
     argv = command_line(command, url)
     code, _, err = run(argv, capsys)
     assert code == 2

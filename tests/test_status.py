@@ -21,6 +21,7 @@ import percolator
 from percolator.committer import Committer
 from percolator.layout import NOTIFY
 from percolator.store import open_store
+from percolator.store.backends import with_table_prefix
 from percolator.store.base import Put
 from percolator.transaction import Transaction
 
@@ -167,7 +168,7 @@ def test_status_bad_inputs_are_one_line(tmp_path: Path) -> None:
 
 @pytest.mark.hbase
 def test_status_on_hbase(hbase_url: str) -> None:
-    url = f"{hbase_url}?prefix=st{uuid.uuid4().hex[:8]}_"
+    url = with_table_prefix(hbase_url, f"st{uuid.uuid4().hex[:8]}_")
     expected = make_scenario(url)
     result = status(url, "--json")
     assert result.returncode == 1, result.stderr

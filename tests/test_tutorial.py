@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import percolator
+from percolator.store.backends import with_table_prefix
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "writing-observers.md"
@@ -40,7 +41,7 @@ def test_the_tutorial_observer_watches_a_column_no_bundled_example_watches() -> 
 @pytest.mark.hbase
 def test_the_tutorial_runs_on_a_local_hbase(hbase_url: str, tmp_path: Path) -> None:
     (tmp_path / "wordcount.py").write_text(page_module())
-    store = f"{hbase_url}?prefix=tut{uuid.uuid4().hex[:8]}_"
+    store = with_table_prefix(hbase_url, f"tut{uuid.uuid4().hex[:8]}_")
     env = dict(os.environ, PYTHONPATH=str(tmp_path), PERCOLATOR_OBSERVED_REFRESH_MS="300")
     worker = subprocess.Popen(
         [

@@ -19,7 +19,7 @@ import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import yaml
 
@@ -150,6 +150,8 @@ def check_compose(document: Mapping[str, Any], root: Path = ROOT) -> list[str]:
                 problems.append(f"{name}: HBase's Thrift gateway must bind 0.0.0.0 to be "
                                 "reachable from other containers")
             ports.add(int(args.port))
+            if getattr(args, "thrift2_port", None):
+                ports.add(int(args.thrift2_port))
         found = _listen_port(args)
         if found is not None:
             if found[0] != "0.0.0.0":
@@ -251,4 +253,7 @@ def _endpoints(url: str) -> list[tuple[str, int]]:
     for address in parts.netloc.split(","):
         host, _, port = address.rpartition(":")
         found.append((host, int(port)))
+    thrift2_port = dict(parse_qsl(parts.query)).get("thrift2_port")
+    if parts.scheme == "hbase" and thrift2_port:
+        found.append((found[0][0], int(thrift2_port)))  # the Thrift-2 gateway's, same host
     return found

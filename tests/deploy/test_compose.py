@@ -42,7 +42,7 @@ def test_the_compose_file_has_the_expected_services() -> None:
 
 def test_the_store_and_oracle_come_from_the_environment() -> None:
     default = load_compose()["services"]["worker"]["environment"]
-    assert default["PERCOLATOR_STORE"] == "hbase://hbase:9090"
+    assert default["PERCOLATOR_STORE"] == "hbase://hbase:9090?thrift2_port=9095"
     cluster = load_compose(environ={"PERCOLATOR_STORE": "hbase://thrift.example:9090"})
     assert cluster["services"]["oracle"]["environment"]["PERCOLATOR_STORE"] == (
         "hbase://thrift.example:9090")
@@ -97,7 +97,10 @@ MUTATIONS = {
     "bad value": (_set(["services", "worker", "command"], ["worker", "--threads", "many"]),
                   "invalid int value"),
     "wrong store port": (_env("worker", "PERCOLATOR_STORE", "hbase://hbase:9091"),
-                         "expects hbase:9091, but hbase listens on [9090]"),
+                         "expects hbase:9091, but hbase listens on [9090, 9095]"),
+    "wrong Thrift-2 port": (
+        _env("worker", "PERCOLATOR_STORE", "hbase://hbase:9090?thrift2_port=9096"),
+        "expects hbase:9096, but hbase listens on [9090, 9095]"),
     "unknown host": (_env("worker", "PERCOLATOR_ORACLE", "grpc://oracle:7070,tso:7070"),
                      "names 'tso', not a service"),
     "oracle on loopback": (

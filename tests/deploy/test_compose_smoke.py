@@ -33,6 +33,7 @@ from percolator.observers.parking import pending
 
 import percolator
 from percolator.store import open_store
+from percolator.store.backends import with_table_prefix
 from tests.deploy.compose import ROOT, load_compose, service_command, service_env
 
 OBSERVED = [("documents", "body"), ("documents", "links"), ("doc_clusters", "canonical")]
@@ -117,7 +118,7 @@ def check_derived(client: percolator.Client) -> int:
 
 @pytest.fixture
 def prefix_store(hbase_url: str) -> Iterator[str]:
-    url = f"{hbase_url}?prefix=smoke{uuid.uuid4().hex[:8]}_"
+    url = with_table_prefix(hbase_url, f"smoke{uuid.uuid4().hex[:8]}_")
     yield url
     store = open_store(url)
     for table in store.list_tables():
@@ -131,7 +132,7 @@ def test_compose_services_run_as_local_processes(prefix_store: str, tmp_path: Pa
     services: dict[str, Any] = load_compose()["services"]
     ports = {"oracle": free_port(), "oracle-standby": free_port()}
     env = service_env(services["worker"])
-    assert env["PERCOLATOR_STORE"] == "hbase://hbase:9090"
+    assert env["PERCOLATOR_STORE"] == "hbase://hbase:9090?thrift2_port=9095"
     local_env = {
         **env,
         "PERCOLATOR_STORE": prefix_store,

@@ -24,6 +24,7 @@ from percolator import failpoints, readers
 from percolator.errors import SafePointError, UndeterminedCommitError
 from percolator.protocol.gc import lock_report
 from percolator.store import Store, open_store
+from percolator.store.backends import with_table_prefix
 
 BACKENDS = [
     pytest.param("memory", id="memory"),
@@ -40,7 +41,7 @@ def shared_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sto
     elif request.param == "embedded":
         url = f"embedded:{tmp_path / 'store'}"
     else:
-        url = f"{request.getfixturevalue('hbase_url')}?prefix=g{uuid.uuid4().hex[:10]}_"
+        url = with_table_prefix(request.getfixturevalue("hbase_url"), f"g{uuid.uuid4().hex[:10]}_")
     store = open_store(url)
     yield store
     if url.startswith("hbase"):

@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import pytest
 
@@ -46,6 +46,7 @@ from percolator.errors import (
 )
 from percolator.layout import WRITE
 from percolator.store import Store
+from percolator.store.backends import with_url_options
 from percolator.store.memory import MemoryStore
 from percolator.testing import FaultyStore, ManualOracle
 from percolator.timestamps import TimestampOracle
@@ -478,15 +479,30 @@ def primary_commit_request(primary_row: bytes, start_ts: int) -> Callable[[bytes
 
 @pytest.mark.hbase
 @pytest.mark.parametrize("applied", [False, True], ids=["request-lost", "reply-lost"])
-def test_cut_connection_during_primary_commit(hbase_store_url: str, applied: bool) -> None:
+@pytest.mark.parametrize("gateways", ["thrift1-only", "with-thrift2"])
+def test_cut_connection_during_primary_commit(
+    hbase_store_url: str, applied: bool, gateways: str
+) -> None:
     direct_url = hbase_store_url
+    if gateways == "thrift1-only":
+        parts = urlsplit(direct_url)
+        options = [kv for kv in parse_qsl(parts.query) if kv[0] != "thrift2_port"]
+        direct_url = parts._replace(query=urlencode(options)).geturl()
     parts = urlsplit(direct_url)
     assert parts.hostname is not None and parts.port is not None
     oracle = ManualOracle()
     reader = make_client(direct_url, oracle)
-    proxy = CuttingProxy((parts.hostname, parts.port), drop_reply=applied)
+    # The commit point goes to the Thrift-2 gateway where the URL names one (the primary's
+    # record rides on it), else to the Thrift-1 gateway: the proxy sits in front of that one.
     # The transaction that gets cut runs on a client connected through the proxy.
-    proxied_url = parts._replace(netloc=f"127.0.0.1:{proxy.port}").geturl()
+    thrift2_port = dict(parse_qsl(parts.query)).get("thrift2_port")
+    assert bool(thrift2_port) == (gateways == "with-thrift2"), direct_url
+    if thrift2_port:
+        proxy = CuttingProxy((parts.hostname, int(thrift2_port)), drop_reply=applied)
+        proxied_url = with_url_options(direct_url, thrift2_port=str(proxy.port))
+    else:
+        proxy = CuttingProxy((parts.hostname, parts.port), drop_reply=applied)
+        proxied_url = parts._replace(netloc=f"127.0.0.1:{proxy.port}").geturl()
     client: percolator.Client | None = None
     try:
         client = make_client(proxied_url, oracle)

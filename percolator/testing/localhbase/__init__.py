@@ -1,5 +1,6 @@
-"""A real standalone HBase with its Thrift-1 gateway on this machine, from Maven Central's
-jars and without Docker: for development (``percolator hbase start``) and for the test suite.
+"""A real standalone HBase with its Thrift-1 and Thrift-2 gateways on this machine, from
+Maven Central's jars and without Docker: for development (``percolator hbase start``) and
+for the test suite.
 
 See :mod:`percolator.testing.localhbase.launcher` and docs/hbase-local.md.
 """
@@ -16,6 +17,7 @@ from percolator.testing.localhbase.launcher import (
     hbase_version,
     probe,
     probe_tables_work,
+    probe_thrift2,
     wait_until_serving,
 )
 
@@ -31,5 +33,6 @@ __all__ = [
     "hbase_version",
     "probe",
     "probe_tables_work",
+    "probe_thrift2",
     "wait_until_serving",
 ]

@@ -88,10 +88,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--port", type=_port, default=None, help="Thrift port (default: a free port)"
     )
     start.add_argument(
+        "--thrift2-port",
+        type=_port,
+        default=None,
+        metavar="PORT",
+        help="Thrift-2 gateway port, for compare-and-sets that carry puts (default: a free "
+        "port); the printed store URL names it",
+    )
+    start.add_argument(
         "--bind",
         default="127.0.0.1",
         metavar="HOST",
-        help="address the Thrift gateway listens on (default %(default)s; 0.0.0.0 in a "
+        help="address the Thrift gateways listen on (default %(default)s; 0.0.0.0 in a "
         "container serving others)",
     )
     start.add_argument(
@@ -143,7 +151,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _start(args: argparse.Namespace) -> int:
     hbase = LocalHBase(
-        args.dir, thrift_port=args.port, progress=stderr_progress, thrift_bind=args.bind
+        args.dir,
+        thrift_port=args.port,
+        thrift2_port=args.thrift2_port,
+        progress=stderr_progress,
+        thrift_bind=args.bind,
     )
     if not args.foreground:
         url = hbase.start(timeout=args.timeout)
@@ -194,6 +206,11 @@ def _status(args: argparse.Namespace) -> int:
             f" ZooKeeper port {status.zk_port}"
         )
         print(f"  thrift:  pid {status.thrift_pid} ({'alive' if status.thrift_alive else 'gone'})")
+        if status.thrift2_port is not None:
+            print(
+                f"  thrift2: pid {status.thrift2_pid} "
+                f"({'alive' if status.thrift2_alive else 'gone'}), port {status.thrift2_port}"
+            )
         print(f"  logs:    {', '.join(status.logs)}")
     if status.serving:
         return STATUS_SERVING

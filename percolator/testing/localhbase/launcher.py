@@ -92,6 +92,9 @@ _WORKDIR_PROPERTY = "-Dpercolator.localhbase.dir="
 
 _MASTER_CLASS = "org.apache.hadoop.hbase.master.HMaster"
 _THRIFT_CLASS = "org.apache.hadoop.hbase.thrift.ThriftServer"
+_THRIFT2_CLASS = "org.apache.hadoop.hbase.thrift2.ThriftServer"
+#: The JVMs of one instance, in launch order
+_ROLES = ("master", "thrift", "thrift2")
 
 # slf4j 1.7 picks one binding at random when several are present; HBase then logs through
 # whichever won (or nowhere).  The pom excludes all but log4j-slf4j-impl; this is checked.
@@ -510,6 +513,32 @@ def probe(host: str, port: int, timeout_s: float = 5.0) -> str | None:
     return None
 
 
+def probe_thrift2(host: str, port: int, timeout_s: float = 5.0) -> str | None:
+    """Ask the gateway at ``host:port`` which Thrift it serves; ``None`` if it answered that
+    it is a Thrift-2 gateway, else a one-line reason.  (The question is answered by the
+    gateway itself; :func:`probe` on the Thrift-1 port is what proves HBase serves.)"""
+    from percolator.store import thrift2  # deferred: only needed when talking to HBase
+
+    try:
+        client, transport = thrift2.connect(host, port, int(timeout_s * 1000))
+        try:
+            kind = client.getThriftServerType()
+        finally:
+            transport.close()
+    except Exception as exc:  # any failure means "not serving yet"; the reason is reported
+        return _reason(exc)
+    if kind != thrift2.SERVER_TYPE_TWO:
+        return f"{host}:{port} is a Thrift gateway of type {kind}, not Thrift-2"
+    return None
+
+
+def _url(thrift_port: int, thrift2_port: int | None) -> str:
+    """The store URL of a local instance (an instance started before the Thrift-2 gateway
+    was part of it has none)."""
+    base = f"hbase://127.0.0.1:{thrift_port}"
+    return base if thrift2_port is None else f"{base}?thrift2_port={thrift2_port}"
+
+
 def probe_tables_work(host: str, port: int, timeout_s: float = 15.0) -> str | None:
     """Create :data:`PROBE_TABLE`, write and read a cell, drop it; ``None`` if all worked.
 
@@ -620,7 +649,7 @@ def _xml_escape(text: str) -> str:
 class _Jvm:
     """One launched JVM.  ``popen`` is set only in the process that launched it."""
 
-    role: str  # "master" or "thrift"
+    role: str  # one of _ROLES
     pid: int
     log: Path
     marker: str
@@ -647,8 +676,8 @@ class HBaseStatus:
     """What :meth:`LocalHBase.status` found (``json.dumps(dataclasses.asdict(status))``)."""
 
     workdir: str
-    running: bool  # at least one of the two JVMs is alive
-    serving: bool  # HBase answered a request through Thrift just now
+    running: bool  # at least one of the JVMs is alive
+    serving: bool  # HBase answered a request through both gateways just now
     url: str | None
     thrift_port: int | None
     zk_port: int | None
@@ -658,13 +687,19 @@ class HBaseStatus:
     thrift_alive: bool
     logs: tuple[str, ...]
     detail: str  # why it is not serving, or ""
+    thrift2_port: int | None = None
+    thrift2_pid: int | None = None
+    thrift2_alive: bool = False
 
 
 class LocalHBase:
-    """A standalone HBase plus its Thrift-1 gateway, owned through a work directory.
+    """A standalone HBase plus its Thrift-1 and Thrift-2 gateways, owned through a work
+    directory.  The store speaks Thrift-1 (happybase) and sends the compare-and-sets that
+    carry puts to the Thrift-2 gateway, whose port its URL names (``thrift2_port=``).
 
     ``start()`` picks free loopback ports (unless given), writes the configuration, launches
-    both JVMs in their own process groups and returns once HBase answers through Thrift.
+    the three JVMs in their own process groups and returns once HBase answers through both
+    gateways.
     ``stop()`` sends SIGTERM, then SIGKILL after a grace period.  ``stop()`` and
     ``status()`` also work from another process: they read the state file the starting
     process wrote into the work directory.
@@ -687,6 +722,7 @@ class LocalHBase:
         stop_grace_s: float = DEFAULT_STOP_GRACE_S,
         extra_config: Mapping[str, str] | None = None,
         thrift_bind: str = "127.0.0.1",
+        thrift2_port: int | None = None,
     ) -> None:
         self.workdir = Path(workdir).expanduser().resolve()
         # The Thrift gateway's listen address.  Loopback by default; a container serving
@@ -694,7 +730,9 @@ class LocalHBase:
         self._thrift_bind = thrift_bind
         self._requested_thrift_port = thrift_port
         self._requested_zk_port = zk_port
+        self._requested_thrift2_port = thrift2_port
         self.thrift_port = thrift_port  # the ports in use once started
+        self.thrift2_port = thrift2_port
         self.zk_port = zk_port
         self._progress: Progress = progress or (lambda _message: None)
         self._classpath_file = classpath_file
@@ -726,15 +764,16 @@ class LocalHBase:
 
     @property
     def url(self) -> str:
-        """``hbase://127.0.0.1:PORT`` of this instance (started here or found in the state
-        file); :class:`HBaseLauncherError` if it has not been started."""
-        port = self.thrift_port if self._jvms else None
+        """``hbase://127.0.0.1:PORT?thrift2_port=PORT2`` of this instance (started here or
+        found in the state file); :class:`HBaseLauncherError` if it has not been started."""
+        port, port2 = (self.thrift_port, self.thrift2_port) if self._jvms else (None, None)
         if port is None:
             state = self._read_state()
             port = state.get("thrift_port") if state else None
+            port2 = state.get("thrift2_port") if state else None
         if not isinstance(port, int):
             raise HBaseLauncherError(f"no local HBase has been started in {self.workdir}")
-        return f"hbase://127.0.0.1:{port}"
+        return _url(port, port2 if isinstance(port2, int) else None)
 
     # ----------------------------------------------------------------- state file
 
@@ -759,6 +798,8 @@ class LocalHBase:
             "zk_port": self.zk_port,
             "master_pid": by_role["master"].pid if "master" in by_role else None,
             "thrift_pid": by_role["thrift"].pid if "thrift" in by_role else None,
+            "thrift2_port": self.thrift2_port,
+            "thrift2_pid": by_role["thrift2"].pid if "thrift2" in by_role else None,
             "launcher_pid": os.getpid(),
             "started_at": self._started_at,
             "ready": ready,
@@ -776,7 +817,7 @@ class LocalHBase:
         if state is None:
             return [], None
         jvms = []
-        for role in ("master", "thrift"):
+        for role in _ROLES:
             pid = state.get(f"{role}_pid")
             if isinstance(pid, int):
                 jvms.append(_Jvm(role, pid, self.log_dir / f"{role}.log", self._marker))
@@ -807,7 +848,8 @@ class LocalHBase:
             started = time.monotonic()
             self._progress(
                 f"starting HBase {hbase_version()} in {self.workdir} (Thrift port "
-                f"{self.thrift_port}, ZooKeeper port {self.zk_port}; logs in {self.log_dir})"
+                f"{self.thrift_port}, Thrift-2 port {self.thrift2_port}, ZooKeeper port "
+                f"{self.zk_port}; logs in {self.log_dir})"
             )
             try:
                 classpath = f"{self.conf_dir}{os.pathsep}{classpath_file.read_text().strip()}"
@@ -826,6 +868,20 @@ class LocalHBase:
                     classpath,
                     [_THRIFT_CLASS, "-b", self._thrift_bind, "-p", str(self.thrift_port), "start"],
                 )
+                self._launch(
+                    java.executable,
+                    "thrift2",
+                    self._thrift_heap,
+                    classpath,
+                    [
+                        _THRIFT2_CLASS,
+                        "-b",
+                        self._thrift_bind,
+                        "-p",
+                        str(self.thrift2_port),
+                        "start",
+                    ],
+                )
                 self._register_atexit()
                 # Written after each launch, before the wait: a launcher killed mid-start
                 # leaves enough behind for `percolator hbase stop` to clean up.
@@ -838,6 +894,15 @@ class LocalHBase:
                     self._progress,
                     still_starting=self._failed_during_start,
                     check=probe_tables_work,
+                )
+                assert self.thrift2_port is not None
+                wait_until_serving(
+                    "127.0.0.1",
+                    self.thrift2_port,
+                    max(0.0, timeout - (time.monotonic() - started)),
+                    self._progress,
+                    still_starting=self._failed_during_start,
+                    check=probe_thrift2,
                 )
                 self._write_state(ready=True)
             except HBaseStartError as exc:
@@ -870,7 +935,11 @@ class LocalHBase:
         self.state_file.unlink()
 
     def _check_requested_ports(self) -> None:
-        requested = {"Thrift": self._requested_thrift_port, "ZooKeeper": self._requested_zk_port}
+        requested = {
+            "Thrift": self._requested_thrift_port,
+            "Thrift-2": self._requested_thrift2_port,
+            "ZooKeeper": self._requested_zk_port,
+        }
         for name, port in requested.items():
             # An occupied Thrift port could be another HBase, which would then pass the
             # readiness check in our place: refuse rather than risk it.
@@ -879,23 +948,28 @@ class LocalHBase:
                     f"port {port} on 127.0.0.1 (requested {name} port) is already in use; "
                     "choose another or leave it unset to pick a free one"
                 )
-        if requested["Thrift"] is not None and requested["Thrift"] == requested["ZooKeeper"]:
-            raise HBaseLauncherError(
-                f"the Thrift and ZooKeeper ports must differ (both {requested['Thrift']})"
-            )
+        given = [(name, port) for name, port in requested.items() if port is not None]
+        for i, (name, port) in enumerate(given):
+            for other, other_port in given[i + 1 :]:
+                if port == other_port:
+                    raise HBaseLauncherError(
+                        f"the {name} and {other} ports must differ (both {port})"
+                    )
 
     def _choose_ports(self) -> None:
         # Free ports are picked as late as possible: another process could take one before
         # HBase binds it (the master then exits and start() reports it).
-        thrift_port = self._requested_thrift_port or free_port()
-        zk_port = self._requested_zk_port or free_port()
-        # Two kernel picks (or a pick and a request) can coincide; re-pick the unrequested.
-        while zk_port == thrift_port:
-            if self._requested_zk_port is None:
-                zk_port = free_port()
-            else:
-                thrift_port = free_port()
-        self.thrift_port, self.zk_port = thrift_port, zk_port
+        requested = [self._requested_thrift_port, self._requested_thrift2_port]
+        requested.append(self._requested_zk_port)
+        taken = {port for port in requested if port is not None}
+        chosen: list[int] = []
+        for wanted in requested:
+            port = wanted
+            # Two kernel picks (or a pick and a request) can coincide; re-pick the unrequested.
+            while port is None or port in chosen or (wanted is None and port in taken):
+                port = free_port()
+            chosen.append(port)
+        self.thrift_port, self.thrift2_port, self.zk_port = chosen
 
     def _write_config(self) -> None:
         data = self.workdir / "data"
@@ -1082,7 +1156,10 @@ class LocalHBase:
         else:
             thrift_port = state.get("thrift_port") if state else None
             zk_port = state.get("zk_port") if state else None
-        alive = {role: (role in by_role and by_role[role].alive()) for role in ("master", "thrift")}
+        thrift2_port = state.get("thrift2_port") if state else self.thrift2_port
+        if not isinstance(thrift2_port, int):
+            thrift2_port = None
+        alive = {role: (role in by_role and by_role[role].alive()) for role in _ROLES}
         running = any(alive.values())
         detail = ""
         serving = False
@@ -1092,21 +1169,26 @@ class LocalHBase:
             detail = "state file names no Thrift port"
         else:
             reason = probe("127.0.0.1", thrift_port, timeout_s=probe_timeout_s)
+            if reason is None and thrift2_port is not None:
+                reason = probe_thrift2("127.0.0.1", thrift2_port, timeout_s=probe_timeout_s)
             serving = reason is None
             detail = reason or ""
         return HBaseStatus(
             workdir=str(self.workdir),
             running=running,
             serving=serving,
-            url=f"hbase://127.0.0.1:{thrift_port}" if running and thrift_port else None,
+            url=_url(thrift_port, thrift2_port) if running and thrift_port else None,
             thrift_port=thrift_port if isinstance(thrift_port, int) else None,
             zk_port=zk_port if isinstance(zk_port, int) else None,
             master_pid=by_role["master"].pid if "master" in by_role else None,
             thrift_pid=by_role["thrift"].pid if "thrift" in by_role else None,
             master_alive=alive["master"],
             thrift_alive=alive["thrift"],
-            logs=tuple(str(self.log_dir / f"{role}.log") for role in ("master", "thrift")),
+            logs=tuple(str(self.log_dir / f"{role}.log") for role in _ROLES),
             detail=detail,
+            thrift2_port=thrift2_port,
+            thrift2_pid=by_role["thrift2"].pid if "thrift2" in by_role else None,
+            thrift2_alive=alive["thrift2"],
         )
 
     @property
