@@ -16,7 +16,8 @@ one of three:
 
 The primary's write record is put after the commit point, with those of the secondaries:
 until it lands, the primary's ``Committed{commit_ts}`` carries the commit by itself.  On a
-store with conditional puts (``Store.conditional_puts``: memory, embedded) the primary's
+store with conditional puts (``Store.conditional_puts``: memory, embedded, HBase with a
+Thrift-2 gateway) the primary's
 record and commit-index entry instead ride on the commit point itself
 (:func:`primary_commit_puts`): they land with it, atomically, or not at all.  That is
 Percolator's own commit point (the primary's write record and the lock's removal in one

@@ -27,7 +27,8 @@ What is atomic (this is the whole contract the transaction protocol relies on)
   atomic on its own, the batch is not (the embedded store runs them in one write
   transaction, HBase in parallel calls).  Blind puts of the same table may ride in that
   call, in no order relative to the compare-and-sets.  On a store whose
-  :attr:`Store.conditional_puts` is True (memory, embedded), a compare-and-set may also carry
+  :attr:`Store.conditional_puts` is True (memory, embedded, HBase with a Thrift-2 gateway),
+  a compare-and-set may also carry
   puts of its own row that land with it, atomically, and only if it applies
   (:attr:`CompareAndSet.then_put`).
 * :meth:`Store.put` is atomic per row and version only (on HBase, cells of one row at
@@ -185,8 +186,9 @@ class Store(abc.ABC):
     #: (percolator/protocol/commit.py does, for a commit-index entry and its record).
     put_is_atomic: bool = False
     #: True if a compare-and-set can carry puts of its row, applied with it and only if it
-    #: applies (:attr:`CompareAndSet.then_put`; memory, embedded).  HBase through Thrift-1
-    #: cannot: its ``checkAndPut`` carries one unversioned mutation.
+    #: applies (:attr:`CompareAndSet.then_put`; memory, embedded, and HBase with a Thrift-2
+    #: gateway).  HBase through Thrift-1 alone cannot: its ``checkAndPut`` carries one
+    #: unversioned mutation.
     conditional_puts: bool = False
     #: True if calls of several threads of one process proceed in parallel, because a server
     #: does the work and the threads wait on the network (HBase); False if they take turns

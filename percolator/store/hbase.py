@@ -1,7 +1,12 @@
-"""The HBase backend: HBase through its Thrift-1 gateway (the protocol happybase speaks).
+"""The HBase backend: HBase through its Thrift-1 gateway (the protocol happybase speaks),
+and its Thrift-2 gateway for compare-and-sets that carry puts, where one is given.
 
-``HBaseStore(host, port, prefix=..., pool_size=..., timeout_ms=...)`` is what
-``open_store("hbase://HOST:PORT?prefix=P&pool_size=N&timeout_ms=T")`` builds.
+``HBaseStore(host, port, prefix=..., pool_size=..., timeout_ms=..., thrift2_port=...)`` is
+what ``open_store("hbase://HOST:PORT?prefix=P&pool_size=N&timeout_ms=T&thrift2_port=Q")``
+builds.  With ``thrift2_port`` the store has :attr:`~Store.conditional_puts`: a
+compare-and-set with ``then_put`` is one Thrift-2 ``checkAndPut`` whose ``TPut`` holds the
+new cell (stamped by the server) and the riding cells at their own versions, one atomic row
+operation (:mod:`percolator.store.thrift2`).  Without it such a compare-and-set is refused.
 
 How each :class:`~percolator.store.base.Store` operation maps to Thrift-1
 ------------------------------------------------------------------------
@@ -14,6 +19,7 @@ operation              Thrift-1 calls                                           
                        carry no timestamp of their own)
 ``delete_versions``    ``mutateRowsTs`` with delete mutations, per distinct ts     timestamps
 ``compare_and_set``    ``checkAndPut``                                             1
+... with ``then_put``  Thrift-2 ``checkAndPut`` (``thrift2_port`` only)            1
 ``scan``               ``scannerOpenWithScan``, ``scannerGetList`` per batch,      2 + batches
                        ``scannerClose``
 =====================  ==========================================================  ===========
@@ -1140,8 +1146,9 @@ class HBaseStore(Store):
             spec = self._column_spec(family, qualifier)
             mutation = Mutation(column=spec, value=item.new, isDelete=False)
         where = f"table {table!r}, row {row!r}, column {family}:{qualifier!r}"
+        address = self.thrift2_address if item.then_put else self.address
         # Failing to get a connection means nothing was sent: that error is definite.
-        conn = self._acquire(None if pool is self._pool else pool)
+        conn = self._acquire(self._pool2 if item.then_put else None)
         try:
             self._count("compare_and_set")
             if item.then_put:
@@ -1159,20 +1166,20 @@ class HBaseStore(Store):
             if "TableNotFoundException" in message or "NoSuchColumnFamilyException" in message:
                 self._raise_server_error("compare_and_set", table, exc, message)
             raise StoreUnavailableError(
-                f"compare-and-set on {where} at {self.address}: outcome unknown, the server "
+                f"compare-and-set on {where} at {address}: outcome unknown, the server "
                 f"reported {_short(message)}; re-read the cell, do not re-send"
             ) from exc
         except TApplicationException as exc:
             pool.release(conn)
             raise StoreUnavailableError(
-                f"compare-and-set on {where} at {self.address}: outcome unknown, the gateway "
+                f"compare-and-set on {where} at {address}: outcome unknown, the gateway "
                 f"failed internally ({_short(_server_message(exc))}); re-read the cell, "
                 "do not re-send"
             ) from exc
         except _TRANSPORT_ERRORS as exc:
             pool.discard(conn)
             raise StoreUnavailableError(
-                f"compare-and-set on {where} at {self.address}: outcome unknown "
+                f"compare-and-set on {where} at {address}: outcome unknown "
                 f"({_transport_reason(exc, self.timeout_ms)}); re-read the cell, do not "
                 "re-send"
             ) from exc
