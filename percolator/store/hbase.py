@@ -258,29 +258,16 @@ PROTOCOLS = ("binary", "compact")
 
 
 class _Connection:
-    """One Thrift-1 connection.  Not thread-safe: the pool lends it to one thread at a time."""
+    """One Thrift connection: a client and the transport it talks through (Thrift-1 from
+    :func:`_thrift1_connection`, Thrift-2 from :func:`_thrift2_connection`).  Not
+    thread-safe: the pool lends it to one thread at a time."""
 
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        timeout_ms: int,
-        transport: str = "buffered",
-        protocol: str = "binary",
-    ) -> None:
-        # autoconnect=False and no table_prefix: the store applies its own prefix and uses
-        # the raw Thrift client (``.client``), so happybase only sets up socket + protocol.
-        self._hb = happybase.Connection(
-            host,
-            port,
-            timeout=timeout_ms,
-            autoconnect=False,
-            transport=transport,
-            protocol=protocol,
-        )
-        self._hb.open()
-        self.client: Any = self._hb.client
-        self._transport: Any = self._hb.transport
+    def __init__(self, client: Any, transport: Any, owner: object = None) -> None:
+        self.client: Any = client
+        self._transport: Any = transport
+        # What opened them, if it must live as long (happybase closes the transport when
+        # its Connection is garbage-collected).
+        self._owner = owner
 
     def _socket(self) -> socket.socket | None:
         # The compiled buffered transport exposes the raw socket as ``.sock``; the pure-Python
@@ -317,19 +304,24 @@ class _Connection:
             self._transport.close()
 
 
-class _Thrift2Connection(_Connection):
-    """One connection to the Thrift-2 gateway (:mod:`percolator.store.thrift2`), with the
-    same transport and protocol as happybase uses for Thrift-1.  Not thread-safe."""
+def _thrift1_connection(
+    host: str, port: int, timeout_ms: int, transport: str, protocol: str
+) -> _Connection:
+    # autoconnect=False and no table_prefix: the store applies its own prefix and uses the
+    # raw Thrift client, so happybase only sets up socket + protocol.
+    hb = happybase.Connection(
+        host, port, timeout=timeout_ms, autoconnect=False, transport=transport, protocol=protocol
+    )
+    hb.open()
+    return _Connection(hb.client, hb.transport, owner=hb)
 
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        timeout_ms: int,
-        transport: str = "buffered",
-        protocol: str = "binary",
-    ) -> None:
-        self.client, self._transport = thrift2.connect(host, port, timeout_ms, transport, protocol)
+
+def _thrift2_connection(
+    host: str, port: int, timeout_ms: int, transport: str, protocol: str
+) -> _Connection:
+    """The Thrift-2 gateway's client (:mod:`percolator.store.thrift2`), with the same
+    transport and protocol classes as happybase uses for Thrift-1."""
+    return _Connection(*thrift2.connect(host, port, timeout_ms, transport, protocol))
 
 
 class _ConnectionPool:
@@ -496,14 +488,14 @@ class HBaseStore(Store):
         self._calls: ThreadPoolExecutor | None = None
         self._calls_lock = threading.Lock()
         self._pool = _ConnectionPool(
-            lambda: _Connection(host, port, timeout_ms, transport, protocol),
+            lambda: _thrift1_connection(host, port, timeout_ms, transport, protocol),
             pool_size,
             timeout_ms / 1000,
         )
         self._pool2: _ConnectionPool | None = None
         if thrift2_port is not None:
             self._pool2 = _ConnectionPool(
-                lambda: _Thrift2Connection(host, thrift2_port, timeout_ms, transport, protocol),
+                lambda: _thrift2_connection(host, thrift2_port, timeout_ms, transport, protocol),
                 pool_size,
                 timeout_ms / 1000,
             )

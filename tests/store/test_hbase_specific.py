@@ -283,7 +283,7 @@ def test_connection_closed_under_the_pool_is_replaced(
     proxied: HBaseStore, table: str, k: Callable[[bytes], bytes]
 ) -> None:
     (idle,) = proxied._pool._idle
-    idle._hb.transport.close()  # the socket is gone, the pool still holds the connection
+    idle._transport.close()  # the socket is gone, the pool still holds the connection
     proxied.put(table, [Put(k(b"r"), "d", b"q", 5, b"v")])
     assert proxied.read_row(table, k(b"r")) == {("d", b"q"): [(5, b"v")]}
     assert proxied._pool._idle and proxied._pool._idle[0] is not idle

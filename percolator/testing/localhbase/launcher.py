@@ -886,24 +886,20 @@ class LocalHBase:
                 # Written after each launch, before the wait: a launcher killed mid-start
                 # leaves enough behind for `percolator hbase stop` to clean up.
                 self._write_state(ready=False)
-                assert self.thrift_port is not None
-                wait_until_serving(
-                    "127.0.0.1",
-                    self.thrift_port,
-                    max(0.0, timeout - (time.monotonic() - started)),
-                    self._progress,
-                    still_starting=self._failed_during_start,
-                    check=probe_tables_work,
-                )
-                assert self.thrift2_port is not None
-                wait_until_serving(
-                    "127.0.0.1",
-                    self.thrift2_port,
-                    max(0.0, timeout - (time.monotonic() - started)),
-                    self._progress,
-                    still_starting=self._failed_during_start,
-                    check=probe_thrift2,
-                )
+                # Thrift-1 proves HBase serves (a table round trip); Thrift-2 answers next.
+                for port, check in (
+                    (self.thrift_port, probe_tables_work),
+                    (self.thrift2_port, probe_thrift2),
+                ):
+                    assert port is not None
+                    wait_until_serving(
+                        "127.0.0.1",
+                        port,
+                        max(0.0, timeout - (time.monotonic() - started)),
+                        self._progress,
+                        still_starting=self._failed_during_start,
+                        check=check,
+                    )
                 self._write_state(ready=True)
             except HBaseStartError as exc:
                 jvms = list(self._jvms)
