@@ -23,7 +23,9 @@ Backends come from :data:`percolator.store.BACKENDS`; the HBase one is marked ``
 * ``grpc_oracle``: a real oracle server (subprocess) for the session.
 
 ``hbase_url`` (session scope, created only when a test asks for it) gives
-``hbase://HOST:PORT`` of an HBase that answers through its Thrift-1 gateway:
+``hbase://HOST:PORT?thrift2_port=PORT2`` of an HBase that answers through its Thrift-1 and
+Thrift-2 gateways (tests/store/test_hbase_thrift2.py fails if the URL names no Thrift-2
+gateway; the rest work with either):
 
 * ``PERCOLATOR_TEST_HBASE_URL`` set: that server, after checking that it answers (it is
   shared, so tests must use unique table names or a ``?prefix=`` of their own: the
@@ -32,7 +34,8 @@ Backends come from :data:`percolator.store.BACKENDS`; the HBase one is marked ``
   directory for this session and stopped at its end (about 20-30 s to start on two cores;
   its logs stay under pytest's temporary directory);
 * optionally, ``PERCOLATOR_TEST_HBASE=docker`` with ``PERCOLATOR_TEST_HBASE_IMAGE`` naming an
-  image that serves Thrift-1 on port 9090: a container through testcontainers, when Docker
+  image that serves Thrift-1 on port 9090 and Thrift-2 on 9095 (docker/hbase/Dockerfile
+  does): a container through testcontainers, when Docker
   is reachable (else the local launcher, with a notice).  Never required.
 
 A missing ``java`` or ``mvn`` fails the tests that need HBase with the launcher's message:
@@ -59,7 +62,12 @@ from percolator.errors import ConfigError
 from percolator.store import BACKENDS, Backend, Store, open_store
 from percolator.store.url import parse_store_url
 from percolator.testing import ManualOracle
-from percolator.testing.localhbase import HBaseLauncherError, LocalHBase, wait_until_serving
+from percolator.testing.localhbase import (
+    HBaseLauncherError,
+    LocalHBase,
+    probe_thrift2,
+    wait_until_serving,
+)
 
 # The session's HBase holds nothing worth keeping: do not wait out HBase's ~20 s standalone
 # shutdown (regions are flushed and closed within a second or two of SIGTERM).
@@ -143,7 +151,7 @@ def _start_container(
     if not image:
         pytest.fail(
             "PERCOLATOR_TEST_HBASE=docker needs PERCOLATOR_TEST_HBASE_IMAGE: an image that "
-            "serves HBase's Thrift-1 gateway on port 9090",
+            "serves HBase's Thrift-1 gateway on port 9090 and its Thrift-2 gateway on 9095",
             pytrace=False,
         )
     try:
@@ -158,12 +166,13 @@ def _start_container(
             "starting a local HBase instead"
         )
         return None
-    container = DockerContainer(image).with_exposed_ports(9090)
+    container = DockerContainer(image).with_exposed_ports(9090, 9095)
     container.start()
     try:
         try:
             host = container.get_container_host_ip()
             port = int(container.get_exposed_port(9090))
+            thrift2_port = int(container.get_exposed_port(9095))
         except Exception as exc:
             # Seen with podman's Docker API from inside a sandbox that has /.dockerenv:
             # testcontainers then looks for a gateway in fields podman does not return.
@@ -175,13 +184,14 @@ def _start_container(
                 pytrace=False,
             )
         wait_until_serving(host, port, 300.0, progress)
+        wait_until_serving(host, thrift2_port, 60.0, progress, check=probe_thrift2)
     except HBaseLauncherError as exc:
         container.stop()
         pytest.fail(f"HBase in the container of {image!r} does not answer: {exc}", pytrace=False)
     except BaseException:
         container.stop()
         raise
-    url = f"hbase://{host}:{port}"
+    url = f"hbase://{host}:{port}?thrift2_port={thrift2_port}"
     progress(f"HBase in a container of {image}: {url}")
     return url, container.stop
 
