@@ -333,6 +333,36 @@ def test_requested_port_in_use_is_refused_before_launching(
     assert not hbase.log_dir.exists()
 
 
+def test_requested_thrift2_port_in_use_or_shared_is_refused_before_launching(
+    tmp_path: Path, occupied_port: int
+) -> None:
+    taken = LocalHBase(
+        tmp_path / "hb",
+        thrift2_port=occupied_port,
+        progress=None,
+        classpath_file=tmp_path / "never-read.txt",
+    )
+    with pytest.raises(HBaseLauncherError, match=f"port {occupied_port} .*Thrift-2 port"):
+        taken.start()
+    port = _free_port_for_test()
+    shared = LocalHBase(
+        tmp_path / "hb2",
+        thrift_port=port,
+        thrift2_port=port,
+        progress=None,
+        classpath_file=tmp_path / "never-read.txt",
+    )
+    with pytest.raises(HBaseLauncherError, match=f"Thrift and Thrift-2 ports must differ .*{port}"):
+        shared.start()
+    assert not taken.state_file.exists() and not shared.state_file.exists()
+
+
+def _free_port_for_test() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 # --------------------------------------------------------------------------- start-up failures
 
 
