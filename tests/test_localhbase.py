@@ -33,7 +33,7 @@ from percolator.testing.localhbase import (
     probe,
     probe_thrift2,
 )
-from percolator.testing.localhbase.launcher import check_classpath, read_classpath
+from percolator.testing.localhbase.launcher import check_classpath, free_port, read_classpath
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -344,7 +344,7 @@ def test_requested_thrift2_port_in_use_or_shared_is_refused_before_launching(
     )
     with pytest.raises(HBaseLauncherError, match=f"port {occupied_port} .*Thrift-2 port"):
         taken.start()
-    port = _free_port_for_test()
+    port = free_port()
     shared = LocalHBase(
         tmp_path / "hb2",
         thrift_port=port,
@@ -355,12 +355,6 @@ def test_requested_thrift2_port_in_use_or_shared_is_refused_before_launching(
     with pytest.raises(HBaseLauncherError, match=f"Thrift and Thrift-2 ports must differ .*{port}"):
         shared.start()
     assert not taken.state_file.exists() and not shared.state_file.exists()
-
-
-def _free_port_for_test() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --------------------------------------------------------------------------- start-up failures

@@ -517,10 +517,12 @@ class HBaseStore(Store):
 
     def _acquire(self, pool: _ConnectionPool | None = None) -> _Connection:
         """A connection from ``pool`` (default: the Thrift-1 gateway's)."""
-        gateway = "Thrift" if pool is None else "Thrift-2"
-        address = self.address if pool is None else self.thrift2_address
+        pool = pool or self._pool
+        thrift1 = pool is self._pool
+        gateway = "Thrift" if thrift1 else "Thrift-2"
+        address = self.address if thrift1 else self.thrift2_address
         try:
-            return (pool or self._pool).acquire()
+            return pool.acquire()
         except RuntimeError:
             raise StoreError(f"the HBase store {self.url} is closed") from None
         except TimeoutError:
@@ -652,14 +654,14 @@ class HBaseStore(Store):
     def _on(table: str | None) -> str:
         return f" on table {table!r}" if table is not None else ""
 
-    def _raise_server_error(
-        self, op: str, table: str | None, exc: BaseException, message: str | None = None
-    ) -> NoReturn:
-        """Raise the store error for a server error ``exc`` (``message``: its text, if the
-        caller already read or amended it)."""
-        if message is None:
-            message = _server_message(exc)
-        if table is not None and "TableNotFoundException" in message:
+    def _table_missing(self, table: str, message: str) -> bool:
+        """Whether a server error's ``message`` says ``table`` does not exist: Thrift-1
+        names the exception, the Thrift-2 gateway gives the table's HBase name alone."""
+        return "TableNotFoundException" in message or message == self._hname(table).decode()
+
+    def _raise_server_error(self, op: str, table: str | None, exc: BaseException) -> NoReturn:
+        message = _server_message(exc)
+        if table is not None and self._table_missing(table, message):
             self._forget_families(table)
             raise TableNotFoundError(table) from exc
         if table is not None and (
@@ -1123,40 +1125,39 @@ class HBaseStore(Store):
         riding cells at their own versions: one atomic row operation)."""
         row, family, qualifier = item.row, item.family, item.qualifier
         hname = self._hname(table)
-        pool = self._pool
-        server_errors = _SERVER_ERRORS
+        send: Callable[[Any], object]
         if item.then_put:
             assert self._pool2 is not None  # checked: conditional_puts
-            pool, server_errors = self._pool2, _SERVER_ERRORS_2
-            cells = [thrift2.TColumnValue(family.encode(), qualifier, item.new)]
+            pool, server_errors, address = self._pool2, _SERVER_ERRORS_2, self.thrift2_address
+            family_bytes = family.encode()
+            cells = [thrift2.TColumnValue(family_bytes, qualifier, item.new)]
             cells.extend(
                 thrift2.TColumnValue(p.family.encode(), p.qualifier, p.value, p.version)
                 for p in item.then_put
             )
             tput = thrift2.TPut(row=row, columnValues=cells)
+
+            def send(client: Any) -> object:
+                return client.checkAndPut(hname, row, family_bytes, qualifier, item.expected, tput)
         else:
+            pool, server_errors, address = self._pool, _SERVER_ERRORS, self.address
             spec = self._column_spec(family, qualifier)
             mutation = Mutation(column=spec, value=item.new, isDelete=False)
+
+            def send(client: Any) -> object:
+                return client.checkAndPut(hname, row, spec, item.expected, mutation, {})
+
         where = f"table {table!r}, row {row!r}, column {family}:{qualifier!r}"
-        address = self.thrift2_address if item.then_put else self.address
         # Failing to get a connection means nothing was sent: that error is definite.
-        conn = self._acquire(self._pool2 if item.then_put else None)
+        conn = self._acquire(pool)
         try:
             self._count("compare_and_set")
-            if item.then_put:
-                applied = conn.client.checkAndPut(
-                    hname, row, family.encode(), qualifier, item.expected, tput
-                )
-            else:
-                applied = conn.client.checkAndPut(hname, row, spec, item.expected, mutation, {})
+            applied = send(conn.client)
         except server_errors as exc:
             pool.release(conn)
             message = _server_message(exc)
-            # The Thrift-2 gateway reports an unknown table by its name alone.
-            if message == hname.decode("ascii"):
-                message = f"TableNotFoundException: {message}"
-            if "TableNotFoundException" in message or "NoSuchColumnFamilyException" in message:
-                self._raise_server_error("compare_and_set", table, exc, message)
+            if self._table_missing(table, message) or "NoSuchColumnFamilyException" in message:
+                self._raise_server_error("compare_and_set", table, exc)
             raise StoreUnavailableError(
                 f"compare-and-set on {where} at {address}: outcome unknown, the server "
                 f"reported {_short(message)}; re-read the cell, do not re-send"

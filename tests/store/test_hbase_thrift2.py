@@ -21,6 +21,7 @@ from percolator.store.base import CompareAndSet, FamilySpec, Put
 from percolator.store.hbase import HBaseStore
 from percolator.store.url import open_store, parse_store_url
 from percolator.testing import ManualOracle
+from percolator.testing.localhbase.launcher import free_port
 from tests.store.test_hbase_specific import FaultyProxy
 
 FAMILIES = [FamilySpec("d"), FamilySpec("w"), FamilySpec("l", max_versions=1)]
@@ -79,13 +80,12 @@ def test_the_thrift1_port_given_as_thrift2_port_is_one_clear_error(hbase_url: st
 
 @pytest.mark.hbase
 def test_a_closed_thrift2_port_fails_when_the_store_opens(hbase_url: str) -> None:
-    port, thrift2 = _ports(hbase_url)
-    proxy = FaultyProxy(("127.0.0.1", thrift2))
-    proxy.close()  # nothing listens there any more
+    port, _ = _ports(hbase_url)
+    closed = free_port()  # free a moment ago: nothing listens there
     with pytest.raises(StoreUnavailableError) as raised:
-        open_store(f"hbase://127.0.0.1:{port}?thrift2_port={proxy.port}")
+        open_store(f"hbase://127.0.0.1:{port}?thrift2_port={closed}")
     assert str(raised.value) == (
-        f"cannot reach HBase Thrift-2 gateway at 127.0.0.1:{proxy.port}: connection refused"
+        f"cannot reach HBase Thrift-2 gateway at 127.0.0.1:{closed}: connection refused"
     )
 
 
