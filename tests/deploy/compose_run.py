@@ -175,9 +175,10 @@ class Stack:
         raise RuntimeError(f"{name} was not restarted by its restart policy:\n"
                            f"{self.logs(name)}")
 
-    def active_oracle(self) -> str | None:
+    def active_oracle(self) -> tuple[str, int] | None:
+        """The single active oracle's address and lease epoch, or None."""
         roles = self.stack_check("roles", timeout_s=60)
-        active = [address for address, info in roles.items()
+        active = [(address, int(info.get("epoch", 0))) for address, info in roles.items()
                   if isinstance(info, dict) and info.get("role") == "active"]
         return active[0] if len(active) == 1 else None
 
@@ -217,21 +218,28 @@ def ensure_packages() -> None:
 
 
 def fail_over(stack: Stack, kill: Callable[[str], None]) -> tuple[str, float, str]:
-    """Kills the active oracle's container with ``kill``; waits until the other oracle is
-    active.  Returns (the killed container, seconds until takeover, the new active)."""
+    """Kills the active oracle's container with ``kill``; waits until an oracle holds the
+    lease at a higher epoch.  Returns (the killed container, seconds until takeover, the new
+    active with its epoch).
+
+    Either instance may win: after a killed container the standby is the only candidate, but
+    after a crashed process the restart policy may bring the victim back before the standby
+    sees the lease expire, and then the restarted process takes it, which is just as correct
+    (the epoch fences the dead one)."""
     before = stack.active_oracle()
     if before is None:
         raise RuntimeError(f"no single active oracle before the kill: {stack.roles()}")
-    victim = stack.container(before.split(":")[0])
+    address, epoch = before
+    victim = stack.container(address.split(":")[0])
     killed_at = time.monotonic()
     kill(victim)
     after = None
     while time.monotonic() - killed_at < 120:
         after = stack.active_oracle()
-        if after is not None and after != before:
-            return victim, time.monotonic() - killed_at, after
+        if after is not None and after[1] > epoch:
+            return victim, time.monotonic() - killed_at, f"{after[0]} (epoch {epoch} -> {after[1]})"
         time.sleep(0.5)
-    raise RuntimeError(f"no takeover within 120 s (active: {after})")
+    raise RuntimeError(f"no takeover within 120 s (before: {before}, now: {after})")
 
 
 def write_and_check(stack: Stack, round_: int) -> tuple[dict[str, object], dict[str, object]]:
@@ -322,7 +330,7 @@ def scenario(stack: Stack, backfill: bool, monitoring: bool) -> None:
         stack.wait_healthy(victim, timeout_s=180)
         passed(f"{victim} started again, rejoined: {stack.roles()}")
 
-    with step("crash the active oracle's process: restart policy, fail-over back"):
+    with step("crash the active oracle's process: restart policy, a new epoch"):
         victim, takeover_s, after = fail_over(stack, stack.crash_process)
         passed(f"every process of {victim} killed (exit 137); {after} active after "
                f"{takeover_s:.1f} s")
