@@ -44,7 +44,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make ``bench`` and the packages importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from percolator.observers.options import WorkerOptions
+from percolator.observers.options import DEFAULT_BATCH_SIZE, WorkerOptions
 from percolator.observers.parking import pending
 from percolator.observers.worker import Worker
 
@@ -406,7 +406,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     promise.add_argument("--seed", type=int, default=1)
     promise.add_argument("--master", default="local[2]")
     promise.add_argument(
-        "--batch", type=int, default=1, help="the worker's notifications per transaction"
+        "--batch",
+        type=int,
+        default=DEFAULT_BATCH_SIZE,
+        help="the worker's notifications per transaction (default: the worker's, %(default)s)",
     )
     ceiling = sub.add_parser("ceiling", help="the store's get/put/compare-and-set rates")
     ceiling.add_argument("--store", required=True, help="store URL (use a private ?prefix=)")

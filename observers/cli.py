@@ -63,9 +63,10 @@ def register_worker(subparsers: Any) -> None:
     worker.add_argument(
         "--batch",
         type=int,
-        default=1,
+        default=None,
         help="run up to this many queued notifications of one observer in one transaction "
-        "(default %(default)s: one transaction per notification)",
+        "(default 32; only what has piled up: an idle worker runs each change alone; "
+        "1: one transaction per notification)",
     )
     worker.add_argument(
         "--partitioned",
@@ -186,6 +187,7 @@ def _print_ready(message: str) -> None:
 
 
 def run_worker(args: argparse.Namespace) -> int:
+    from percolator.observers.options import DEFAULT_BATCH_SIZE
     from percolator.observers.plugins import GROUP as PLUGIN_GROUP
     from percolator.observers.plugins import LoadResult, load_from_path, load_observers
     from percolator.observers.worker import Worker, WorkerOptions
@@ -202,7 +204,7 @@ def run_worker(args: argparse.Namespace) -> int:
         partitioned=args.partitioned,
         key_groups=args.key_groups,
         lease_ms=args.lease_ms,
-        batch_size=args.batch,
+        batch_size=DEFAULT_BATCH_SIZE if args.batch is None else args.batch,
     )
     # --observers-from: observers imported from a module path, to try code without
     # packaging it; then only the plugins named with --observer run beside them.

@@ -19,6 +19,14 @@ from percolator.store.base import Store
 PARALLEL_STORE_THREADS = 4
 LOCAL_STORE_THREADS = 1
 
+#: The worker's notifications per transaction when none is given.  Under a backlog a batch
+#: shares one transaction's timestamps, commit point and cleanup among its runs: the trivial
+#: observer ran 0.50-0.69x of the raw store's get + put on embedded and 0.31-0.32x on HBase
+#: in batches of 32, against 0.07x and 0.09x one run per transaction (bench/results.md, P10).
+#: A batch that keeps conflicting is split into single runs (observers/processor.py), so a
+#: few hot cells do not hold back the others queued with them.
+DEFAULT_BATCH_SIZE = 32
+
 
 @dataclass(frozen=True)
 class WorkerOptions:
@@ -51,8 +59,10 @@ class WorkerOptions:
     key_groups: int = 64
     lease_ms: int = 10_000
     #: at most this many queued notifications of one observer run in one transaction
-    #: (observers/runner.py: process_batch); 1: one transaction per notification
-    batch_size: int = 1
+    #: (observers/runner.py: process_batch); 1: one transaction per notification.  A batch
+    #: is what has piled up in the queue (a run thread never waits to fill one), so an idle
+    #: worker still runs each change alone; see :data:`DEFAULT_BATCH_SIZE`
+    batch_size: int = DEFAULT_BATCH_SIZE
 
     def __post_init__(self) -> None:
         if self.threads is not None and (

@@ -6,8 +6,9 @@ notification at a time each (observers/runner.py does the run itself), or with
 (taken from the queue without waiting: a batch is what has piled up, so an idle worker still
 runs each change at once).  A batch whose observer code raises is rolled back and its
 notifications are run one by one, so failures are counted (and cells parked) per cell as
-before.  A cell is never queued twice in one worker: it is *in flight* from
-:meth:`~NotificationProcessor.offer` until its run ends.
+before; so is a batch that still conflicts after its attempts, so that a hot cell does not
+hold back the cells batched with it.  A cell is never queued twice in one worker: it is *in
+flight* from :meth:`~NotificationProcessor.offer` until its run ends.
 
 Failures: a run that fails with an exception of the observer's code counts one failure of
 that cell and is retried after an exponential back-off (``backoff_base_s`` doubling up to
@@ -206,6 +207,18 @@ class NotificationProcessor:
             return
         except ConflictExhaustedError as exc:
             self._metrics.conflicts.inc(exc.conflicts, observer=name)
+            if len(batch) > 1 and not self._abort.is_set():
+                # Nothing committed.  A conflict on any one cell aborts the whole batch, so a
+                # hot cell would hold back every cell queued with it: run them one by one,
+                # and only the cells that still conflict back off.
+                log.info(
+                    "batch of %d runs of %s kept conflicting; running them one by one",
+                    len(batch),
+                    name,
+                )
+                for notification in batch:
+                    self.run(notification)
+                return
             for notification in batch:
                 self._back_off_conflict(notification.cell)
             return

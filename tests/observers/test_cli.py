@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from percolator.observers import plugins
+from percolator.observers.options import DEFAULT_BATCH_SIZE
 from percolator.observers.parking import ParkingLot, pending
 from percolator.observers.runner import Notification
 
@@ -252,3 +253,19 @@ def test_worker_partitioned_flags(capsys: pytest.CaptureFixture[str], tmp_path: 
     )
     assert code == 2
     assert "lease_ms must be an int >= 100" in capsys.readouterr().err
+
+
+def test_worker_batch_flag_defaults_to_the_workers_batch_size(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """``--batch`` left out means the worker's default, which its help names; ``--batch 0``
+    is refused by the options' check."""
+    parser = cli.load_commands().parser
+    assert parser.parse_args(["worker"]).batch is None
+    assert parser.parse_args(["worker", "--batch", "1"]).batch == 1
+    with pytest.raises(SystemExit):
+        parser.parse_args(["worker", "--help"])
+    assert f"(default {DEFAULT_BATCH_SIZE};" in " ".join(capsys.readouterr().out.split())
+    store = f"embedded:{tmp_path / 's'}"
+    assert cli.main(["worker", "--store", store, "--create", "--batch", "0"]) == 2
+    assert "batch_size must be an int >= 1, got 0" in capsys.readouterr().err

@@ -8,9 +8,10 @@ cleanup, right after the engine's commit point) - and restarted.  After quiescen
 stored tables are compared with docpipeline/reference.py over the documents as stored, and
 those documents with the ones the test wrote.
 
-The workers scan at random (each scans everything), partitioned (key groups leased with a
-short lease, each worker reading only its groups' notifications; a killed worker's groups
-move when its lease ends), or at random running up to 8 notifications per transaction
+The workers scan at random (each scans everything) running one notification per
+transaction (``--batch 1``), partitioned (key groups leased with a short lease, each worker
+reading only its groups' notifications; a killed worker's groups move when its lease ends;
+the worker's default batches), or at random running up to 8 notifications per transaction
 (batched).  Default runs a few trials; ``-m slow`` runs many.
 """
 
@@ -53,7 +54,7 @@ TRIALS = (
 )
 # Partitioned workers: a short lease, so a killed worker's groups move within a second or two.
 PARTITIONED = ("--partitioned", "--key-groups", "16", "--lease-ms", "1500")
-MODE_ARGS = {"random": (), "partitioned": PARTITIONED, "batched": ("--batch", "8")}
+MODE_ARGS = {"random": ("--batch", "1"), "partitioned": PARTITIONED, "batched": ("--batch", "8")}
 
 
 def _start(

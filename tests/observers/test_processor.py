@@ -8,7 +8,7 @@ import threading
 
 import pytest
 from percolator.observers import processor as processor_module
-from percolator.observers.api import Observer
+from percolator.observers.api import Observer, register_observers
 from percolator.observers.options import WorkerOptions
 from percolator.observers.parking import ParkingLot
 from percolator.observers.processor import NotificationProcessor
@@ -19,6 +19,7 @@ from percolator.observers.worker_metrics import WorkerMetrics
 import percolator
 from percolator.errors import UndeterminedCommitError
 from percolator.notifications import Notification
+from percolator.transaction import Transaction
 from tests.observers import helpers
 from tests.observers.helpers import EVENTS
 
@@ -104,6 +105,50 @@ def test_conflicts_and_undetermined_commits_back_off_without_counting_as_failure
     expected = 3 if isinstance(error, ConflictExhaustedError) else 0
     assert metrics.conflicts.value(observer="run-logger") == expected
     assert pool.parked_cells() == set()
+
+
+class HotCell(helpers.RunLogger):
+    """Each run on row ``hot`` also writes a shared cell, which another writer commits
+    first while the run is under way, the first ``fights`` times: those runs conflict."""
+
+    def __init__(self, client: percolator.Client, fights: int) -> None:
+        self.client = client
+        self.fights = fights
+
+    def process(self, txn: Transaction, row: bytes, column: str) -> None:
+        super().process(txn, row, column)
+        if row == b"hot":
+            txn.set(EVENTS, b"shared", "tally", b"run")
+            if self.fights > 0:
+                self.fights -= 1
+                with self.client.transaction() as other:
+                    other.set(EVENTS, b"shared", "tally", b"other")
+
+
+def test_a_batch_that_keeps_conflicting_is_split_so_only_the_hot_cell_waits(
+    memory_client: percolator.Client,
+) -> None:
+    """A conflict on one cell aborts its whole batch; once the batch's attempts are spent its
+    cells run one by one: the others commit at once, and only the hot cell, which conflicts
+    alone too, backs off."""
+    client = memory_client
+    attempts = WorkerOptions().attempts
+    observer = HotCell(client, fights=2 * attempts)  # every batched and every single attempt
+    register_observers(client, [observer])
+    with client.transaction() as txn:
+        for row in (b"a", b"hot", b"c"):
+            txn.set(EVENTS, row, "value", b"x")
+    commit_ts = txn.commit_ts
+    pool, metrics = processor(client, observer, WorkerOptions(batch_size=8, conflict_backoff_s=60))
+    queued = helpers.pending_events(client)
+    assert len(queued) == 3 and all(pool.offer(n) for n in queued)
+    run_queued(pool)
+    assert helpers.runs(client.snapshot()) == {b"a": [commit_ts], b"c": [commit_ts]}
+    assert observer.fights == 0
+    assert metrics.conflicts.value(observer="run-logger") == 2 * attempts
+    [hot] = [n for n in queued if n.row == b"hot"]
+    assert not pool.offer(hot)  # backing off
+    assert [n.row for n in helpers.pending_events(client)] == [b"hot"]
 
 
 def test_a_parked_set_reload_racing_with_a_park_keeps_the_cell_parked(

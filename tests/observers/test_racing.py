@@ -1,6 +1,8 @@
 """Racing worker processes (R6): several ``percolator worker`` processes with many threads on
 the same notifications.  Each change commits at most one observer run, counted from the
 run rows committed with the acks; after quiescence every ack covers its cell's latest write.
+The first worker runs one notification per transaction (``--batch 1``), the others the
+default batches, so single runs race with batches as well as with each other.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def test_racing_workers_commit_at_most_one_run_per_change(
             tmp_path / f"worker{i}.log",
             plugin_dir=plugin_dir,
             threads=threads,
-            extra_args=["--scanners", "2"],
+            extra_args=["--scanners", "2", *(["--batch", "1"] if i == 0 else [])],
             env={helpers.SLEEP_ENV: "5"},  # runs overlap more
         )
         for i in range(workers_n)
