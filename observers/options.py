@@ -22,7 +22,8 @@ LOCAL_STORE_THREADS = 1
 #: The worker's notifications per transaction when none is given.  Under a backlog a batch
 #: shares one transaction's timestamps, commit point and cleanup among its runs: the trivial
 #: observer ran 0.50-0.69x of the raw store's get + put on embedded and 0.31-0.32x on HBase
-#: in batches of 32, against 0.07x and 0.09x one run per transaction (bench/results.md, P10).
+#: in batches of 32, against 0.07-0.13x one run per transaction (four threads;
+#: bench/results.md, "The worker batches by default").
 #: A batch that keeps conflicting is split into single runs (observers/processor.py), so a
 #: few hot cells do not hold back the others queued with them.
 DEFAULT_BATCH_SIZE = 32
