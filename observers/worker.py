@@ -8,7 +8,9 @@ A worker wires three parts together and owns their threads and lifecycle:
   failure counting and parking; observers/runner.py: one run), one notification at a time
   each; by default 4 on HBase and 1 on the embedded and memory stores
   (``WorkerOptions.for_store``).  A cell is never queued twice in one worker;
-* a **housekeeper** reloads the parked set and shares scanner positions.
+* a **housekeeper** reloads the parked set, shares scanner positions and keeps this
+  worker's record in the roster current (observers/roster.py: what ``percolator status``
+  lists as the running workers).
 
 Shutdown (:meth:`Worker.stop`, SIGTERM in the CLI): scanners stop, queued notifications are
 dropped (they stay in the store), runs in flight may finish for ``drain_timeout_s``; after
@@ -34,6 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from percolator.observers import roster
 from percolator.observers.api import (
     Observer,
     check_observer,
@@ -152,6 +155,8 @@ class Worker:
         self._runners: list[threading.Thread] = []
         self._metrics_server: MetricsServer | None = None
         self._started = False
+        #: this worker's record as last published in the roster (None: not published)
+        self._record: roster.WorkerRecord | None = None
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -224,6 +229,7 @@ class Worker:
         )
         for thread in self._runners + self._threads:
             thread.start()
+        self._publish_record(forget_old=True)
         log.info(
             "worker %s running %s on %d threads",
             self.worker_id,
@@ -261,6 +267,11 @@ class Worker:
                 self.leases.release_all()
             except PercolatorError as exc:
                 log.warning("could not release key groups (they expire): %s", exc)
+        if self._record is not None:
+            try:
+                roster.remove(self.client.store, self._record)
+            except PercolatorError as exc:
+                log.warning("could not remove this worker from the roster (it ages): %s", exc)
 
     def _offer(self, notification: Notification) -> bool:
         """Queue a notification found by a scanner - when partitioned, only one of a key
@@ -299,8 +310,42 @@ class Worker:
                 self._positions.sync()
                 if self.leases is not None:
                     self.leases.rebalance()
+                if self._record is None or (
+                    roster.now_ms() - self._record.seen_ms >= roster.REFRESH_MS
+                ):
+                    self._publish_record()
             except PercolatorError as exc:
                 log.warning("housekeeping: %s", exc)
+
+    def _publish_record(self, *, forget_old: bool = False) -> None:
+        """Publish (or refresh) this worker's roster record; with ``forget_old`` also delete
+        the records of workers killed long ago.  The roster is informational: a store error
+        is logged, never raised."""
+        previous = self._record
+        seen_ms = roster.now_ms()
+        if previous is not None:
+            seen_ms = max(seen_ms, previous.seen_ms + 1)  # a newer version replaces it
+        record = roster.WorkerRecord(
+            worker_id=self.worker_id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            observers=tuple(o.name for o in self.observers),
+            threads=self.options.run_threads,
+            scanners=self.options.scanners,
+            batch_size=self.options.batch_size,
+            partitioned=self.options.partitioned,
+            key_groups=len(self.leases.owned()) if self.leases is not None else None,
+            started_ms=previous.started_ms if previous is not None else seen_ms,
+            seen_ms=seen_ms,
+        )
+        try:
+            if forget_old:
+                roster.forget_old(self.client.store, roster.read_roster(self.client.store))
+            roster.publish(self.client.store, record)
+        except PercolatorError as exc:
+            log.warning("could not publish this worker in the roster: %s", exc)
+            return
+        self._record = record
 
     # ---------------------------------------------------------------- gauges
 

@@ -11,13 +11,21 @@ it is safe to run at any time against a live deployment:
   listed separately (nobody will process them);
 - **oracle**: the persisted record (epoch, high-water mark = the limit no timestamp exceeds,
   lease holder and expiry); with ``--oracle grpc://...`` also each server's own answer;
-- **gc**: the safe point and the oldest transaction start published by live clients.
+- **gc**: the safe point and the oldest transaction start published by live clients;
+- **workers**: the workers in the roster (observers/roster.py): where each runs, its
+  observers, run threads, scanners, batch size and key groups, and when it was last seen;
+  a worker not seen for a while (killed, paused or cut off from the store) is listed as
+  such, not as a problem: a restarted worker has a new id and its old record ages out;
+- **watermarks**: each observer's low watermark, its lag and what holds it back.
 
 ``--json`` prints one object with the keys ``store``, ``locks`` (``count``, ``expired``,
 ``by_age`` {bucket: count}, ``oldest`` [..], ``truncated`` tables), ``notifications``
 (``observers`` [{observer, table, column, pending, parked}], ``unobserved`` [{table, column,
 pending}]), ``oracle`` (``record`` or null, ``servers`` [..]), ``gc`` (``safe_point``,
-``safe_point_time``, ``oldest_published_start_ts``, ``reservations``) and ``problems`` (strings).
+``safe_point_time``, ``oldest_published_start_ts``, ``reservations``), ``workers``
+([{worker_id, host, pid, observers, threads, scanners, batch_size, partitioned, key_groups,
+started_ms, seen_ms, seen_ago_ms, live}]), ``watermarks`` (``observers`` [..], ``error``) and
+``problems`` (strings).
 
 Exit code: 0 when nothing is wrong, 1 when ``problems`` is not empty (expired locks, parked
 notifications, unobserved notifications, no active oracle among ``--oracle``), 2 for a bad
@@ -38,7 +46,7 @@ from percolator import notifications
 from percolator.command_options import add_oracle_option, add_store_option, connect_existing
 from percolator.commands.display import show_bytes
 from percolator.errors import ConfigError, OracleError
-from percolator.layout import LOCK, engine_tables
+from percolator.layout import LOCK, META_TABLE, engine_tables
 from percolator.records import LockCell
 from percolator.store.base import ScanOptions, Store
 from percolator.timestamps import describe, now_ms, physical_ms
@@ -125,8 +133,14 @@ def scan_locks(store: Store, tables: list[str], *, oldest: int, scan_limit: int)
                 )
                 entries.append(
                     LockEntry(
-                        table, show_bytes(row), qualifier.decode("utf-8"), lock.start_ts, age,
-                        lock.ttl_ms, expired, primary,
+                        table,
+                        show_bytes(row),
+                        qualifier.decode("utf-8"),
+                        lock.start_ts,
+                        age,
+                        lock.ttl_ms,
+                        expired,
+                        primary,
                     )
                 )
             if seen >= scan_limit:
@@ -259,9 +273,7 @@ def build_report(client: Any, args: argparse.Namespace) -> dict[str, Any]:
     if args.table:
         missing = sorted(set(args.table) - set(tables))
         if missing:
-            raise ConfigError(
-                f"--table: no such percolator table {', '.join(map(repr, missing))}"
-            )
+            raise ConfigError(f"--table: no such percolator table {', '.join(map(repr, missing))}")
         tables = [t for t in tables if t in args.table]
     locks = scan_locks(store, tables, oldest=args.oldest, scan_limit=args.scan_limit)
     observed, unobserved = notification_report(client, tables)
@@ -291,9 +303,54 @@ def build_report(client: Any, args: argparse.Namespace) -> dict[str, Any]:
         "notifications": {"observers": observed, "unobserved": unobserved},
         "oracle": oracle,
         "gc": gc_report(store),
+        "workers": worker_report(store),
         "watermarks": watermark_report(client, args.oracle),
         "problems": problems,
     }
+
+
+def worker_report(store: Store) -> list[dict[str, Any]]:
+    """The roster's workers (observers/roster.py), newest start first: each record with how
+    long ago it was refreshed and whether that is recent enough to call the worker live.
+    A store without the meta table (no worker ever ran) has none."""
+    from percolator.observers import roster
+
+    if not store.table_exists(META_TABLE):
+        return []
+    return [
+        {**asdict(entry.record), "seen_ago_ms": entry.age_ms, "live": entry.live}
+        for entry in roster.read_roster(store)
+    ]
+
+
+def _duration(ms: int) -> str:
+    seconds = ms / 1000
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def format_workers(workers: list[dict[str, Any]]) -> list[str]:
+    live = sum(1 for w in workers if w["live"])
+    lines = [
+        f"workers: {live} live"
+        + (f", {len(workers) - live} not seen" if live < len(workers) else "")
+    ]
+    for w in workers:
+        groups = f", key groups {w['key_groups']}" if w["partitioned"] else ""
+        seen = (
+            f"seen {_duration(w['seen_ago_ms'])} ago"
+            if w["live"]
+            else f"NOT SEEN for {_duration(w['seen_ago_ms'])} (killed, paused or cut off)"
+        )
+        lines.append(
+            f"  {w['worker_id']} (pid {w['pid']}): {', '.join(w['observers'])}; "
+            f"threads {w['threads']}, scanners {w['scanners']}, batch {w['batch_size']}"
+            f"{groups}; {seen}"
+        )
+    return lines
 
 
 def watermark_report(client: Any, oracle_url: str | None) -> dict[str, Any]:
@@ -320,10 +377,15 @@ def format_report(report: dict[str, Any]) -> str:
     lines = [f"store {report['store']}: {len(report['tables'])} table(s)"]
     locks = report["locks"]
     ages = ", ".join(f"{label} {n}" for label, n in locks["by_age"].items() if n)
-    more = f" (counted up to the scan limit in {', '.join(locks['truncated'])})" if locks[
-        "truncated"] else ""
-    lines.append(f"locks: {locks['count']} held, {locks['expired']} expired{more}"
-                 + (f"; by age: {ages}" if ages else ""))
+    more = (
+        f" (counted up to the scan limit in {', '.join(locks['truncated'])})"
+        if locks["truncated"]
+        else ""
+    )
+    lines.append(
+        f"locks: {locks['count']} held, {locks['expired']} expired{more}"
+        + (f"; by age: {ages}" if ages else "")
+    )
     for e in locks["oldest"]:
         state = "EXPIRED" if e["expired"] else "live"
         lines.append(
@@ -367,6 +429,7 @@ def format_report(report: dict[str, Any]) -> str:
     for r in gc["reservations"]:
         state = "expired" if r["expired"] else f"expires in {r['expires_in_ms'] // 1000} s"
         lines.append(f"  reservation {r['name']!r} at {r['time']} ({state})")
+    lines += format_workers(report["workers"])
     marks = report["watermarks"]
     if marks["error"]:
         lines.append(f"watermarks: unavailable ({marks['error']})")
