@@ -20,9 +20,11 @@ cgroupfs, the host's ulimits) through CONTAINERS_CONF, makes the local base imag
  5. kills the active oracle container (SIGKILL: its lease is not released), waits until the
     standby reports itself active, writes and checks again, starts the killed one again
     (it rejoins as standby); then crashes the new active oracle's process inside its
-    container: the other takes over and the restart policy brings the crashed one back;
+    container: the restart policy brings it back, and whichever oracle takes the expired
+    lease first (at a higher epoch) is the active one;
  6. scales the workers to 3 (deploy.replicas through WORKER_REPLICAS: podman-compose 1.0.x
-    ignores --scale), writes and checks again;
+    ignores --scale), writes and checks again, and checks that ``percolator status`` lists
+    the four running workers (three workers and note-words) with their threads;
  7. starts the `monitoring` profile's Prometheus (an image from Debian's package,
     docker/local/prometheus.Dockerfile; Grafana has no Debian package and its image cannot
     be pulled here) and waits until it scrapes both oracles and all four workers; then
@@ -350,6 +352,20 @@ def scenario(stack: Stack, backfill: bool, monitoring: bool) -> None:
         written, checked = write_and_check(stack, 3)
         passed(f"3 workers ({', '.join(sorted(running))}); round 3: wrote {written}; "
                f"after quiescence {checked}")
+
+    with step("percolator status lists the running workers"):
+        # Exit code 1 only means the report lists problems; the roster is what is checked.
+        result = stack.podman("exec", stack.container("worker"), "percolator", "status",
+                              "--json", check=False)
+        workers = json.loads(result.stdout)["workers"]
+        live = [w for w in workers if w["live"]]
+        threads = sorted(w["threads"] for w in live)
+        if len(live) != 4 or threads != [2, 4, 4, 4]:
+            raise RuntimeError(f"expected 3 workers of 4 threads and note-words of 2 live "
+                               f"in the roster: {workers}")
+        passed(f"{len(live)} live workers in the roster: "
+               + "; ".join(f"{w['worker_id']} threads {w['threads']} batch {w['batch_size']}"
+                           for w in live))
 
     if monitoring:
         with step("monitoring: Prometheus scrapes every oracle and worker"):
