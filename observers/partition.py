@@ -26,7 +26,8 @@ moves when that worker gives it up.
 
 Fencing: every acquisition increments the group's sequence ``seq``.  A run remembers the
 ``(group, seq)`` it started under and checks, just before its commit, that the lease still
-names this worker with the same sequence and has not expired (:meth:`fence_ok`).  A worker
+names this worker with the same sequence and has not expired (:meth:`fences_hold`, one
+read for all the groups of a batch of runs).  A worker
 that was paused past its lease finds the sequence changed and rolls back: it commits
 nothing for a group it lost.  (The check and the commit are two steps, so a pause exactly
 between them can still commit; then the ack conflict prevents a second commit of the same
@@ -42,7 +43,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -220,19 +221,21 @@ class KeyGroupLeases:
         seq = self.owned().get(group)
         return None if seq is None else (group, seq)
 
-    def fence_ok(self, group: int, seq: int) -> bool:
-        """Whether the stored lease of ``group`` still names this worker at ``seq`` and
-        has not expired (one read of the meta table)."""
-        cells = self._client.store.read_row(
-            META_TABLE, self._row(group), columns=[(META_FAMILY, _LEASE)]
-        )
-        versions = cells.get((META_FAMILY, _LEASE))
-        if not versions:
-            return False
-        lease = Lease.decode(versions[0][1])
-        return (
-            lease.owner == self.worker_id and lease.seq == seq and lease.expires_ms > self._now_ms()
-        )
+    def fences_hold(self, claims: Collection[tuple[int, int]]) -> bool:
+        """Whether the stored lease of every ``(group, seq)`` of ``claims`` still names this
+        worker at that ``seq`` and has not expired: one read of the meta table for all of
+        them, so a batch of runs checks its groups together."""
+        rows = sorted({self._row(group) for group, _ in claims})
+        found = self._client.store.read_rows(META_TABLE, rows, columns=[(META_FAMILY, _LEASE)])
+        now = self._now_ms()
+        for group, seq in claims:
+            versions = found.get(self._row(group), {}).get((META_FAMILY, _LEASE))
+            if not versions:
+                return False
+            lease = Lease.decode(versions[0][1])
+            if lease.owner != self.worker_id or lease.seq != seq or lease.expires_ms <= now:
+                return False
+        return True
 
     def release_all(self) -> None:
         """Give every held group up at once (graceful shutdown)."""

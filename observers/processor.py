@@ -27,7 +27,7 @@ import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -80,7 +80,7 @@ class NotificationProcessor:
         *,
         stopping: threading.Event,
         abort: threading.Event,
-        fence_for: Callable[[Notification], Callable[[], bool] | None] | None = None,
+        fence_for: Callable[[Sequence[Notification]], Callable[[], bool]] | None = None,
     ) -> None:
         self._client = client
         self._observers = observers
@@ -89,7 +89,8 @@ class NotificationProcessor:
         self._parking = parking
         self._stopping = stopping
         self._abort = abort
-        # Partitioned workers: the fence a run checks before its commit (None: no check).
+        # Partitioned workers: the fence a batch of runs checks before its commit (None: no
+        # check).
         self._fence_for = fence_for
         # Room for every thread's next batch and the one after it.
         room = options.run_threads * max(4, 2 * options.batch_size)
@@ -191,9 +192,7 @@ class NotificationProcessor:
         transaction (observers/runner.py: process_batch), then count each outcome (metrics,
         back-off on a conflict, failure counting and parking)."""
         name = observer.name
-        fences = []
-        if self._fence_for is not None:
-            fences = [f for f in map(self._fence_for, batch) if f is not None]
+        fences = [self._fence_for(batch)] if self._fence_for is not None else []
         try:
             results = process_batch(
                 self._client,

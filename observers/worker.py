@@ -280,16 +280,19 @@ class Worker:
             return False
         return self.processor.offer(notification)
 
-    def _fence_for(self, notification: Notification) -> Callable[[], bool]:
-        """The check a run makes before its commit: the row's key group is still leased
-        to this worker under the sequence it held when the run started."""
+    def _fence_for(self, batch: Sequence[Notification]) -> Callable[[], bool]:
+        """The check a batch of runs makes before its commit: the key group of each row is
+        still leased to this worker under the sequence it held when the runs started (one
+        read of the meta table for the whole batch)."""
         assert self.leases is not None
         leases = self.leases
-        claimed = leases.claim(notification.row)
-        if claimed is None:
-            return lambda: False
-        group, seq = claimed
-        return lambda: leases.fence_ok(group, seq)
+        held: set[tuple[int, int]] = set()
+        for notification in batch:
+            claim = leases.claim(notification.row)
+            if claim is None:
+                return lambda: False  # a group already lost: nothing of the batch may commit
+            held.add(claim)
+        return lambda: leases.fences_hold(held)
 
     def stopped(self) -> bool:
         return self._stopping.is_set()

@@ -310,3 +310,28 @@ def test_a_paused_worker_that_lost_its_group_commits_nothing_for_it(
     client.wait_for(observers=["gate"], timeout=30)
     assert committed["b"] == [b"held"]
     assert runs(client.snapshot(), b"gate:") == {b"held": [txn.commit_ts]}
+
+
+def test_a_batch_checks_the_fences_of_all_its_groups_in_one_read(
+    local_client: percolator.Client,
+) -> None:
+    """The check before a batch's commit reads every lease the batch ran under at once, and
+    fails if any one of them moved (another sequence, another owner or expired)."""
+    from tests.txn.test_round_trips import delta, reads_and_writes
+
+    client = local_client
+    leases = KeyGroupLeases(client, "w1", groups=GROUPS, lease_ms=LEASE_MS)
+    held = leases.rebalance()
+    assert len(held) == GROUPS
+    claims = {(group, held[group]) for group in (0, 3, 7, 11)}
+    before = reads_and_writes(client)
+    assert leases.fences_hold(claims)
+    assert delta(before, reads_and_writes(client)) == {"read_rows": 1}
+    moved = {*claims - {(7, held[7])}, (7, held[7] + 1)}
+    assert not leases.fences_hold(moved)
+    other = KeyGroupLeases(client, "w2", groups=GROUPS, lease_ms=LEASE_MS)
+    assert not other.fences_hold(claims)  # the leases name w1
+    later = KeyGroupLeases(
+        client, "w1", groups=GROUPS, lease_ms=LEASE_MS, clock=lambda: time.time() + 60
+    )
+    assert not later.fences_hold(claims)  # expired by then
