@@ -85,7 +85,7 @@ def check_report(report: dict[str, Any], expected: dict[str, Any]) -> None:
     (observed,) = report["notifications"]["observers"]
     assert observed == {
         "observer": "status-watcher", "table": "docs", "column": "body", "pending": 2,
-        "parked": 1,
+        "parked": 1, "live_workers": 0,
     }
     assert report["notifications"]["unobserved"] == [
         {"table": "other", "column": "c", "pending": 1}
@@ -111,7 +111,8 @@ def test_status_reports_locks_notifications_oracle_and_gc(tmp_path: Path) -> Non
     text = status(url)
     assert text.returncode == 1
     assert "locks: 1 held, 1 expired" in text.stdout
-    assert "status-watcher" in text.stdout and "2 pending, 1 parked" in text.stdout
+    assert "status-watcher" in text.stdout
+    assert "2 pending, 1 parked, no live worker runs it" in text.stdout
     assert "EXPIRED other/0xff0062696e617279/c" in text.stdout
 
     only_docs = json.loads(status(url, "--json", "--table", "docs").stdout)

@@ -6,9 +6,10 @@ it is safe to run at any time against a live deployment:
 - **locks**: outstanding lock cells of every user table, an age histogram and the oldest
   ones (age = wall clock - the physical part of the lock's ``start_ts``; ``expired`` = past
   its TTL, so the next reader will roll it back or forward);
-- **notifications**: per observed column (and its observer) the pending notifications and
-  the parked ones; pending notifications on columns no observer is registered for are
-  listed separately (nobody will process them);
+- **notifications**: per observed column (and its observer) the pending notifications, the
+  parked ones and how many live workers run that observer (text: "no live worker runs it"
+  when notifications wait and none does); pending notifications on columns no observer is
+  registered for are listed separately (nobody will process them);
 - **oracle**: the persisted record (epoch, high-water mark = the limit no timestamp exceeds,
   lease holder and expiry); with ``--oracle grpc://...`` also each server's own answer;
 - **gc**: the safe point and the oldest transaction start published by live clients;
@@ -20,12 +21,12 @@ it is safe to run at any time against a live deployment:
 
 ``--json`` prints one object with the keys ``store``, ``locks`` (``count``, ``expired``,
 ``by_age`` {bucket: count}, ``oldest`` [..], ``truncated`` tables), ``notifications``
-(``observers`` [{observer, table, column, pending, parked}], ``unobserved`` [{table, column,
-pending}]), ``oracle`` (``record`` or null, ``servers`` [..]), ``gc`` (``safe_point``,
-``safe_point_time``, ``oldest_published_start_ts``, ``reservations``), ``workers``
-([{worker_id, host, pid, observers, threads, scanners, batch_size, partitioned, key_groups,
-started_ms, seen_ms, seen_ago_ms, live}]), ``watermarks`` (``observers`` [..], ``error``) and
-``problems`` (strings).
+(``observers`` [{observer, table, column, pending, parked, live_workers}], ``unobserved``
+[{table, column, pending}]), ``oracle`` (``record`` or null, ``servers`` [..]), ``gc``
+(``safe_point``, ``safe_point_time``, ``oldest_published_start_ts``, ``reservations``),
+``workers`` ([{worker_id, host, pid, observers, threads, scanners, batch_size, partitioned,
+key_groups, started_ms, seen_ms, seen_ago_ms, live}]), ``watermarks`` (``observers`` [..],
+``error``) and ``problems`` (strings).
 
 Exit code: 0 when nothing is wrong, 1 when ``problems`` is not empty (expired locks, parked
 notifications, unobserved notifications, no active oracle among ``--oracle``), 2 for a bad
@@ -277,6 +278,11 @@ def build_report(client: Any, args: argparse.Namespace) -> dict[str, Any]:
         tables = [t for t in tables if t in args.table]
     locks = scan_locks(store, tables, oldest=args.oldest, scan_limit=args.scan_limit)
     observed, unobserved = notification_report(client, tables)
+    workers = worker_report(store)
+    for entry in observed:
+        entry["live_workers"] = sum(
+            1 for w in workers if w["live"] and entry["observer"] in w["observers"]
+        )
     oracle = oracle_report(store, args.oracle)
     problems = []
     if locks.expired:
@@ -303,7 +309,7 @@ def build_report(client: Any, args: argparse.Namespace) -> dict[str, Any]:
         "notifications": {"observers": observed, "unobserved": unobserved},
         "oracle": oracle,
         "gc": gc_report(store),
-        "workers": worker_report(store),
+        "workers": workers,
         "watermarks": watermark_report(client, args.oracle),
         "problems": problems,
     }
@@ -401,6 +407,7 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(
             f"  {o['observer']:{width}} {o['table']}/{o['column']}: {o['pending']} pending, "
             f"{o['parked']} parked"
+            + (", no live worker runs it" if o["pending"] and not o["live_workers"] else "")
         )
     for u in report["notifications"]["unobserved"]:
         lines.append(f"  (no observer) {u['table']}/{u['column']}: {u['pending']} pending")

@@ -84,7 +84,10 @@ def test_status_lists_running_workers_and_the_ones_not_seen(
         worker.wait_ready()
         result = run_cli(["status", "--store", url, "--json"], plugin_dir)
         assert result.returncode == 0, result.stdout + result.stderr
-        workers = {w["worker_id"]: w for w in json.loads(result.stdout)["workers"]}
+        report = json.loads(result.stdout)
+        workers = {w["worker_id"]: w for w in report["workers"]}
+        (logger,) = report["notifications"]["observers"]
+        assert (logger["observer"], logger["live_workers"]) == ("run-logger", 1)
         (running,) = [w for w in workers.values() if w["pid"] == worker.proc.pid]
         assert running["live"] is True and running["seen_ago_ms"] < roster.LIVE_MS
         assert (running["threads"], running["scanners"], running["batch_size"]) == (2, 2, 5)
@@ -106,4 +109,6 @@ def test_status_lists_running_workers_and_the_ones_not_seen(
     # A graceful stop removes the worker's own record.
     after = json.loads(run_cli(["status", "--store", url, "--json"], plugin_dir).stdout)
     assert [w["worker_id"] for w in after["workers"]] == ["crashed"]
+    (logger,) = after["notifications"]["observers"]
+    assert logger["live_workers"] == 0  # the crashed worker's record is not live
     client.close()
