@@ -197,7 +197,14 @@ def test_json_output_of_the_listings(deployment: str, capsys: pytest.CaptureFixt
     assert code == 1  # the parked notification is a problem
     report = json.loads(out)
     assert report["notifications"]["observers"] == [
-        {"observer": "safe-watcher", "table": "t", "column": "c", "pending": 1, "parked": 1}
+        {
+            "observer": "safe-watcher",
+            "table": "t",
+            "column": "c",
+            "pending": 1,
+            "parked": 1,
+            "live_workers": 0,
+        }
     ]
     assert report["problems"] == ["1 parked notification(s) of observer 'safe-watcher'"]
 
