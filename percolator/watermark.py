@@ -44,6 +44,16 @@ kept.  Why it is safe: a run that committed at ``ts`` covered a change ``c`` not
 processed when that computation read the store, so that watermark was at most ``c``.  Each
 published record keeps the last 64 ``(finished_ts, W)`` pairs for this.
 
+**Scan order**: the origin bound only helps if the downstream observer's scan *sees* the
+work an upstream run left for it.  An upstream run that commits between the two scans,
+downstream first, would be seen by neither: its notification is cleaned up before the
+upstream scan, and its output's notification is written after the downstream scan.  So
+observers are scanned upstream first (step 3 then 4 for each); where a cycle makes that
+impossible, every observer scanned before one of its upstream observers scans its notify
+family again after all the others (step 4 only: a run that committed before the upstream
+scan wrote this observer's notification before its commit point, so the second scan finds
+it, or its run cleaned it up after processing it).
+
 **Monotonic**: the last published value of each observer is kept in the meta table (row
 ``watermark/<observer>``, qualifier ``w``, JSON ``{"v": 1, "w": W, "h": HISTORY}``,
 written by compare-and-set) and the result is the maximum of it and the computed value.
@@ -74,7 +84,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -305,6 +315,19 @@ def _scan_own(
             result.locks += 1
             if len(result.lock_samples) < _SAMPLES:
                 result.lock_samples.append((table, row, column, lock.start_ts))
+    return min(bound, _scan_notify(store, result, table, qualifiers, origin))
+
+
+def _scan_notify(
+    store: Store,
+    result: ObserverWatermark,
+    table: str,
+    qualifiers: Sequence[bytes],
+    origin: Callable[[str, str, int], int],
+) -> int:
+    """Step 4 for one table: the lowest bound from the pending notifications (every
+    version), each mapped to the oldest origin it may carry."""
+    bound = result.now_ts
     dirty: list[bytes] = []
     for row, _ in store.scan(table, NOTIFY, ScanOptions(qualifiers=qualifiers)):
         dirty.append(row)
@@ -328,6 +351,19 @@ def _scan_own(
                         Notification(table, row, qualifier.decode(), oldest)
                     )
     return bound
+
+
+def _scan_order(upstream: Mapping[str, set[str]]) -> list[str]:
+    """The observers in an order where each comes after its upstream observers wherever the
+    graph allows (a cycle is broken at its smallest name)."""
+    remaining = set(upstream)
+    order: list[str] = []
+    while remaining:
+        ready = sorted(name for name in remaining if not upstream[name] & remaining)
+        pick = ready[0] if ready else min(remaining)
+        order.append(pick)
+        remaining.discard(pick)
+    return order
 
 
 def _upstream(regs: Sequence[Registration]) -> dict[str, set[str]]:
@@ -378,9 +414,9 @@ def compute_watermarks(
     histories = {name: _decode_published(meta[name][0])[1] for name in by_observer}
     parked = _parked_counts(store)
     results: dict[str, ObserverWatermark] = {}
-    for name, own_regs in sorted(by_observer.items()):
 
-        def origin(table: str, column: str, ts: int, name: str = name) -> int:
+    def origin_for(name: str) -> Callable[[str, str, int], int]:
+        def origin(table: str, column: str, ts: int) -> int:
             bound = ts
             for other in upstream.get(name, ()):
                 out = outputs.get(other)
@@ -388,14 +424,23 @@ def compute_watermarks(
                     bound = min(bound, _origin_bound(histories.get(other, []), ts))
             return bound
 
+        return origin
+
+    def watched_tables(name: str) -> dict[str, list[str]]:
+        tables: dict[str, list[str]] = {}
+        for reg in by_observer[name]:
+            tables.setdefault(reg.table, []).append(reg.column)
+        return {table: sorted(columns) for table, columns in sorted(tables.items())}
+
+    # Upstream observers first (see "Scan order" in the module docstring).
+    order = _scan_order({name: upstream.get(name, set()) for name in by_observer})
+    for name in order:
+        own_regs = by_observer[name]
         result = ObserverWatermark(name, 0, now_ts, parked=parked.get(name, 0))
         result.columns = sorted((r.table, r.column) for r in own_regs)
         bound = now_ts
-        tables: dict[str, list[str]] = {}
-        for reg in own_regs:
-            tables.setdefault(reg.table, []).append(reg.column)
-        for table, columns in sorted(tables.items()):
-            bound = min(bound, _scan_own(store, result, table, sorted(columns), origin))
+        for table, columns in watched_tables(name).items():
+            bound = min(bound, _scan_own(store, result, table, columns, origin_for(name)))
         floor_bytes = meta[name][1]
         floor = Floor.decode(floor_bytes) if floor_bytes else None
         if floor is not None:
@@ -409,6 +454,17 @@ def compute_watermarks(
                 _cas(store, name, _FLOOR, floor_bytes, _TOMBSTONE)
         result.own = bound
         results[name] = result
+    # An observer scanned before one of its upstream observers (a cycle) reads its pending
+    # notifications again, now that every observer has been scanned once.
+    position = {name: index for index, name in enumerate(order)}
+    for name in order:
+        if any(position[other] > position[name] for other in upstream.get(name, ())):
+            scratch = ObserverWatermark(name, 0, now_ts)
+            for table, columns in watched_tables(name).items():
+                if store.table_exists(table):
+                    qualifiers = [c.encode("utf-8") for c in columns]
+                    again = _scan_notify(store, scratch, table, qualifiers, origin_for(name))
+                    results[name].own = min(results[name].own, again)
     # Taken after every read: a run that commits after it started after those reads.
     finished_ts = oracle.get_timestamp() if publish else 0
     for name, result in results.items():

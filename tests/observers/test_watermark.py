@@ -560,3 +560,48 @@ def test_catch_up_of_a_table_that_does_not_exist_yet_owes_nothing(
     report = catch_up(local_client, "ahead")
     assert report.owed == 0 and report.scanned == 0
     assert not compute_watermarks(local_client.store, local_client.oracle)["ahead"].catching_up
+
+
+class _UndeclaredDoubler(Doubler):
+    outputs = None  # type: ignore[assignment]  # may write anything: upstream of all
+
+
+class _UndeclaredDoubleLogger(DoubleLogger):
+    outputs = None  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize("declared", [True, False], ids=["declared-outputs", "cycle"])
+def test_an_upstream_run_between_the_scans_still_holds_the_downstream_watermark(
+    local_client: percolator.Client, monkeypatch: pytest.MonkeyPatch, declared: bool
+) -> None:
+    """The doubler's run commits (writing the double-logger's notification and cleaning up
+    its own) right after the first scan of a watermark computation.  Whichever observer was
+    scanned first, the double-logger's watermark must stay at or below the change: its
+    derived data is not complete.  With declared outputs the doubler is scanned first; with
+    none the two are each other's upstream (a cycle, broken at the smaller name, the
+    double-logger), and the double-logger's notifications are read again."""
+    client = local_client
+    doubler = Doubler() if declared else _UndeclaredDoubler()
+    logger = DoubleLogger() if declared else _UndeclaredDoubleLogger()
+    register_observers(client, [doubler, logger])
+    with client.transaction() as txn:
+        txn.set(EVENTS, b"n1", "num", b"1")
+    change_ts = txn.commit_ts
+    assert change_ts is not None
+    real_scan = watermark._scan_own
+    ran: list[int] = []
+
+    def scan_then_run_the_doubler(*args: object, **kwargs: object) -> int:
+        bound = real_scan(*args, **kwargs)  # type: ignore[arg-type]
+        if not ran:
+            for notification in notifications.pending(client.store, EVENTS, ["num"]):
+                process_notification(client, doubler, notification)
+            ran.append(1)
+        return bound
+
+    monkeypatch.setattr(watermark, "_scan_own", scan_then_run_the_doubler)
+    marks = compute_watermarks(client.store, client.oracle, publish=False)
+    assert ran
+    assert notifications.pending(client.store, EVENTS, ["num"]) == []
+    assert client.snapshot().get(MIRROR, b"n1", "double") == b"2"
+    assert marks["double-logger"].watermark <= change_ts
