@@ -48,9 +48,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from percolator.errors import ConfigError
-from percolator.layout import META_FAMILY, META_TABLE
+from percolator.layout import META_FAMILY, META_TABLE, scan_meta_prefix
 from percolator.notifications import HASH_SPACE, row_hash
-from percolator.store.base import Put, ScanOptions
+from percolator.store.base import Put
 
 if TYPE_CHECKING:
     from percolator.client import Client
@@ -104,15 +104,6 @@ class Lease:
             raise ConfigError(f"key-group lease in {META_TABLE} is malformed ({exc})") from None
 
 
-def _prefix_scan(client: Client, prefix: bytes, qualifier: bytes) -> list[tuple[bytes, bytes]]:
-    stop = prefix[:-1] + bytes([prefix[-1] + 1])
-    options = ScanOptions(start=prefix, stop=stop, qualifiers=[qualifier])
-    return [
-        (row, cells[qualifier][1])
-        for row, cells in client.store.scan(META_TABLE, META_FAMILY, options)
-    ]
-
-
 class KeyGroupLeases:
     """The key groups one worker holds.  Thread-safe.  ``clock``: wall-clock ms (leases
     are compared across processes: keep clocks within a fraction of ``lease_ms``)."""
@@ -153,7 +144,7 @@ class KeyGroupLeases:
     def live_workers(self) -> list[str]:
         now = self._now_ms()
         live = []
-        for row, value in _prefix_scan(self._client, MEMBER_PREFIX, _HEARTBEAT):
+        for row, value in scan_meta_prefix(self._client.store, MEMBER_PREFIX, _HEARTBEAT):
             try:
                 at_ms = int(json.loads(value)["at_ms"])
             except (ValueError, KeyError, TypeError):
@@ -173,7 +164,7 @@ class KeyGroupLeases:
         live = set(self.live_workers()) | {self.worker_id}
         target = math.ceil(self.groups / len(live))
         current: dict[int, tuple[bytes, Lease]] = {}
-        for row, value in _prefix_scan(self._client, GROUP_PREFIX, _LEASE):
+        for row, value in scan_meta_prefix(self._client.store, GROUP_PREFIX, _LEASE):
             group = int(row[len(GROUP_PREFIX) :])
             if group < self.groups:
                 current[group] = (value, Lease.decode(value))

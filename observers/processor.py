@@ -207,16 +207,10 @@ class NotificationProcessor:
         except ConflictExhaustedError as exc:
             self._metrics.conflicts.inc(exc.conflicts, observer=name)
             if len(batch) > 1 and not self._abort.is_set():
-                # Nothing committed.  A conflict on any one cell aborts the whole batch, so a
-                # hot cell would hold back every cell queued with it: run them one by one,
-                # and only the cells that still conflict back off.
-                log.info(
-                    "batch of %d runs of %s kept conflicting; running them one by one",
-                    len(batch),
-                    name,
-                )
-                for notification in batch:
-                    self.run(notification)
+                # A conflict on any one cell aborts the whole batch, so a hot cell would hold
+                # back every cell queued with it: only the cells that still conflict alone
+                # back off.
+                self._run_one_by_one(observer, batch, "kept conflicting")
                 return
             for notification in batch:
                 self._back_off_conflict(notification.cell)
@@ -231,16 +225,20 @@ class NotificationProcessor:
             if len(batch) == 1:
                 self.failed(observer, batch[0], exc)
                 return
-            # Nothing committed.  Run them one by one: the failing one is counted (and
-            # parked) on its own, the others go through.
-            log.info(
-                "batch of %d runs of %s failed (%s); running them one by one", len(batch), name, exc
-            )
-            for notification in batch:
-                self.run(notification)
+            # The failing one is counted (and parked) on its own, the others go through.
+            self._run_one_by_one(observer, batch, f"failed ({exc})")
             return
         for notification, result in zip(batch, results, strict=True):
             self._count(observer, notification, result)
+
+    def _run_one_by_one(self, observer: Observer, batch: list[Notification], why: str) -> None:
+        """Run the notifications of a batch that committed nothing, each in a transaction of
+        its own."""
+        log.info(
+            "batch of %d runs of %s %s; running them one by one", len(batch), observer.name, why
+        )
+        for notification in batch:
+            self.run(notification)
 
     def _count(self, observer: Observer, notification: Notification, result: RunResult) -> None:
         """Metrics, the commit hook and the cell's state after a run that ended."""

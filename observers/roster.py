@@ -21,8 +21,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from percolator.layout import META_FAMILY, META_TABLE
-from percolator.store.base import Delete, Put, ScanOptions, Store
+from percolator.layout import META_FAMILY, META_TABLE, scan_meta_prefix
+from percolator.store.base import Delete, Put, Store
 
 log = logging.getLogger(__name__)
 
@@ -116,11 +116,8 @@ def read_roster(store: Store, at_ms: int | None = None) -> list[RosterEntry]:
     """Every published worker record, newest start first.  One scan of the meta table's
     roster rows; a malformed record is logged and left out."""
     now = now_ms() if at_ms is None else at_ms
-    stop = ROSTER_PREFIX[:-1] + bytes([ROSTER_PREFIX[-1] + 1])
-    options = ScanOptions(start=ROSTER_PREFIX, stop=stop, qualifiers=[_QUALIFIER])
     entries = []
-    for row, cells in store.scan(META_TABLE, META_FAMILY, options):
-        _version, value = cells[_QUALIFIER]
+    for row, value in scan_meta_prefix(store, ROSTER_PREFIX, _QUALIFIER):
         try:
             record = WorkerRecord.decode(value)
         except ValueError as exc:

@@ -24,7 +24,7 @@ import contextlib
 
 from percolator.errors import InvalidArgumentError, TableExistsError, TableNotFoundError
 from percolator.store import checks as store_checks
-from percolator.store.base import MAX_ROW_LENGTH, FamilySpec, Store
+from percolator.store.base import MAX_ROW_LENGTH, FamilySpec, ScanOptions, Store
 
 DATA = "d"
 WRITE = "w"
@@ -60,6 +60,16 @@ def ensure_meta_table(store: Store) -> None:
         store.create_table(META_TABLE, META_FAMILIES)
 
 
+def scan_meta_prefix(store: Store, prefix: bytes, qualifier: bytes) -> list[tuple[bytes, bytes]]:
+    """``(row, value)`` of ``qualifier`` in every row of the meta table starting with
+    ``prefix`` (one scan; rows without the qualifier are left out)."""
+    stop = prefix[:-1] + bytes([prefix[-1] + 1])  # the first row past the prefix
+    options = ScanOptions(start=prefix, stop=stop, qualifiers=[qualifier])
+    return [
+        (row, cells[qualifier][1]) for row, cells in store.scan(META_TABLE, META_FAMILY, options)
+    ]
+
+
 def engine_tables(store: Store) -> list[str]:
     """The store's engine tables: those with every family of :data:`TABLE_FAMILIES`, except
     the system tables.  A store (or an HBase prefix) may also hold tables of its own users
@@ -77,6 +87,7 @@ def engine_tables(store: Store) -> list[str]:
         if families.issuperset(FAMILIES):
             found.append(name)
     return found
+
 
 # \Z, not $: a name must not end in a newline.
 MAX_COLUMN_BYTES = 1024

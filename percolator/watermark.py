@@ -295,14 +295,18 @@ def _scan_own(
     table: str,
     columns: Sequence[str],
     origin: Callable[[str, str, int], int],
+    *,
+    locks: bool = True,
 ) -> int:
-    """Steps 3 and 4 for one table: the lowest bound from locks and notifications, each
-    mapped to the oldest origin it may carry (``origin``, see "Cascading")."""
+    """Steps 3 (unless ``locks`` is False) and 4 for one table: the lowest bound from locks
+    and notifications, each mapped to the oldest origin it may carry (``origin``, see
+    "Cascading")."""
     bound = result.now_ts
     if not store.table_exists(table):
         return bound  # registered ahead of its table: no change can be pending there yet
     qualifiers = [c.encode("utf-8") for c in columns]
-    for row, cells in store.scan(table, LOCK, ScanOptions(qualifiers=qualifiers)):
+    lock_cells = store.scan(table, LOCK, ScanOptions(qualifiers=qualifiers)) if locks else []
+    for row, cells in lock_cells:
         for qualifier, (_, value) in cells.items():
             try:
                 lock = LockCell.decode(value).lock
@@ -459,12 +463,10 @@ def compute_watermarks(
     position = {name: index for index, name in enumerate(order)}
     for name in order:
         if any(position[other] > position[name] for other in upstream.get(name, ())):
-            scratch = ObserverWatermark(name, 0, now_ts)
+            scratch = ObserverWatermark(name, 0, now_ts)  # counted in the first scan
             for table, columns in watched_tables(name).items():
-                if store.table_exists(table):
-                    qualifiers = [c.encode("utf-8") for c in columns]
-                    again = _scan_notify(store, scratch, table, qualifiers, origin_for(name))
-                    results[name].own = min(results[name].own, again)
+                again = _scan_own(store, scratch, table, columns, origin_for(name), locks=False)
+                results[name].own = min(results[name].own, again)
     # Taken after every read: a run that commits after it started after those reads.
     finished_ts = oracle.get_timestamp() if publish else 0
     for name, result in results.items():
