@@ -107,15 +107,16 @@ def fetch_cells(
     """
     result: dict[CellKey, RawCell] = {}
     for table, table_keys in group_by_table(keys).items():
-        columns: list[Column] = []
+        # Exactly these cells, not every column of every row: a transaction writing a
+        # different column in each of many rows reads as many cells as it writes.
+        wanted: list[tuple[bytes, Column]] = []
         for key in table_keys:
-            q = key.qualifier
-            columns.append((LOCK, q))
-            columns.append((WRITE, q))
+            row, q = key.row, key.qualifier
+            wanted.append((row, (LOCK, q)))
+            wanted.append((row, (WRITE, q)))
             if with_data:
-                columns.append((DATA, q))
-        rows = sorted({k.row for k in table_keys})
-        fetched = store.read_rows(table, rows, columns=_dedupe(columns), before=before)
+                wanted.append((row, (DATA, q)))
+        fetched = store.read_cells(table, wanted, before=before)
         for key in table_keys:
             cells = fetched.get(key.row, {})
             q = key.qualifier
@@ -129,10 +130,6 @@ def fetch_cells(
             data = data_versions[0] if data_versions else None
             result[key] = RawCell(key, lock_bytes, LockCell.decode(lock_bytes), write, data)
     return result
-
-
-def _dedupe(columns: list[Column]) -> list[Column]:
-    return list(dict.fromkeys(columns))
 
 
 def put_by_table(store: Store, by_table: Mapping[str, Sequence[Put]]) -> None:

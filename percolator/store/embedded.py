@@ -107,6 +107,7 @@ from percolator.store.base import (
     ScanOptions,
     Store,
     Version,
+    split_cells,
 )
 from percolator.store.checks import (
     MAX_BEFORE,
@@ -664,16 +665,51 @@ class EmbeddedStore(Store):
         check_table_name(table)
         self._count("read_rows")
         upper = MAX_BEFORE if before is None else before
-        with self._errors(f"read_rows({table!r})"):
+        return self._run_plan(
+            f"read_rows({table!r})",
+            table,
+            lambda known: _ReadPlan(
+                known, rows, columns, families, upper, min_version, max_versions
+            ),
+        )
+
+    def read_cells(
+        self,
+        table: str,
+        cells: Sequence[tuple[bytes, Column]],
+        *,
+        before: int | None = None,
+    ) -> dict[bytes, RowCells]:
+        """Exactly the cells named, each seeking its newest version below ``before``, as
+        :meth:`read_rows` reads explicit columns (one statement when they fit one)."""
+        check_table_name(table)
+        rows, columns = split_cells(cells)
+        if not rows:
+            return {}
+        self._count("read_rows")
+        upper = MAX_BEFORE if before is None else before
+        return self._run_plan(
+            f"read_cells({table!r})",
+            table,
+            lambda known: _ReadPlan(known, rows, columns, None, upper, 0, 1, cells=cells),
+        )
+
+    def _run_plan(
+        self,
+        op: str,
+        table: str,
+        make_plan: Callable[[tuple[int, Mapping[str, FamilySpec]]], _ReadPlan],
+    ) -> dict[bytes, RowCells]:
+        """Run the plan ``make_plan`` builds (and checks) for ``table``'s (id, families):
+        see :meth:`read_rows`.  ``op`` names the call in errors."""
+        with self._errors(op):
             known = self._tables.get(table)
             plan: _ReadPlan | None = None
             if known is not None:
                 # Arguments refused by the families of a table dropped since are checked
                 # again below, against the table of that name now.
                 with suppress(InvalidArgumentError):
-                    plan = _ReadPlan(
-                        known, rows, columns, families, upper, min_version, max_versions
-                    )
+                    plan = make_plan(known)
                 if plan is not None and plan.single_statement:
                     found = plan.run_checked(self._conn(), table)
                     if found is not None:
@@ -683,9 +719,7 @@ class EmbeddedStore(Store):
                 known = self._table(conn, table)
                 self._tables[table] = known
                 if plan is None or plan.tid != known[0]:  # else checked against this table
-                    plan = _ReadPlan(
-                        known, rows, columns, families, upper, min_version, max_versions
-                    )
+                    plan = make_plan(known)
                 return plan.run(conn)
 
     def scan(
@@ -861,16 +895,18 @@ class EmbeddedStore(Store):
             raise TableNotFoundError(table)
         tid, encoded, last = found
         families = _decode_families(encoded)
-        params: list[object] = []
         for item in items:
             check_family_name(item.family, families)
             for put in item.then_put:
                 check_family_name(put.family, families)
-            params += (tid, item.family, item.row, item.qualifier)
-        newest = {
-            i: (version, value)
-            for i, version, value in conn.execute(_newest_sql(len(items)), params)
-        }
+        newest: dict[int, tuple[int, bytes]] = {}
+        for offset in range(0, len(items), _CELLS_PER_STATEMENT):
+            chunk = items[offset : offset + _CELLS_PER_STATEMENT]
+            params: list[object] = []
+            for item in chunk:
+                params += (tid, item.family, item.row, item.qualifier)
+            for i, version, value in conn.execute(_newest_sql(len(chunk)), params):
+                newest[offset + i] = (version, value)
         clock = _advance_clock(conn, last)
         applied: list[bool] = []
         writes = []
@@ -944,9 +980,9 @@ class EmbeddedStore(Store):
 
 def _batchable(items: Sequence[CompareAndSet]) -> bool:
     """Whether :meth:`EmbeddedStore._compare_and_set_batch` gives the same outcome as the
-    items one after the other: more than one, few enough for one statement, and no item
-    reading a cell an earlier item (or its ``then_put``) writes."""
-    if not 1 < len(items) <= _CELLS_PER_STATEMENT:
+    items one after the other: more than one, and no item reading a cell an earlier item
+    (or its ``then_put``) writes (every cell is read before any is written)."""
+    if len(items) < 2:
         return False
     cells = {(item.family, item.row, item.qualifier) for item in items}
     if len(cells) < len(items):
@@ -971,19 +1007,28 @@ class _ReadPlan:
         upper: int,
         min_version: int,
         max_versions: int,
+        *,
+        cells: Sequence[tuple[bytes, Column]] | None = None,
     ) -> None:
+        """``cells`` (:meth:`EmbeddedStore.read_cells`): read exactly these, not every
+        column of every row (``rows`` and ``columns`` are then their distinct rows and
+        columns, for the checks)."""
         self.tid, table_families = table
         check_read_args(rows, columns, families, upper, min_version, max_versions, table_families)
         self.rows = list(dict.fromkeys(rows))
-        selection = selection_by_family(columns, families, table_families)
-        # check_read_args allows whole families only with max_versions=1
-        self.whole = [family for family, qualifiers in selection if qualifiers is None]
-        cells = [
-            (family, qualifier)
-            for family, qualifiers in selection
-            for qualifier in qualifiers or ()
-        ]
-        self.cells = [(row, family, q) for row in self.rows for family, q in cells]
+        if cells is not None:
+            self.whole = []
+            self.cells = list(dict.fromkeys((row, family, q) for row, (family, q) in cells))
+        else:
+            selection = selection_by_family(columns, families, table_families)
+            # check_read_args allows whole families only with max_versions=1
+            self.whole = [family for family, qualifiers in selection if qualifiers is None]
+            columns_read = [
+                (family, qualifier)
+                for family, qualifiers in selection
+                for qualifier in qualifiers or ()
+            ]
+            self.cells = [(row, family, q) for row in self.rows for family, q in columns_read]
         self.upper = upper
         self.min_version = min_version
         self.limit = min(max_versions, UNLIMITED_VERSIONS)  # no cell keeps more versions

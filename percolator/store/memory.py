@@ -50,6 +50,7 @@ from percolator.store.base import (
     ScanOptions,
     Store,
     Version,
+    split_cells,
 )
 from percolator.store.checks import (
     MAX_BEFORE,
@@ -200,6 +201,32 @@ class MemoryStore(Store):
                             cells[(family_name, qualifier)] = versions
                 if cells:
                     result[row] = cells
+            return result
+
+    def read_cells(
+        self,
+        table: str,
+        cells: Sequence[tuple[bytes, Column]],
+        *,
+        before: int | None = None,
+    ) -> dict[bytes, RowCells]:
+        check_table_name(table)
+        rows, columns = split_cells(cells)
+        if not rows:
+            return {}
+        with self._lock:
+            self.stats.count("read_rows")
+            tbl = self._table(table)
+            check_read_args(rows, columns, None, before, 0, 1, tbl.families)
+            upper = MAX_BEFORE if before is None else before
+            result: dict[bytes, RowCells] = {}
+            for row, (family_name, qualifier) in cells:
+                cell = tbl.families[family_name].rows.get(row, {}).get(qualifier)
+                if cell is None:
+                    continue
+                versions = _versions_in_range(cell, upper, 0, 1)
+                if versions:
+                    result.setdefault(row, {})[(family_name, qualifier)] = versions
             return result
 
     def scan(

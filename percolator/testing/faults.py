@@ -26,7 +26,8 @@ the store itself (through this wrapper or ``store.inner``) without tripping the 
 being injected.  When several ``fail`` (or ``hang``) rules match one call, the oldest takes it;
 every matching ``before`` / ``after`` hook runs.
 
-``read_row`` and ``table_exists`` reach the store through ``read_rows`` and ``list_tables``, and
+``read_row`` and ``table_exists`` reach the store through ``read_rows`` and ``list_tables``,
+``read_cells`` is a ``read_rows`` call for the rules (which see its ``cells`` too), and
 ``compare_and_set_many`` through one ``compare_and_set`` per item, in order, so rules on those
 cover them too (an item carrying ``then_put`` reaches the inner store whole, and the rules see
 ``then_put`` among its arguments; the wrapper has the inner store's ``conditional_puts``).
@@ -54,6 +55,7 @@ from percolator.store.base import (
     ScanOptions,
     Store,
     Version,
+    split_cells,
 )
 
 #: the store methods a rule may name
@@ -306,6 +308,31 @@ class FaultyStore(Store):
                 min_version=min_version,
                 max_versions=max_versions,
             ),
+        )
+        return result
+
+    def read_cells(
+        self,
+        table: str,
+        cells: Sequence[tuple[bytes, Column]],
+        *,
+        before: int | None = None,
+    ) -> dict[bytes, RowCells]:
+        # A read like read_rows for the rules (same method name; ``rows`` and ``columns``
+        # are the distinct rows and columns of ``cells``), forwarded as itself.
+        rows, columns = split_cells(cells)
+        args = {
+            "table": table,
+            "rows": rows,
+            "columns": columns,
+            "cells": cells,
+            "families": None,
+            "before": before,
+            "min_version": 0,
+            "max_versions": 1,
+        }
+        result: dict[bytes, RowCells] = self._call(
+            "read_rows", args, lambda: self.inner.read_cells(table, cells, before=before)
         )
         return result
 

@@ -232,6 +232,70 @@ def test_read_rows_many_with_missing(store: Store, table: str) -> None:
     assert store.read_rows(table, []) == {}
 
 
+def test_read_cells_reads_exactly_the_cells_named(store: Store, table: str) -> None:
+    # Each row has both columns; only the named (row, column) pairs come back, each its
+    # newest version below ``before``.
+    store.put(
+        table,
+        [
+            Put(row, family, q, v, b"%s/%s/%s/%d" % (row, family.encode(), q, v))
+            for row in (b"r1", b"r2", b"r3")
+            for family in ("d", "w")
+            for q in (b"a", b"b")
+            for v in (3, 5)
+        ],
+    )
+    cells = [
+        (b"r1", ("d", b"a")),
+        (b"r2", ("w", b"b")),
+        (b"r2", ("d", b"a")),
+        (b"r1", ("d", b"a")),  # named twice: read once
+        (b"nope", ("d", b"a")),  # absent: left out
+        (b"r3", ("l", b"a")),  # absent family cell: left out
+    ]
+    assert store.read_cells(table, cells) == {
+        b"r1": {("d", b"a"): [(5, b"r1/d/a/5")]},
+        b"r2": {("w", b"b"): [(5, b"r2/w/b/5")], ("d", b"a"): [(5, b"r2/d/a/5")]},
+    }
+    assert store.read_cells(table, cells, before=5) == {
+        b"r1": {("d", b"a"): [(3, b"r1/d/a/3")]},
+        b"r2": {("w", b"b"): [(3, b"r2/w/b/3")], ("d", b"a"): [(3, b"r2/d/a/3")]},
+    }
+    assert store.read_cells(table, cells, before=3) == {}
+    assert store.read_cells(table, []) == {}
+
+
+def test_read_cells_many_rows_each_its_own_column(store: Store, table: str) -> None:
+    # The shape a transaction writing one column in each of many rows reads: more cells
+    # than fit one statement of the local stores, none named twice.
+    store.put(table, [Put(b"row%03d" % i, "d", b"q%03d" % i, 1, b"v%d" % i) for i in range(300)])
+    cells = [(b"row%03d" % i, ("d", b"q%03d" % i)) for i in range(0, 300, 2)]
+    cells += [(b"row%03d" % i, ("d", b"q%03d" % (i + 1))) for i in range(0, 300, 2)]
+    assert store.read_cells(table, cells) == {
+        b"row%03d" % i: {("d", b"q%03d" % i): [(1, b"v%d" % i)]} for i in range(0, 300, 2)
+    }
+
+
+BAD_CELL_READS: list[object] = [
+    "text",
+    [b"r"],
+    [(b"r", "d", b"q")],
+    [(b"r", ("d",))],
+    [("r", ("d", b"q"))],
+    [(b"", ("d", b"q"))],
+    [(b"r", ("nofamily", b"q"))],
+    [(b"r", ("d", "q"))],
+]
+
+
+def test_read_cells_rejects_bad_cells_and_tables(store: Store, table: str) -> None:
+    for cells in BAD_CELL_READS:
+        must_reject(cells, store.read_cells, table, cells)
+    must_reject("before", store.read_cells, table, [(b"r", ("d", b"q"))], before="soon")
+    with pytest.raises(TableNotFoundError):
+        store.read_cells("missing", [(b"r", ("d", b"q"))])
+
+
 def test_put_is_idempotent_and_the_later_value_wins(store: Store, table: str) -> None:
     store.put(table, [Put(b"r", "d", b"q", 5, b"a")])
     store.put(table, [Put(b"r", "d", b"q", 5, b"a")])

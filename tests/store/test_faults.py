@@ -57,6 +57,19 @@ def test_counts_predicates_and_errors_pick_the_calls(faulty: FaultyStore) -> Non
     assert faulty.read_row("t", b"r") == {("d", b"q"): [(1, b"v")]}
 
 
+def test_read_cells_is_a_read_rows_call_for_the_rules(faulty: FaultyStore) -> None:
+    faulty.put("t", [Put(b"r", "d", b"q", 1, b"v")])
+    seen: list[Call] = []
+    faulty.before("read_rows", seen.append, times=None)
+    faulty.fail("read_rows", when=lambda call: call["rows"] == [b"r"])
+    with pytest.raises(StoreUnavailableError):
+        faulty.read_cells("t", [(b"r", ("d", b"q"))])
+    assert faulty.read_cells("t", [(b"r", ("d", b"q"))]) == {b"r": {("d", b"q"): [(1, b"v")]}}
+    assert [(call["rows"], call["columns"], call["cells"]) for call in seen] == [
+        ([b"r"], [("d", b"q")], [(b"r", ("d", b"q"))])
+    ] * 2
+
+
 def test_the_oldest_matching_fault_takes_the_call(faulty: FaultyStore) -> None:
     faulty.fail("list_tables", error=ValueError("first"))
     faulty.fail("list_tables", error=ValueError("second"))

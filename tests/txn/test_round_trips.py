@@ -104,3 +104,30 @@ def test_a_cell_read_twice_at_one_snapshot_is_read_from_the_store_once(
             later.set("t", b"k", "c", b"later")
         assert txn.get("t", b"k", "c") == b"1"
         txn.set("t", b"x", "c", b"-")
+
+
+def test_a_blind_write_of_many_rows_reads_only_the_cells_it_writes(
+    client: percolator.Client,
+) -> None:
+    # One column in each of many rows, each a different column (an inverted index's
+    # postings): the prewrite reads each written cell's lock and write record, not every
+    # column of every row.
+    store = client._ctx.store
+    cells_read: list[int] = []
+    original = store.read_cells
+
+    def counting(table: str, cells: list[tuple[bytes, tuple[str, bytes]]], **kw: object) -> object:
+        cells_read.append(len(cells))
+        return original(table, cells, **kw)  # type: ignore[arg-type]
+
+    store.read_cells = counting  # type: ignore[method-assign]
+    try:
+        with client.transaction() as txn:
+            for i in range(40):
+                txn.set("t", b"token%02d" % i, f"cluster{i:02d}", b"p")
+    finally:
+        del store.read_cells
+    assert sum(cells_read) == 2 * 40, cells_read  # lock and write record of each cell
+    with client.snapshot() as snap:
+        assert snap.get("t", b"token07", "cluster07") == b"p"
+        assert snap.get("t", b"token07", "cluster08") is None
