@@ -22,6 +22,7 @@ either: it backs off like a conflict, and the next run reads the ack and knows.
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
@@ -149,29 +150,50 @@ class NotificationProcessor:
 
     def run_loop(self) -> None:
         """Body of a run thread: run queued notifications (in batches of up to
-        ``batch_size`` of one observer) until :meth:`end_runs`."""
-        carried: Notification | None = None  # taken for the next batch (another observer)
+        ``batch_size`` of one observer) until :meth:`end_runs`.
+
+        A batch is made of the queued notifications of one observer, wherever they are in
+        the queue: a scan of a table with two observed columns offers their notifications
+        interleaved (row by row), and batching only neighbours would run each alone.  The
+        notifications of other observers taken meanwhile wait in ``carried`` (in order, still
+        in flight) and are run by this thread next; it takes at most ``2 * batch_size`` of
+        them per batch, so one thread never hoards the queue."""
+        carried: collections.deque[Notification] = collections.deque()
+        ending = False
+        size = self._options.batch_size
         while True:
-            first = carried if carried is not None else self._queue.get()
-            carried = None
-            if first is None:
-                return
-            batch = [first]
-            ending = False
-            observer = self._observers[(first.table, first.column)]
-            while len(batch) < self._options.batch_size:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    ending = True
-                    break
+            if not carried:
+                if ending:
+                    return
+                first = self._queue.get()
+                if first is None:
+                    return
+                carried.append(first)
+            observer = self._observers[(carried[0].table, carried[0].column)]
+            batch: list[Notification] = []
+            others: collections.deque[Notification] = collections.deque()
+            while carried and len(batch) < size:
+                item = carried.popleft()
                 if self._observers[(item.table, item.column)] is observer:
                     batch.append(item)
                 else:
-                    carried = item
+                    others.append(item)
+            taken = 0
+            while not ending and len(batch) < size and taken < 2 * size:
+                try:
+                    queued = self._queue.get_nowait()
+                except queue.Empty:
                     break
+                if queued is None:
+                    ending = True
+                    break
+                taken += 1
+                if self._observers[(queued.table, queued.column)] is observer:
+                    batch.append(queued)
+                else:
+                    others.append(queued)
+            others.extend(carried)
+            carried = others
             try:
                 self.run_batch(observer, batch)
             except Exception:  # never lose a pool thread to a bug in the bookkeeping
@@ -180,8 +202,6 @@ class NotificationProcessor:
                 with self._lock:
                     for notification in batch:
                         self._inflight.discard(notification.cell)
-            if ending:
-                return
 
     def run(self, notification: Notification) -> None:
         """One run task for one notification (a batch of one, :meth:`run_batch`)."""

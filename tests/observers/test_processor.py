@@ -151,6 +151,39 @@ def test_a_batch_that_keeps_conflicting_is_split_so_only_the_hot_cell_waits(
     assert [n.row for n in helpers.pending_events(client)] == [b"hot"]
 
 
+def test_a_batch_takes_its_observers_notifications_from_between_others(
+    memory_client: percolator.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scan of a table with two observed columns offers their notifications row by row,
+    interleaved: each observer's still run in full batches, not one by one, and every
+    notification runs exactly once."""
+    batches: list[tuple[str, list[bytes]]] = []
+
+    def record(client: object, observer: Observer, batch: list[Notification], **_: object) -> list:
+        batches.append((observer.name, [n.row for n in batch]))
+        return []
+
+    monkeypatch.setattr(processor_module, "process_batch", record)
+    strong, weak = helpers.RunLogger(), helpers.WeakRunLogger()
+    metrics = WorkerMetrics(dict, dict)
+    pool = NotificationProcessor(
+        memory_client,
+        {(EVENTS, "value"): strong, (EVENTS, "weak"): weak},
+        WorkerOptions(batch_size=4),
+        metrics,
+        ParkingLot(memory_client),
+        stopping=threading.Event(),
+        abort=threading.Event(),
+    )
+    monkeypatch.setattr(pool, "_count", lambda *args: None)
+    rows = [b"r%d" % i for i in range(3)]  # the queue's room is 8 (end marker included)
+    for row in rows:
+        for column in ("value", "weak"):
+            assert pool.offer(Notification(EVENTS, row, column, 5))
+    run_queued(pool)
+    assert batches == [("run-logger", rows), ("weak-run-logger", rows)]
+
+
 def test_a_parked_set_reload_racing_with_a_park_keeps_the_cell_parked(
     local_client: percolator.Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
