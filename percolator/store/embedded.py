@@ -79,6 +79,7 @@ store at the wrong directory never scatters files into it.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -126,11 +127,18 @@ from percolator.store.checks import (
     selection_by_family,
 )
 
+log = logging.getLogger(__name__)
+
 DB_FILE = "percolator-store.sqlite3"
 FORMAT_NAME = "percolator-embedded-store"
 FORMAT_VERSION = 1
 # Files SQLite keeps next to the database; a directory holding only these is ours.
 _DB_FILES = {DB_FILE, DB_FILE + "-wal", DB_FILE + "-shm", DB_FILE + "-journal"}
+# How long the checkpointer lets writes pile up in the log before copying them into the
+# database (a page written several times in that window is copied once), and the size of
+# the log (pages) at which a writer copies it itself, should the checkpointer fall behind.
+_CHECKPOINT_INTERVAL_S = 0.05
+_WRITER_CHECKPOINT_PAGES = 20_000
 # Rows per statement in multi-row reads (well below SQLite's bound-parameter limit).
 _ROWS_PER_STATEMENT = 500
 
@@ -361,6 +369,9 @@ class EmbeddedStore(Store):
         self._conns_lock = threading.Lock()
         self._stats_lock = threading.Lock()
         self.write_lock = WriteLockStats()
+        # Started by the first write transaction of this process (see _Checkpointer).
+        self._checkpointer: _Checkpointer | None = None
+        self._checkpointer_guard = threading.Lock()
         self._prepare_directory()
         try:
             self._initialise()
@@ -467,6 +478,9 @@ class EmbeddedStore(Store):
         try:
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA mmap_size=268435456")
+            # The log is copied into the database by a thread of its own (_Checkpointer);
+            # a writer copies it itself only if the log grew this large meanwhile.
+            conn.execute(f"PRAGMA wal_autocheckpoint={_WRITER_CHECKPOINT_PAGES}")
         except sqlite3.Error:
             conn.close()
             raise
@@ -495,7 +509,13 @@ class EmbeddedStore(Store):
         return conn
 
     def _forget_parent_connections(self) -> None:
-        """In a forked child: drop (but never close) the parent's connections."""
+        """In a forked child: drop (but never close) the parent's connections, and the
+        parent's checkpointer (its thread does not exist here; the child's first write
+        starts one of its own)."""
+        if self._checkpointer is not None:
+            self._checkpointer.forget()
+        self._checkpointer = None
+        self._checkpointer_guard = threading.Lock()
         _inherited_connections.extend(conn for _, conn in self._conns.values())
         self._conns = {}
         self._conns_lock = threading.Lock()
@@ -504,6 +524,10 @@ class EmbeddedStore(Store):
     def close(self) -> None:
         """Close this process's connections.  Idempotent; the store is unusable after."""
         self._closed = True
+        with self._checkpointer_guard:
+            checkpointer, self._checkpointer = self._checkpointer, None
+        if checkpointer is not None:
+            checkpointer.stop()
         with self._conns_lock:
             conns = [conn for _, conn in self._conns.values()]
             self._conns = {}
@@ -560,6 +584,21 @@ class EmbeddedStore(Store):
                     raise
             finally:
                 self.write_lock.record(got - asked, clock() - got)
+        self._logged()
+
+    def _logged(self) -> None:
+        """A write transaction committed to the log: have it copied into the database."""
+        checkpointer = self._checkpointer
+        if checkpointer is None:
+            with self._checkpointer_guard:
+                if self._closed:
+                    return
+                checkpointer = self._checkpointer
+                if checkpointer is None:
+                    checkpointer = self._checkpointer = _Checkpointer(
+                        self, self._db_path, self._busy_timeout_s
+                    )
+        checkpointer.nudge()
 
     def _grouped(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
         """Run ``work`` (one write call) in a write group: see :class:`_WriteGroups`."""
@@ -1197,6 +1236,77 @@ class _WriteGroups:
             for request in group:
                 if not request.lead:
                     request.done.set()
+
+
+class _Checkpointer:
+    """Copies a database's write-ahead log into the database in a thread of its own.
+
+    SQLite's writer copies the log itself once it holds ``wal_autocheckpoint`` pages, in the
+    COMMIT that crossed the mark: a worker's write transaction then waits for a copy of
+    a thousand pages and an fsync.  Here the committing thread only sets a flag
+    (:meth:`nudge`); this thread wakes, lets :data:`_CHECKPOINT_INTERVAL_S` of writes pile up
+    (a page written several times meanwhile is copied once) and runs a PASSIVE checkpoint
+    on its own connection, which never blocks writers or readers.  SQLite runs it with the
+    GIL released, so it proceeds on another core while the writer goes on.  Nothing here
+    is needed for correctness: the log is durable as it is (crash recovery replays it), and
+    should this thread fall behind, writers copy it themselves past
+    :data:`_WRITER_CHECKPOINT_PAGES` pages.  One per store and process, started by the
+    first write; :meth:`stop` ends it (closing the store does, and so does garbage
+    collection of a store nobody closed)."""
+
+    def __init__(self, store: EmbeddedStore, db_path: str, busy_timeout_s: float) -> None:
+        # Opened here, in the writer's thread: the store's file handles exist once its first
+        # write returned, not at some later moment.
+        self._conn = sqlite3.connect(
+            f"file:{db_path}?mode=rw",
+            uri=True,
+            timeout=busy_timeout_s,
+            isolation_level=None,
+            check_same_thread=False,  # used by the thread below only
+        )
+        self._db_path = db_path
+        self._join_timeout_s = busy_timeout_s
+        self._dirty = threading.Event()
+        self._stopping = threading.Event()
+        #: checkpoints run (for tests and statistics)
+        self.runs = 0
+        self._thread = threading.Thread(
+            target=self._loop, name="percolator-checkpointer", daemon=True
+        )
+        self._thread.start()
+        weakref.finalize(store, self._ask_to_stop)
+
+    def nudge(self) -> None:
+        self._dirty.set()
+
+    def _ask_to_stop(self) -> None:
+        self._stopping.set()
+        self._dirty.set()
+
+    def stop(self) -> None:
+        """End the thread and wait for it (a checkpoint under way finishes first)."""
+        self._ask_to_stop()
+        self._thread.join(timeout=self._join_timeout_s)
+
+    def forget(self) -> None:
+        """In a forked child: the thread and its connection are the parent's; leave them."""
+        _inherited_connections.append(self._conn)
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                self._dirty.wait()
+                if self._stopping.wait(_CHECKPOINT_INTERVAL_S):
+                    return
+                self._dirty.clear()  # writes from here on ask for the next checkpoint
+                try:
+                    self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    self.runs += 1
+                except sqlite3.Error as exc:  # the next nudge tries again
+                    log.debug("embedded store %s: checkpoint failed: %s", self._db_path, exc)
+        finally:
+            with suppress(sqlite3.Error):
+                self._conn.close()
 
 
 class WriteLockStats:

@@ -3,6 +3,7 @@ processes, forks, and what happens on a bad directory."""
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import pickle
@@ -155,9 +156,15 @@ def test_two_processes_write_and_read_at_once(tmp_path: Path) -> None:
 
 
 def _child_uses_inherited_store(store: EmbeddedStore) -> None:
+    inherited = store._checkpointer
     store.put("t", [Put(b"from-child", "d", b"q", 1, b"%d" % os.getpid())])
     assert store.compare_and_set("t", b"c", "l", b"q", b"parent", b"child")
+    # The parent's checkpointer thread does not exist here: the child's writes started
+    # one of its own, which closing the store ends.
+    assert store._checkpointer is not None and store._checkpointer is not inherited
+    assert [t.name for t in threading.enumerate()].count("percolator-checkpointer") == 1
     store.close()
+    assert [t.name for t in threading.enumerate()].count("percolator-checkpointer") == 0
 
 
 def test_a_forked_child_opens_its_own_connections(tmp_path: Path) -> None:
@@ -174,6 +181,43 @@ def test_a_forked_child_opens_its_own_connections(tmp_path: Path) -> None:
         # The parent's own connection still works after the child used and closed its own.
         assert store.read_row("t", b"from-child") == {("d", b"q"): [(1, b"%d" % child.pid)]}
         assert store.compare_and_set("t", b"c", "l", b"q", b"child", b"parent again")
+
+
+def checkpointer_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "percolator-checkpointer"]
+
+
+def test_a_thread_of_its_own_copies_the_log_into_the_database(tmp_path: Path) -> None:
+    """A write returns once it is in the write-ahead log; the store's checkpointer thread
+    then copies the log into the database file, not the writers (whose own threshold is far
+    above what this writes).  Closing the store ends the thread."""
+    threads_before = len(checkpointer_threads())
+    store = EmbeddedStore(str(tmp_path / "store"))
+    db_file = tmp_path / "store" / DB_FILE
+    store.create_table("t", FAMILIES)
+    assert store._conn().execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 20_000
+    size_before = db_file.stat().st_size
+    store.put("t", [Put(b"r%04d" % i, "d", b"q", 1, os.urandom(1000)) for i in range(3000)])
+    deadline = time.monotonic() + 10
+    while db_file.stat().st_size < size_before + 3_000_000:
+        assert time.monotonic() < deadline, "the log was not copied into the database"
+        time.sleep(0.02)
+    assert store._checkpointer is not None and store._checkpointer.runs >= 1
+    assert len(checkpointer_threads()) == threads_before + 1
+    store.close()
+    assert len(checkpointer_threads()) == threads_before
+
+
+def test_a_store_nobody_closed_ends_its_checkpointer_when_collected(tmp_path: Path) -> None:
+    store = EmbeddedStore(str(tmp_path / "store"))
+    store.create_table("t", FAMILIES)
+    assert store._checkpointer is not None
+    thread = store._checkpointer._thread
+    assert thread.is_alive()
+    del store
+    gc.collect()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
 
 
 def test_concurrent_first_open_of_a_new_directory(tmp_path: Path) -> None:
