@@ -123,12 +123,19 @@ class ConflictExhaustedError(PercolatorError):
 def _cells_to_read(
     observer: Observer, notifications: Sequence[Notification]
 ) -> list[tuple[str, bytes, str]]:
-    """What a run reads first: each observed cell and, for a strong observer, its ack -
-    prefetched together (one store round trip per table), and the observer's own read of
-    the observed cell is then served from the transaction's answers too."""
-    cells = [n.cell for n in notifications]
+    """What a run reads first: each observed cell, for a strong observer its ack, and the
+    columns of the row the observer declares it reads (``Observer.reads``) - prefetched
+    together for the whole batch (one store round trip per table), so the observer's own
+    reads of them are served from the transaction's answers."""
+    observed = [n.cell for n in notifications]
+    cells = list(observed)
     if not observer.weak:
-        cells += [(t, r, ack_column(observer.name, c)) for t, r, c in cells]
+        cells += [(t, r, ack_column(observer.name, c)) for t, r, c in observed]
+    reads = observer.reads
+    if reads:
+        cells += [
+            (t, r, c) for t, r in dict.fromkeys((t, r) for t, r, _ in observed) for c in reads
+        ]
     return cells
 
 

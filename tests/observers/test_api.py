@@ -135,6 +135,8 @@ class _Good(Observer):
         ("columns", ("!ack",), "reserved"),
         ("columns", ("a", "a"), "repeat"),
         ("weak", "yes", "weak must be True or False"),
+        ("reads", "title", "reads must be a sequence of column names"),
+        ("reads", ("!ack",), "reads: .*reserved"),
     ],
 )
 def test_malformed_declarations_are_rejected_naming_the_problem(

@@ -188,3 +188,41 @@ def test_a_batch_costs_the_round_trips_of_one_run_except_per_cell_compare_and_se
     # One run's secondaries lie in one table, eight runs' in two (acks and run cells).
     assert one["compare_and_set_many"] == 1 + 1 + 2 * 1, (one, eight)
     assert eight["compare_and_set_many"] == 1 + 1 + 2 * 2, (one, eight)
+
+
+class ReadsTitle(RunLogger):
+    """Also reads another column of the notified row (``title``), declared or not."""
+
+    name = "reads-title"
+
+    def process(self, txn: Transaction, row: bytes, column: str) -> None:
+        txn.get(EVENTS, row, "title")
+        super().process(txn, row, column)
+
+
+class DeclaresTitle(ReadsTitle):
+    name = "declares-title"
+    reads = ("title",)
+
+
+@pytest.mark.parametrize("observer_class", [ReadsTitle, DeclaresTitle])
+def test_declared_reads_of_the_row_are_read_with_the_observed_cells(
+    memory_client: percolator.Client, observer_class: type[ReadsTitle]
+) -> None:
+    client = memory_client
+    observer = observer_class()
+    register_observers(client, [observer])
+    client.oracle.get_timestamp()
+    rows = [b"r%d" % i for i in range(8)]
+    with client.transaction() as txn:
+        for row in rows:
+            txn.set(EVENTS, row, "title", b"t:" + row)
+    write(client, rows)
+    batch = pending_events(client)
+    before = reads_and_writes(client)
+    results = process_batch(client, observer, batch)
+    reads = delta(before, reads_and_writes(client))["read_rows"]
+    assert [r.outcome for r in results] == [Outcome.COMMITTED] * 8
+    # Declared: one read of observed cells, acks and titles, one prewrite read; undeclared:
+    # one more read per run.
+    assert reads == (2 if observer.reads else 2 + 8), reads

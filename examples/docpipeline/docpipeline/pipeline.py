@@ -74,6 +74,7 @@ class DuplicateClusters(_PipelineObserver):
     name = "doc-clusters"
     table = DOCUMENTS
     columns = ("body",)
+    reads = ("fingerprint",)
 
     def process(self, txn: Transaction, row: bytes, column: str) -> None:
         check_url(row)
@@ -124,6 +125,7 @@ class CanonicalIndex(_PipelineObserver):
     name = "doc-index"
     table = CLUSTERS
     columns = ("canonical",)
+    reads = ("terms", "indexed")
 
     def process(self, txn: Transaction, row: bytes, column: str) -> None:
         cluster = txn.get_row(CLUSTERS, row, ["canonical", "terms", "indexed"])
@@ -154,6 +156,7 @@ class InboundLinks(_PipelineObserver):
     name = "doc-inlinks"
     table = DOCUMENTS
     columns = ("links",)
+    reads = ("links_applied",)
 
     def process(self, txn: Transaction, row: bytes, column: str) -> None:
         source = check_url(row)
