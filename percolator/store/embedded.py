@@ -34,7 +34,9 @@ What is atomic and durable
   made it: SQLite's write-ahead log is replayed by the next connection.  The log is synced
   at checkpoints, not at every commit (``synchronous=NORMAL``): after a power loss or an
   operating-system crash the newest commits may be gone, but the database keeps a
-  consistent prefix of its history.
+  consistent prefix of its history.  Checkpoints (copying the log into the database) run
+  in a thread of the writing process (:class:`_Checkpointer`), not in the commit of
+  whichever write crossed SQLite's threshold.
 * Errors: a write lock not obtained within ``busy_timeout_s`` (another process holds it,
   for example one stopped with SIGSTOP) raises :class:`StoreUnavailableError` and nothing
   was written; any other SQLite failure raises :class:`StoreError`.
