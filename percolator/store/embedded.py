@@ -141,6 +141,8 @@ _DB_FILES = {DB_FILE, DB_FILE + "-wal", DB_FILE + "-shm", DB_FILE + "-journal"}
 # the log (pages) at which a writer copies it itself, should the checkpointer fall behind.
 _CHECKPOINT_INTERVAL_S = 0.05
 _WRITER_CHECKPOINT_PAGES = 20_000
+_CHECKPOINT_BUSY_TIMEOUT_S = 0.1
+_CHECKPOINT_STOP_WAIT_S = 5.0
 # Rows per statement in multi-row reads (well below SQLite's bound-parameter limit).
 _ROWS_PER_STATEMENT = 500
 
@@ -597,9 +599,7 @@ class EmbeddedStore(Store):
                     return
                 checkpointer = self._checkpointer
                 if checkpointer is None:
-                    checkpointer = self._checkpointer = _Checkpointer(
-                        self, self._db_path, self._busy_timeout_s
-                    )
+                    checkpointer = self._checkpointer = _Checkpointer(self, self._db_path)
         checkpointer.nudge()
 
     def _grouped(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
@@ -1256,18 +1256,19 @@ class _Checkpointer:
     first write; :meth:`stop` ends it (closing the store does, and so does garbage
     collection of a store nobody closed)."""
 
-    def __init__(self, store: EmbeddedStore, db_path: str, busy_timeout_s: float) -> None:
+    def __init__(self, store: EmbeddedStore, db_path: str) -> None:
         # Opened here, in the writer's thread: the store's file handles exist once its first
         # write returned, not at some later moment.
+        # A short busy timeout: a checkpoint that would have to wait is simply tried again
+        # at the next nudge, and closing the store never waits long for this thread.
         self._conn = sqlite3.connect(
             f"file:{db_path}?mode=rw",
             uri=True,
-            timeout=busy_timeout_s,
+            timeout=_CHECKPOINT_BUSY_TIMEOUT_S,
             isolation_level=None,
             check_same_thread=False,  # used by the thread below only
         )
         self._db_path = db_path
-        self._join_timeout_s = busy_timeout_s
         self._dirty = threading.Event()
         self._stopping = threading.Event()
         #: checkpoints run (for tests and statistics)
@@ -1286,9 +1287,10 @@ class _Checkpointer:
         self._dirty.set()
 
     def stop(self) -> None:
-        """End the thread and wait for it (a checkpoint under way finishes first)."""
+        """End the thread and wait for it (a checkpoint under way finishes first), for a
+        few seconds at most: a thread still busy then closes its connection when done."""
         self._ask_to_stop()
-        self._thread.join(timeout=self._join_timeout_s)
+        self._thread.join(timeout=_CHECKPOINT_STOP_WAIT_S)
 
     def forget(self) -> None:
         """In a forked child: the thread and its connection are the parent's; leave them."""
