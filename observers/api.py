@@ -244,32 +244,14 @@ def check_observer(observer: object) -> Observer:
         check_table_name(table)
     except InvalidArgumentError as exc:
         raise InvalidArgumentError(f"observer {name!r}: {exc}") from None
-    columns = getattr(observer, "columns", None)
-    if isinstance(columns, str) or not isinstance(columns, Sequence) or not columns:
-        raise InvalidArgumentError(
-            f"observer {name!r}: columns must be a non-empty sequence of column names "
-            f"(e.g. ('body',)), got {columns!r}"
-        )
-    for column in columns:
-        try:
-            encode_column(column)
-        except InvalidArgumentError as exc:
-            raise InvalidArgumentError(f"observer {name!r}: {exc}") from None
+    columns = _check_columns(
+        name, "columns", getattr(observer, "columns", None), "a non-empty sequence", "('body',)"
+    )
     if len(set(columns)) != len(columns):
         raise InvalidArgumentError(f"observer {name!r}: columns {list(columns)} repeat a name")
     if not isinstance(getattr(observer, "weak", False), bool):
         raise InvalidArgumentError(f"observer {name!r}: weak must be True or False")
-    reads = getattr(observer, "reads", ())
-    if isinstance(reads, str) or not isinstance(reads, Sequence):
-        raise InvalidArgumentError(
-            f"observer {name!r}: reads must be a sequence of column names (e.g. "
-            f"('title',)), got {reads!r}"
-        )
-    for column in reads:
-        try:
-            encode_column(column)
-        except InvalidArgumentError as exc:
-            raise InvalidArgumentError(f"observer {name!r}: reads: {exc}") from None
+    _check_columns(name, "reads", getattr(observer, "reads", ()), "a sequence", "('title',)")
     outputs = getattr(observer, "outputs", None)
     if outputs is not None:
         if isinstance(outputs, str) or not isinstance(outputs, Sequence):
@@ -290,6 +272,24 @@ def check_observer(observer: object) -> Observer:
     if not callable(getattr(observer, "process", None)):
         raise InvalidArgumentError(f"observer {name!r}: process is not callable")
     return observer
+
+
+def _check_columns(name: str, field: str, value: object, shape: str, example: str) -> Sequence[str]:
+    """``value`` (an observer's ``field``) is ``shape`` of valid user column names: returns
+    it, typed."""
+    empty_ok = shape != "a non-empty sequence"
+    if isinstance(value, str) or not isinstance(value, Sequence) or (not value and not empty_ok):
+        raise InvalidArgumentError(
+            f"observer {name!r}: {field} must be {shape} of column names (e.g. {example}), "
+            f"got {value!r}"
+        )
+    for column in value:
+        try:
+            encode_column(column)
+        except InvalidArgumentError as exc:
+            label = "" if field == "columns" else f"{field}: "
+            raise InvalidArgumentError(f"observer {name!r}: {label}{exc}") from None
+    return value
 
 
 # --------------------------------------------------------------------------- registration
