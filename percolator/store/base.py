@@ -280,13 +280,26 @@ class Store(abc.ABC):
         Unlike :meth:`read_rows`, which reads every column of every row asked for, this
         reads only the cells named: a transaction writing one column in each of many rows,
         each a different column, reads as many cells as it writes, not rows x columns.
-        This default (HBase) sends that cross product in one :meth:`read_rows` (one round
-        trip; the server finds only what exists) and keeps the cells asked for; the local
-        stores read exactly the cells.  An empty ``cells`` reads nothing (no round trip).
-        Raises InvalidArgumentError for a malformed cell, before anything is read."""
+        This default (HBase without a Thrift-2 gateway) sends that cross product in one
+        :meth:`read_rows` (one round trip; the server finds only what exists) and keeps the
+        cells asked for; the other stores read exactly the cells.  An empty ``cells`` reads
+        nothing (no round trip).  Raises InvalidArgumentError for a malformed cell, before
+        anything is read."""
         rows, columns = split_cells(cells)
         if not rows:
             return {}
+        return self._read_cross_product(table, cells, rows, columns, before)
+
+    def _read_cross_product(
+        self,
+        table: str,
+        cells: Sequence[tuple[bytes, Column]],
+        rows: list[bytes],
+        columns: list[Column],
+        before: int | None,
+    ) -> dict[bytes, RowCells]:
+        """:meth:`read_cells` as one :meth:`read_rows` of ``rows`` x ``columns`` (those of
+        ``cells``, checked by :func:`split_cells`), keeping the cells named."""
         found = self.read_rows(table, rows, columns=columns, before=before)
         wanted = set(cells)
         result: dict[bytes, RowCells] = {}

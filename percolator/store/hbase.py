@@ -1,12 +1,14 @@
 """The HBase backend: HBase through its Thrift-1 gateway (the protocol happybase speaks),
-and its Thrift-2 gateway for compare-and-sets that carry puts, where one is given.
+and its Thrift-2 gateway, where one is given, for compare-and-sets that carry puts and for
+reads of exactly the cells named (``read_cells``).
 
 ``HBaseStore(host, port, prefix=..., pool_size=..., timeout_ms=..., thrift2_port=...)`` is
 what ``open_store("hbase://HOST:PORT?prefix=P&pool_size=N&timeout_ms=T&thrift2_port=Q")``
 builds.  With ``thrift2_port`` the store has :attr:`~Store.conditional_puts`: a
 compare-and-set with ``then_put`` is one Thrift-2 ``checkAndPut`` whose ``TPut`` holds the
 new cell (stamped by the server) and the riding cells at their own versions, one atomic row
-operation (:mod:`percolator.store.thrift2`).  Without it such a compare-and-set is refused.
+operation (:mod:`percolator.store.thrift2`).  Without it such a compare-and-set is refused,
+and ``read_cells`` reads the cross product of its rows and columns through Thrift-1.
 
 How each :class:`~percolator.store.base.Store` operation maps to Thrift-1
 ------------------------------------------------------------------------
@@ -15,6 +17,9 @@ operation              Thrift-1 calls                                           
 =====================  ==========================================================  ===========
 ``read_rows``, 1 ver.  ``getRows[WithColumns][Ts]`` for all rows at once           1
 ``read_rows``, n ver.  ``getVerTs`` per (row, explicit column)                     rows*columns
+``read_cells``         ``getRowsWithColumnsTs`` (rows x columns); when that is 8x   1
+                       the cells or more, Thrift-2 ``getMultiple`` (exactly the
+                       cells; ``thrift2_port`` only)
 ``put``                ``mutateRowsTs`` per distinct version (Thrift-1 mutations   versions
                        carry no timestamp of their own)
 ``delete_versions``    ``mutateRowsTs`` with delete mutations, per distinct ts     timestamps
@@ -116,6 +121,7 @@ from percolator.store.base import (
     ScanOptions,
     Store,
     Version,
+    split_cells,
 )
 
 # The argument checks shared by every backend, so invalid calls fail identically everywhere.
@@ -167,6 +173,11 @@ _PREFIX = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 # Keep one mutateRowsTs request well below the gateway's maximum Thrift message size
 # (libthrift's default is 100 MB); a single row is never split, so one huge row may exceed it.
 _MAX_BATCH_BYTES = 32 * 1024 * 1024
+# read_cells goes through Thrift-2's getMultiple (exactly the cells) rather than Thrift-1's
+# cross product of rows and columns once that product is this many times the cells named.
+# Measured (bench/read_cells_bench.py): below it the two cost the same within noise, above
+# it the cross product grows with rows x columns (20x slower at 512 rows of one column).
+_EXACT_READ_FACTOR = 8
 _MAX_BATCH_MUTATIONS = 20_000
 
 # HBase's region lookup key is ``<table>,<row>,99999999999999``: the row plus the table name
@@ -610,43 +621,51 @@ class HBaseStore(Store):
         *args: Any,
         table: str | None,
         idempotent: bool,
+        thrift2_gateway: bool = False,
     ) -> Any:
-        """Run one RPC (``client.<method>(*args)``) on a pooled connection, counted under
-        ``op`` in :attr:`stats`, translating errors.
+        """Run one RPC (``client.<method>(*args)``) on a pooled connection of the Thrift-1
+        gateway (or of the Thrift-2 one: ``thrift2_gateway``, which the caller checked is
+        configured), counted under ``op`` in :attr:`stats`, translating errors.
 
         Idempotent calls are re-sent once on a fresh connection after a transport error.
         Callers with special needs (compare-and-set) handle errors themselves.
         """
+        if thrift2_gateway:
+            assert self._pool2 is not None
+            pool, server_errors = self._pool2, _SERVER_ERRORS_2
+            gateway = f"Thrift-2 gateway at {self.thrift2_address}"
+        else:
+            pool, server_errors = self._pool, _SERVER_ERRORS
+            gateway = f"Thrift gateway at {self.address}"
         attempts = 2 if idempotent else 1
         for attempt in range(1, attempts + 1):
-            conn = self._acquire()
+            conn = self._acquire(pool)
             try:
                 self._count(op)
                 result = getattr(conn.client, method)(*args)
-            except _SERVER_ERRORS as exc:
-                self._pool.release(conn)
+            except server_errors as exc:
+                pool.release(conn)
                 self._raise_server_error(op, table, exc)
             except TApplicationException as exc:
                 # A complete reply (the server failed internally): the stream is in sync.
-                self._pool.release(conn)
+                pool.release(conn)
                 raise StoreError(
-                    f"HBase Thrift gateway at {self.address} failed {op}"
-                    f"{self._on(table)}: {_short(_server_message(exc))}"
+                    f"HBase {gateway} failed {op}{self._on(table)}: {_short(_server_message(exc))}"
                 ) from exc
             except _TRANSPORT_ERRORS as exc:
-                self._pool.discard(conn)
+                pool.discard(conn)
                 if attempt < attempts:
                     continue  # idempotent: safe to send again on a fresh connection
                 raise StoreUnavailableError(
-                    f"HBase Thrift gateway at {self.address} failed {op}{self._on(table)}: "
+                    f"HBase {gateway} failed {op}{self._on(table)}: "
                     f"{_transport_reason(exc, self.timeout_ms)}"
                     + ("" if idempotent else "; the operation may or may not have been applied")
                 ) from exc
             except BaseException:
                 # Anything else (even KeyboardInterrupt) mid-call leaves the stream unknown.
-                self._pool.discard(conn)
+                pool.discard(conn)
                 raise
-            self._pool.release(conn)
+            pool.release(conn)
             return result
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -911,6 +930,82 @@ class HBaseStore(Store):
                 cells[(fam.decode("utf-8"), qualifier)] = [(int(cell.timestamp), bytes(cell.value))]
             if cells:
                 out[bytes(result.row)] = cells
+        return out
+
+    def read_cells(
+        self,
+        table: str,
+        cells: Sequence[tuple[bytes, Column]],
+        *,
+        before: int | None = None,
+    ) -> dict[bytes, RowCells]:
+        """Exactly the cells named; see :class:`Store`.
+
+        Thrift-1 takes one column list for all rows, so it reads the cross product of the
+        rows and columns named (:meth:`Store.read_cells`) and keeps the cells asked for.
+        Where that asks for at least :data:`_EXACT_READ_FACTOR` times more cells than named
+        and a Thrift-2 gateway is given (``thrift2_port``), the read is one ``getMultiple``
+        instead: a ``TGet`` per row naming that row's cells, with the time range
+        ``[0, before)``.  (Below that the two cost the same: bench/read_cells_bench.py.)
+        Either way one round trip, each row one HBase ``Get``
+        (a snapshot of the row), counted as ``read_rows``."""
+        check_table_name(table)
+        rows, columns = split_cells(cells)
+        if not rows:
+            return {}
+        named = len(set(cells))
+        if self._pool2 is None or len(rows) * len(columns) < _EXACT_READ_FACTOR * named:
+            return self._read_cross_product(table, cells, rows, columns, before)
+        self._validate(
+            table, lambda known: check_read_args(rows, columns, None, before, 0, 1, known)
+        )
+        self._check_row_lengths(table, rows)
+        upper = MAX_BEFORE if before is None else before
+        if upper <= 0:
+            return {}
+        return self._read_exact(table, cells, upper)
+
+    def _read_exact(
+        self, table: str, cells: Sequence[tuple[bytes, Column]], upper: int
+    ) -> dict[bytes, RowCells]:
+        """:meth:`read_cells` of checked ``cells`` as one Thrift-2 ``getMultiple``: a
+        ``TGet`` per row naming that row's cells, in the time range ``[0, upper)``."""
+        by_row: dict[bytes, dict[Column, None]] = {}
+        for row, column in cells:
+            by_row.setdefault(row, {})[column] = None
+        time_range = thrift2.TTimeRange(minStamp=0, maxStamp=upper)
+        tgets = [
+            thrift2.TGet(
+                row=row,
+                columns=[
+                    thrift2.TColumn(family.encode(), qualifier) for family, qualifier in row_columns
+                ],
+                timeRange=time_range,
+                maxVersions=1,
+            )
+            for row, row_columns in by_row.items()
+        ]
+        results = self._call(
+            "read_rows",
+            "getMultiple",
+            self._hname(table),
+            tgets,
+            table=table,
+            idempotent=True,
+            thrift2_gateway=True,
+        )
+        out: dict[bytes, RowCells] = {}
+        for result in results:
+            # A row with no cells comes back without a row key (or, per the interface's
+            # documentation, as null).
+            if result is None or not result.columnValues:
+                continue
+            out[bytes(result.row)] = {
+                (bytes(cell.family).decode("utf-8"), bytes(cell.qualifier)): [
+                    (int(cell.timestamp), bytes(cell.value))
+                ]
+                for cell in result.columnValues
+            }
         return out
 
     def _read_versions(

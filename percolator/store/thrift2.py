@@ -6,7 +6,12 @@ Thrift-2 gateway's ``checkAndPut`` carries a whole ``TPut``: any cells of the ch
 each with its own timestamp, applied in one atomic row operation if the check holds.  That
 is what :attr:`~percolator.store.base.Store.conditional_puts` needs.
 
-Only the two calls used are declared here.  Field ids and types are those of the gateway's
+Nor can Thrift-1 name different columns for different rows in one read: its
+``getRowsWithColumns`` takes one column list for all rows.  Thrift-2's ``getMultiple``
+takes one ``TGet`` per row, each with its own columns and time range, which is what
+:meth:`~percolator.store.base.Store.read_cells` needs.
+
+Only the calls used are declared here.  Field ids and types are those of the gateway's
 published interface (``hbase-thrift``, ``thrift2/hbase.thrift``); Thrift skips fields a side
 does not declare, so this subset is wire-compatible with the whole.
 """
@@ -27,6 +32,30 @@ struct TColumnValue {
   2: required binary qualifier,
   3: required binary value,
   4: optional i64 timestamp,
+}
+
+struct TTimeRange {
+  1: required i64 minStamp,
+  2: required i64 maxStamp,
+}
+
+struct TColumn {
+  1: required binary family,
+  2: optional binary qualifier,
+  3: optional i64 timestamp,
+}
+
+struct TGet {
+  1: required binary row,
+  2: optional list<TColumn> columns,
+  3: optional i64 timestamp,
+  4: optional TTimeRange timeRange,
+  5: optional i32 maxVersions,
+}
+
+struct TResult {
+  1: optional binary row,
+  2: required list<TColumnValue> columnValues,
 }
 
 struct TPut {
@@ -59,6 +88,11 @@ service THBaseService {
     6: required TPut tput,
   ) throws (1: TIOError io),
 
+  list<TResult> getMultiple(
+    1: required binary table,
+    2: required list<TGet> tgets,
+  ) throws (1: TIOError io),
+
   TThriftServerType getThriftServerType(),
 }
 """
@@ -69,6 +103,9 @@ thrift2: Any = load_fp(io.StringIO(THRIFT2_IDL), module_name="percolator_hbase_t
 THBaseService: Any = thrift2.THBaseService
 TColumnValue: Any = thrift2.TColumnValue
 TPut: Any = thrift2.TPut
+TColumn: Any = thrift2.TColumn
+TGet: Any = thrift2.TGet
+TTimeRange: Any = thrift2.TTimeRange
 TIOError: type[Exception] = thrift2.TIOError
 TIllegalArgument: type[Exception] = thrift2.TIllegalArgument
 #: ``getThriftServerType()``'s answer from a Thrift-2 gateway

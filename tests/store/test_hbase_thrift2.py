@@ -12,12 +12,13 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 import percolator
 from percolator.errors import ConfigError, StoreUnavailableError, TableNotFoundError
-from percolator.store.base import CompareAndSet, FamilySpec, Put
+from percolator.store.base import CompareAndSet, Delete, FamilySpec, Put
 from percolator.store.hbase import HBaseStore
 from percolator.store.url import open_store, parse_store_url
 from percolator.testing import ManualOracle
@@ -153,6 +154,60 @@ def test_a_cut_connection_leaves_the_outcome_unknown_and_all_or_nothing(
                 assert set(row) == {("l", b"q"), ("d", b"q"), ("w", b"q")}
     finally:
         proxy.close()
+
+
+@pytest.mark.hbase
+def test_read_cells_of_many_rows_name_exactly_each_rows_cells_and_agree_with_thrift1(
+    hbase_url: str, prefix: str
+) -> None:
+    # A read of one column in each of many rows, a different column each (a prewrite's
+    # shape): through Thrift-2 one getMultiple asks each row for its own cells only;
+    # Thrift-1 asks every row for every column and filters.  Both must give the same
+    # answer: versions below ``before``, delete masks and an empty qualifier included.  A
+    # small read, whose cross product is no bigger, stays on Thrift-1.
+    port, thrift2 = _ports(hbase_url)
+    with (
+        HBaseStore("127.0.0.1", port, prefix=prefix, thrift2_port=thrift2) as exact,
+        HBaseStore("127.0.0.1", port, prefix=prefix) as crossed,
+    ):
+        exact.create_table("t", FAMILIES)
+        exact.put(
+            "t",
+            [
+                Put(b"r%d" % i, family, qualifier, version, b"%d/%s/%d" % (i, qualifier, version))
+                for i in range(40)
+                for family in ("d", "w")
+                for qualifier in (b"", b"q%d" % i, b"q%d" % (i + 1))
+                for version in (3, 5)
+            ],
+        )
+        exact.delete_versions("t", [Delete(b"r1", "d", b"q1", 5)])  # masks 3 and 5
+        cells = [(b"r%d" % i, ("d", b"q%d" % i)) for i in range(40)]
+        cells += [(b"r%d" % i, ("w", b"")) for i in range(0, 40, 3)]
+        cells += [(b"gone", ("d", b"q0")), (b"r2", ("l", b"q2"))]
+        sent: list[str] = []
+        call = exact._call
+
+        def recording(op: str, method: str, *args: object, **kwargs: Any) -> Any:
+            sent.append(method)
+            return call(op, method, *args, **kwargs)
+
+        exact._call = recording  # type: ignore[method-assign]
+        for before in (None, 5, 4, 3, 1):
+            got = exact.read_cells("t", cells, before=before)
+            assert got == crossed.read_cells("t", cells, before=before), before
+        assert sent == ["getMultiple"] * 5
+        assert exact.read_cells("t", cells, before=5)[b"r2"] == {("d", b"q2"): [(3, b"2/q2/3")]}
+        assert b"r1" not in exact.read_cells("t", cells)  # masked, and w: not asked for r1
+        assert exact.read_cells("t", cells)[b"r3"] == {
+            ("d", b"q3"): [(5, b"3/q3/5")],
+            ("w", b""): [(5, b"3//5")],
+        }
+        sent.clear()
+        few = [(b"r3", ("d", b"q3")), (b"r3", ("w", b"")), (b"r4", ("d", b"q4"))]
+        assert exact.read_cells("t", few) == crossed.read_cells("t", few)
+        assert exact.read_cells("t", few)[b"r4"] == {("d", b"q4"): [(5, b"4/q4/5")]}
+        assert sent == ["getRowsWithColumns"] * 2
 
 
 # --------------------------------------------------------------------------- Thrift-1 only
