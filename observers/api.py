@@ -245,13 +245,15 @@ def check_observer(observer: object) -> Observer:
     except InvalidArgumentError as exc:
         raise InvalidArgumentError(f"observer {name!r}: {exc}") from None
     columns = _check_columns(
-        name, "columns", getattr(observer, "columns", None), "a non-empty sequence", "('body',)"
+        name, "columns", getattr(observer, "columns", None), non_empty=True, example="('body',)"
     )
     if len(set(columns)) != len(columns):
         raise InvalidArgumentError(f"observer {name!r}: columns {list(columns)} repeat a name")
     if not isinstance(getattr(observer, "weak", False), bool):
         raise InvalidArgumentError(f"observer {name!r}: weak must be True or False")
-    _check_columns(name, "reads", getattr(observer, "reads", ()), "a sequence", "('title',)")
+    _check_columns(
+        name, "reads", getattr(observer, "reads", ()), non_empty=False, example="('title',)"
+    )
     outputs = getattr(observer, "outputs", None)
     if outputs is not None:
         if isinstance(outputs, str) or not isinstance(outputs, Sequence):
@@ -274,11 +276,13 @@ def check_observer(observer: object) -> Observer:
     return observer
 
 
-def _check_columns(name: str, field: str, value: object, shape: str, example: str) -> Sequence[str]:
-    """``value`` (an observer's ``field``) is ``shape`` of valid user column names: returns
-    it, typed."""
-    empty_ok = shape != "a non-empty sequence"
-    if isinstance(value, str) or not isinstance(value, Sequence) or (not value and not empty_ok):
+def _check_columns(
+    name: str, field: str, value: object, *, non_empty: bool, example: str
+) -> Sequence[str]:
+    """``value`` (an observer's ``field``) is a sequence (``non_empty``: not empty) of valid
+    user column names: returns it, typed."""
+    if isinstance(value, str) or not isinstance(value, Sequence) or (non_empty and not value):
+        shape = "a non-empty sequence" if non_empty else "a sequence"
         raise InvalidArgumentError(
             f"observer {name!r}: {field} must be {shape} of column names (e.g. {example}), "
             f"got {value!r}"

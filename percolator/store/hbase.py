@@ -173,12 +173,13 @@ _PREFIX = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 # Keep one mutateRowsTs request well below the gateway's maximum Thrift message size
 # (libthrift's default is 100 MB); a single row is never split, so one huge row may exceed it.
 _MAX_BATCH_BYTES = 32 * 1024 * 1024
+_MAX_BATCH_MUTATIONS = 20_000
+
 # read_cells goes through Thrift-2's getMultiple (exactly the cells) rather than Thrift-1's
 # cross product of rows and columns once that product is this many times the cells named.
 # Measured (bench/read_cells_bench.py): below it the two cost the same within noise, above
 # it the cross product grows with rows x columns (20x slower at 512 rows of one column).
 _EXACT_READ_FACTOR = 8
-_MAX_BATCH_MUTATIONS = 20_000
 
 # HBase's region lookup key is ``<table>,<row>,99999999999999``: the row plus the table name
 # plus 16 bytes must fit in 32767 (see HBaseStore.max_row_length).
@@ -529,23 +530,27 @@ class HBaseStore(Store):
     def _acquire(self, pool: _ConnectionPool | None = None) -> _Connection:
         """A connection from ``pool`` (default: the Thrift-1 gateway's)."""
         pool = pool or self._pool
-        thrift1 = pool is self._pool
-        gateway = "Thrift" if thrift1 else "Thrift-2"
-        address = self.address if thrift1 else self.thrift2_address
         try:
             return pool.acquire()
         except RuntimeError:
             raise StoreError(f"the HBase store {self.url} is closed") from None
         except TimeoutError:
             raise StoreUnavailableError(
-                f"HBase {gateway} gateway at {address}: all {self.pool_size} pooled "
+                f"HBase {self._gateway(pool)}: all {self.pool_size} pooled "
                 f"connections stayed busy for {self.timeout_ms} ms (raise pool_size?)"
             ) from None
         except _TRANSPORT_ERRORS as exc:
             raise StoreUnavailableError(
-                f"cannot reach HBase {gateway} gateway at {address}: "
+                f"cannot reach HBase {self._gateway(pool)}: "
                 f"{_transport_reason(exc, self.timeout_ms)}"
             ) from exc
+
+    def _gateway(self, pool: _ConnectionPool) -> str:
+        """The gateway ``pool`` connects to, for error messages: ``Thrift gateway at
+        host:port`` or ``Thrift-2 gateway at host:port``."""
+        if pool is self._pool:
+            return f"Thrift gateway at {self.address}"
+        return f"Thrift-2 gateway at {self.thrift2_address}"
 
     def _probe(self) -> None:
         """Check that host:port is an HBase Thrift-1 gateway (one getTableNames call)."""
@@ -633,10 +638,8 @@ class HBaseStore(Store):
         if thrift2_gateway:
             assert self._pool2 is not None
             pool, server_errors = self._pool2, _SERVER_ERRORS_2
-            gateway = f"Thrift-2 gateway at {self.thrift2_address}"
         else:
             pool, server_errors = self._pool, _SERVER_ERRORS
-            gateway = f"Thrift gateway at {self.address}"
         attempts = 2 if idempotent else 1
         for attempt in range(1, attempts + 1):
             conn = self._acquire(pool)
@@ -650,14 +653,15 @@ class HBaseStore(Store):
                 # A complete reply (the server failed internally): the stream is in sync.
                 pool.release(conn)
                 raise StoreError(
-                    f"HBase {gateway} failed {op}{self._on(table)}: {_short(_server_message(exc))}"
+                    f"HBase {self._gateway(pool)} failed {op}{self._on(table)}: "
+                    f"{_short(_server_message(exc))}"
                 ) from exc
             except _TRANSPORT_ERRORS as exc:
                 pool.discard(conn)
                 if attempt < attempts:
                     continue  # idempotent: safe to send again on a fresh connection
                 raise StoreUnavailableError(
-                    f"HBase {gateway} failed {op}{self._on(table)}: "
+                    f"HBase {self._gateway(pool)} failed {op}{self._on(table)}: "
                     f"{_transport_reason(exc, self.timeout_ms)}"
                     + ("" if idempotent else "; the operation may or may not have been applied")
                 ) from exc
