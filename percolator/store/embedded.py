@@ -19,6 +19,11 @@ What is atomic and durable
   (:class:`_WriteGroups`).
 * A compare-and-set's ``then_put`` is written in its transaction, only if it applied
   (``conditional_puts``).
+* **Statements, not rows.**  Inside the write mutex every SQLite step hands the GIL to
+  another thread and must win it back, so a write call runs a few statements of up to 64
+  rows each (``executemany`` would step once per row).  Compare-and-sets of many cells
+  read the table, the store clock and every cell's newest version in one statement per
+  64 cells, and write in one more (:meth:`EmbeddedStore._compare_and_set_batch`).
 * :meth:`~EmbeddedStore.compare_and_set` reads and writes inside an ``IMMEDIATE``
   transaction, which holds the database's single write lock: it is atomic against every
   thread and process.  Its version is ``max(store clock, version of the cell just
@@ -163,13 +168,23 @@ _SCHEMA = (
     ") WITHOUT ROWID",
 )
 
+# Write statements take many rows each (:func:`_rows_sql`).  Inside the write mutex, every
+# SQLite step releases the GIL and must win it back from the threads running Python, and
+# ``executemany`` steps once per row: with a few threads busy, a group of batched calls
+# spent twice as long holding the mutex as working in it.  One step per statement of up to
+# :data:`_ROWS_PER_WRITE` rows keeps the hand-offs to a handful per call.
+_ROWS_PER_WRITE = 64
+
 # A put is dropped when a delete mask of its cell covers its version (HBase's delete
-# marker); re-putting an existing version replaces the value (the later write wins).
-_PUT_SQL = (
+# marker); re-putting an existing version replaces the value (the later write wins: rows
+# are inserted in the order given).  ``v`` holds (tid, family, row, qualifier, version,
+# value) per put.
+_PUT_ROWS_SQL = (
     "INSERT OR REPLACE INTO cells (tid, family, row, qualifier, version, value)"
-    " SELECT ?1, ?2, ?3, ?4, ?5, ?6 WHERE NOT EXISTS ("
-    "  SELECT 1 FROM delete_masks WHERE tid = ?1 AND family = ?2 AND row = ?3"
-    "  AND qualifier = ?4 AND at_or_below >= ?5)"
+    " SELECT v.column1, v.column2, v.column3, v.column4, v.column5, v.column6"
+    " FROM ({values}) v WHERE NOT EXISTS ("
+    "  SELECT 1 FROM delete_masks m WHERE m.tid = v.column1 AND m.family = v.column2"
+    "  AND m.row = v.column3 AND m.qualifier = v.column4 AND m.at_or_below >= v.column5)"
 )
 # Keep the newest ?5 versions of one cell.
 _PRUNE_SQL = (
@@ -177,34 +192,21 @@ _PRUNE_SQL = (
     " AND version < (SELECT version FROM cells WHERE tid = ?1 AND family = ?2 AND row = ?3"
     "  AND qualifier = ?4 ORDER BY version DESC LIMIT 1 OFFSET ?5 - 1)"
 )
-_DELETE_SQL = (
-    "DELETE FROM cells WHERE tid = ? AND family = ? AND row = ? AND qualifier = ? AND version <= ?"
-)
-_MASK_SQL = (
+# Versions of a cell at or below (``<=``), or below (``<``), a bound: ORed, one term per
+# cell, each seeks its cell in the primary key (SQLite's MULTI-INDEX OR; see
+# :func:`_delete_rows_sql`).
+_CELL_VERSIONS_TERM = "(tid = ? AND family = ? AND row = ? AND qualifier = ? AND version {op} ?)"
+_MASK_ROWS_SQL = (
     "INSERT INTO delete_masks (tid, family, row, qualifier, at_or_below)"
-    " VALUES (?, ?, ?, ?, ?) ON CONFLICT (tid, family, row, qualifier)"
+    " SELECT * FROM ({values}) WHERE true ON CONFLICT (tid, family, row, qualifier)"
     " DO UPDATE SET at_or_below = max(at_or_below, excluded.at_or_below)"
 )
-# What a compare-and-set reads, in one statement: the table, the store clock and the cell's
-# newest version (NULLs when the cell is absent).  One statement instead of three: every
-# statement inside the write mutex releases and re-takes the GIL, and while other threads
-# run Python, re-taking it is what stretches the time the mutex is held.
-_CAS_READ_SQL = (
-    "SELECT t.id, t.families, (SELECT value FROM meta WHERE key = 'clock_ms'),"
-    " (SELECT version FROM cells WHERE tid = t.id AND family = ?2 AND row = ?3"
-    "  AND qualifier = ?4 ORDER BY version DESC LIMIT 1),"
-    " (SELECT value FROM cells WHERE tid = t.id AND family = ?2 AND row = ?3"
-    "  AND qualifier = ?4 ORDER BY version DESC LIMIT 1)"
-    " FROM tables t WHERE t.name = ?1"
-)
-# The table and the store clock, for a batch of compare-and-sets (:func:`_newest_sql` reads
-# their cells).
-_CAS_TABLE_SQL = (
-    "SELECT t.id, t.families, (SELECT value FROM meta WHERE key = 'clock_ms')"
-    " FROM tables t WHERE t.name = ?"
-)
+# What compare-and-sets read, in one statement per 64 cells (:func:`_cas_read_sql`): the
+# table, the store clock and the newest version of each cell.  Every statement inside the
+# write mutex releases and re-takes the GIL, and while other threads run Python, re-taking
+# it is what stretches the time the mutex is held.
 _NEWEST_SQL = (
-    "SELECT version, value FROM cells WHERE tid = ? AND family = ? AND row = ?"
+    "SELECT version, value FROM cells WHERE tid = t.id AND family = ? AND row = ?"
     " AND qualifier = ? ORDER BY version DESC LIMIT 1"
 )
 _VERSIONS_SQL = (
@@ -220,11 +222,21 @@ _TABLE_STILL_SQL = "SELECT -1, NULL, NULL FROM tables WHERE id = ? AND name = ? 
 _CELLS_PER_STATEMENT = 64
 
 
-@lru_cache(maxsize=_CELLS_PER_STATEMENT)
-def _newest_sql(cells: int) -> str:
-    """One statement reading the newest version of ``cells`` cells, each tagged with its
-    index (a cell without versions yields no row)."""
-    return " UNION ALL ".join(f"SELECT {i}, * FROM ({_NEWEST_SQL})" for i in range(cells))
+@lru_cache(maxsize=2 * _CELLS_PER_STATEMENT)
+def _cas_read_sql(cells: int, by: str) -> str:
+    """One statement, one row: the table (found ``by`` its ``name`` or ``id``), its families,
+    the store clock, and the newest version of ``cells`` cells as a JSON list of ``[index,
+    version, hex(value)]`` (a cell without versions has no entry).  One row is one SQLite
+    step, so one GIL hand-off inside the write mutex instead of one per cell.  Parameters:
+    each cell's family, row and qualifier, then the table's name or id."""
+    union = " UNION ALL ".join(
+        f"SELECT {i} AS i, version, value FROM ({_NEWEST_SQL})" for i in range(cells)
+    )
+    return (
+        "SELECT t.id, t.families, (SELECT value FROM meta WHERE key = 'clock_ms'),"
+        f" (SELECT json_group_array(json_array(i, version, hex(value))) FROM ({union}))"
+        f" FROM tables t WHERE t.{by} = ?"
+    )
 
 
 @lru_cache(maxsize=_CELLS_PER_STATEMENT)
@@ -235,6 +247,44 @@ def _versions_sql(cells: int) -> str:
     return " UNION ALL ".join(
         f"SELECT {i}, version, value FROM ({_VERSIONS_SQL})" for i in range(cells)
     )
+
+
+@lru_cache(maxsize=256)
+def _values_sql(template: str, rows: int, width: int) -> str:
+    """``template`` with ``{values}`` a VALUES list of ``rows`` rows of ``width`` parameters."""
+    one = "(" + ",".join("?" * width) + ")"
+    return template.format(values="VALUES " + ",".join([one] * rows))
+
+
+@lru_cache(maxsize=256)
+def _delete_rows_sql(op: str, rows: int) -> str:
+    """A DELETE of the versions ``op`` (``<=`` or ``<``) a bound in each of ``rows`` cells."""
+    return "DELETE FROM cells WHERE " + " OR ".join([_CELL_VERSIONS_TERM.format(op=op)] * rows)
+
+
+def _put_rows_sql(rows: int) -> str:
+    return _values_sql(_PUT_ROWS_SQL, rows, 6)
+
+
+def _mask_rows_sql(rows: int) -> str:
+    return _values_sql(_MASK_ROWS_SQL, rows, 5)
+
+
+def _at_or_below_rows_sql(rows: int) -> str:
+    return _delete_rows_sql("<=", rows)
+
+
+def _below_rows_sql(rows: int) -> str:
+    return _delete_rows_sql("<", rows)
+
+
+def _write_rows(
+    conn: sqlite3.Connection, sql: Callable[[int], str], rows: Sequence[tuple[Any, ...]]
+) -> None:
+    """``rows`` through ``sql(n)`` (a statement taking ``n`` rows of parameters), up to
+    :data:`_ROWS_PER_WRITE` rows per statement, in order."""
+    for chunk in _chunks(rows, _ROWS_PER_WRITE):
+        conn.execute(sql(len(chunk)), [value for row in chunk for value in row])
 
 
 # --------------------------------------------------------------------------- process state
@@ -477,7 +527,7 @@ class EmbeddedStore(Store):
             timeout=self._busy_timeout_s,
             isolation_level=None,  # transactions are explicit: BEGIN IMMEDIATE / BEGIN
             check_same_thread=False,  # close() may close it from another thread
-            cached_statements=64,
+            cached_statements=256,
         )
         try:
             conn.execute("PRAGMA synchronous=NORMAL")
@@ -864,8 +914,10 @@ class EmbeddedStore(Store):
         puts: Sequence[Put],
     ) -> None:
         """Checked puts into table ``tid``, inside the caller's write transaction."""
-        conn.executemany(
-            _PUT_SQL, [(tid, p.family, p.row, p.qualifier, p.version, p.value) for p in puts]
+        _write_rows(
+            conn,
+            _put_rows_sql,
+            [(tid, p.family, p.row, p.qualifier, p.version, p.value) for p in puts],
         )
         self._prune(conn, tid, families, ((p.family, p.row, p.qualifier) for p in puts))
 
@@ -899,7 +951,7 @@ class EmbeddedStore(Store):
         check_compare_and_set(item, None)
         self._count("compare_and_set")
         with self._errors(f"compare_and_set({table!r}, {row!r})"):
-            return self._grouped(lambda conn: self._compare_and_set(conn, table, item))
+            return self._grouped(lambda conn: self._compare_and_set_batch(conn, table, [item])[0])
 
     def compare_and_set_many(
         self, table: str, items: Sequence[CompareAndSet], puts: Sequence[Put] = ()
@@ -909,89 +961,102 @@ class EmbeddedStore(Store):
         before it returns."""
         check_table_name(table)
         check_compare_and_sets(items, None, conditional_puts=True)
-        check_sequence(puts, "puts")
+        for put in check_sequence(puts, "puts"):
+            check_put(put, None)  # the families are checked against the table's in `work`
         with self._stats_lock:
             self.stats.count("compare_and_set_many")
             self.stats.count("compare_and_set", len(items))
 
         def work(conn: sqlite3.Connection) -> list[bool]:
+            if _batchable(items, puts):
+                return self._compare_and_set_batch(conn, table, items, puts)
             if puts:
                 self._put(conn, table, puts)
-            if _batchable(items):
-                return self._compare_and_set_batch(conn, table, items)
-            return [self._compare_and_set(conn, table, item) for item in items]
+            return [self._compare_and_set_batch(conn, table, [item])[0] for item in items]
 
         with self._errors(f"compare_and_set_many({table!r}, {len(items)} cells)"):
             return self._grouped(work) if items or puts else []
 
     def _compare_and_set_batch(
-        self, conn: sqlite3.Connection, table: str, items: Sequence[CompareAndSet]
+        self,
+        conn: sqlite3.Connection,
+        table: str,
+        items: Sequence[CompareAndSet],
+        puts: Sequence[Put] = (),
     ) -> list[bool]:
-        """Compare-and-sets of distinct cells (see :func:`_batchable`) inside the caller's
-        write transaction, as :meth:`_compare_and_set` one after the other would do them,
-        in a fixed number of statements: the table, every cell's newest version, the
-        writes, the trims.  One clock stamp serves them all."""
-        found = conn.execute(_CAS_TABLE_SQL, (table,)).fetchone()
-        if found is None:
-            raise TableNotFoundError(table)
-        tid, encoded, last = found
-        families = _decode_families(encoded)
+        """The ``puts``, then the compare-and-sets ``items`` (distinct cells that no put
+        writes, see :func:`_batchable`, or a single item), inside the caller's write
+        transaction, with the outcome of running them one after the other, in a fixed
+        number of statements: one per 64 cells reading the table, the store clock and each
+        cell's newest version; the clock moved; one per 64 rows writing the puts, the new
+        versions and their ``then_put``; the replaced versions dropped.  One clock reading
+        stamps every item."""
+        tid, families, last, newest = self._cas_read(conn, table, items)
         for item in items:
             check_family_name(item.family, families)
             for put in item.then_put:
                 check_family_name(put.family, families)
+        for put in puts:
+            check_put(put, families)
+        applied = [
+            cas_matches(newest[i][1] if i in newest else None, item.expected)
+            for i, item in enumerate(items)
+        ]
+        rows = [(tid, p.family, p.row, p.qualifier, p.version, p.value) for p in puts]
+        # Cells to trim to their family's max_versions once everything is written.
+        written = [(p.family, p.row, p.qualifier) for p in puts]
+        replaced: list[tuple[int, str, bytes, bytes, int]] = []
+        if any(applied):
+            clock = _advance_clock(conn, last)
+            then_put: list[Put] = []
+            for i, item in enumerate(items):
+                if not applied[i]:
+                    continue
+                newest_version = newest[i][0] if i in newest else None
+                stamp = _stamp(clock, newest_version)
+                rows.append((tid, item.family, item.row, item.qualifier, stamp, item.new))
+                if newest_version is not None and stamp != newest_version:
+                    # A new version next to older ones.  In a family of one version the
+                    # older one simply goes (a stamp above an existing version is never
+                    # under a delete mask: the mask would have removed that version).
+                    if families[item.family].max_versions == 1:
+                        replaced.append((tid, item.family, item.row, item.qualifier, stamp))
+                    else:
+                        written.append((item.family, item.row, item.qualifier))
+                then_put += item.then_put  # in the same transaction: atomic with the item
+            rows += [(tid, p.family, p.row, p.qualifier, p.version, p.value) for p in then_put]
+            written += [(p.family, p.row, p.qualifier) for p in then_put]
+        _write_rows(conn, _put_rows_sql, rows)
+        _write_rows(conn, _below_rows_sql, replaced)
+        self._prune(conn, tid, families, written)
+        return applied
+
+    @staticmethod
+    def _cas_read(
+        conn: sqlite3.Connection, table: str, items: Sequence[CompareAndSet]
+    ) -> tuple[int, Mapping[str, FamilySpec], int | str, dict[int, tuple[int, bytes]]]:
+        """What compare-and-sets of ``items`` read (:func:`_cas_read_sql`): the table's id
+        and families, the store clock, and the newest ``(version, value)`` of each item's
+        cell by index (absent for a cell without versions).  ``items`` is not empty."""
         newest: dict[int, tuple[int, bytes]] = {}
+        found: tuple[Any, ...] | None = None
         for offset in range(0, len(items), _CELLS_PER_STATEMENT):
             chunk = items[offset : offset + _CELLS_PER_STATEMENT]
             params: list[object] = []
             for item in chunk:
-                params += (tid, item.family, item.row, item.qualifier)
-            for i, version, value in conn.execute(_newest_sql(len(chunk)), params):
-                newest[offset + i] = (version, value)
-        clock = _advance_clock(conn, last)
-        applied: list[bool] = []
-        writes = []
-        grown: list[tuple[str, bytes, bytes]] = []
-        then_put: list[Put] = []
-        for i, item in enumerate(items):
-            newest_version, newest_value = newest.get(i, (None, None))
-            if not cas_matches(newest_value, item.expected):
-                applied.append(False)
-                continue
-            stamp = _stamp(clock, newest_version)
-            writes.append((tid, item.family, item.row, item.qualifier, stamp, item.new))
-            if newest_version is not None and stamp != newest_version:
-                grown.append((item.family, item.row, item.qualifier))
-            then_put += item.then_put
-            applied.append(True)
-        conn.executemany(_PUT_SQL, writes)
-        self._prune(conn, tid, families, grown)
-        if then_put:
-            self._write_puts(conn, tid, families, then_put)
-        return applied
-
-    def _compare_and_set(self, conn: sqlite3.Connection, table: str, item: CompareAndSet) -> bool:
-        """One compare-and-set inside the caller's write transaction."""
-        family, row, qualifier = item.family, item.row, item.qualifier
-        found = conn.execute(_CAS_READ_SQL, (table, family, row, qualifier)).fetchone()
-        if found is None:
-            raise TableNotFoundError(table)
-        tid, encoded, last, newest_version, newest_value = found
-        families = _decode_families(encoded)
-        check_family_name(family, families)
-        for put in item.then_put:
-            check_family_name(put.family, families)
-        if not cas_matches(newest_value, item.expected):
-            return False
-        stamp = _stamp(_advance_clock(conn, last), newest_version)
-        conn.execute(_PUT_SQL, (tid, family, row, qualifier, stamp, item.new))
-        if newest_version is not None and stamp != newest_version:
-            # A new version next to older ones: trim to max_versions.  (A first version, or
-            # one replacing the newest, leaves the count of versions as it was.)
-            self._prune(conn, tid, families, [(family, row, qualifier)])
-        if item.then_put:  # in the same transaction: atomic with the compare-and-set
-            self._write_puts(conn, tid, families, item.then_put)
-        return True
+                params += (item.family, item.row, item.qualifier)
+            if found is None:
+                sql, params = _cas_read_sql(len(chunk), "name"), [*params, table]
+            else:
+                sql, params = _cas_read_sql(len(chunk), "id"), [*params, found[0]]
+            found = conn.execute(sql, params).fetchone()
+            if found is None:
+                raise TableNotFoundError(table)
+            for i, version, value in json.loads(found[3]):
+                newest[offset + i] = (version, bytes.fromhex(value))
+        assert found is not None
+        tid, encoded, last, _ = found
+        return int(tid), _decode_families(encoded), last, newest
 
     def delete_versions(self, table: str, deletes: Sequence[Delete]) -> None:
         check_table_name(table)
@@ -1004,8 +1069,8 @@ class EmbeddedStore(Store):
                 check_delete(delete, families)
             checked: Sequence[Delete] = deletes
             params = [(tid, d.family, d.row, d.qualifier, d.at_or_below) for d in checked]
-            conn.executemany(_DELETE_SQL, params)
-            conn.executemany(_MASK_SQL, params)
+            _write_rows(conn, _at_or_below_rows_sql, params)
+            _write_rows(conn, _mask_rows_sql, params)
 
         with self._errors(f"delete_versions({table!r})"):
             self._grouped(work)
@@ -1019,14 +1084,16 @@ class EmbeddedStore(Store):
             return dropped
 
 
-def _batchable(items: Sequence[CompareAndSet]) -> bool:
+def _batchable(items: Sequence[CompareAndSet], puts: Sequence[Put]) -> bool:
     """Whether :meth:`EmbeddedStore._compare_and_set_batch` gives the same outcome as the
-    items one after the other: more than one, and no item reading a cell an earlier item
-    (or its ``then_put``) writes (every cell is read before any is written)."""
-    if len(items) < 2:
+    puts and then the items one after the other: items of distinct cells, none of which a
+    put or an item's ``then_put`` writes (every cell is read before any is written)."""
+    if not items:
         return False
     cells = {(item.family, item.row, item.qualifier) for item in items}
     if len(cells) < len(items):
+        return False
+    if any((put.family, put.row, put.qualifier) in cells for put in puts):
         return False
     return not any(
         (put.family, put.row, put.qualifier) in cells for item in items for put in item.then_put

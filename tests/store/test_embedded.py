@@ -405,10 +405,11 @@ def test_compare_and_sets_of_many_cells_take_a_fixed_number_of_statements(
     tmp_path: Path, count: int
 ) -> None:
     """A transaction locks and commits its cells in compare-and-sets of many cells: those
-    read the table in one statement, then every cell's newest version in one statement per
-    64 cells, whatever their number, with each item decided on its own as if they ran one
-    after the other.  (The trace shows each row of an ``executemany`` as a statement: one
-    write per applied item.)"""
+    read the table, the store clock and every cell's newest version in one statement per 64
+    cells, whatever their number, then write every new version in one statement per 64
+    rows and drop the versions they replace in one more, with each item decided on its own
+    as if they ran one after the other.  Every statement inside the write mutex is a GIL
+    hand-off: their number must not grow with the cells."""
     with EmbeddedStore(str(tmp_path / "store")) as store:
         store.create_table("t", FAMILIES)
         store.put("t", [Put(b"r%03d" % i, "l", b"q", 1, b"old") for i in range(0, count, 2)])
@@ -423,9 +424,14 @@ def test_compare_and_sets_of_many_cells_take_a_fixed_number_of_statements(
         # nothing apply.  Rows 2, 6, 10, ... hold "old" but expect nothing: refused.
         assert applied == [i % 4 == 0 or i % 2 == 1 for i in range(count)]
         verbs = [s.split()[0] for s in statements]
+        chunks = -(-count // 64)
+        replaced = sum(1 for i in range(count) if i % 4 == 0)  # applied over an old version
         assert verbs[0] == "BEGIN" and verbs[-1] == "COMMIT", statements
-        assert verbs.count("SELECT") == 1 + -(-count // 64), statements
-        assert verbs.count("INSERT") == sum(applied), statements
+        assert verbs.count("SELECT") == chunks, statements
+        assert verbs.count("UPDATE") == 1, statements  # the store clock
+        assert verbs.count("INSERT") == -(-sum(applied) // 64), statements
+        assert verbs.count("DELETE") == -(-replaced // 64), statements
+        assert len(verbs) == 3 + chunks + verbs.count("INSERT") + verbs.count("DELETE")
         for i, item in enumerate(items):
             versions = store.read_row("t", item.row, [("l", b"q")]).get(("l", b"q"), [])
             assert versions[0][1] == (b"new" if applied[i] else b"old"), i
