@@ -904,21 +904,8 @@ class EmbeddedStore(Store):
         tid, families = self._table(conn, table)
         for put in puts:
             check_put(put, families)
-        self._write_puts(conn, tid, families, puts)
-
-    def _write_puts(
-        self,
-        conn: sqlite3.Connection,
-        tid: int,
-        families: Mapping[str, FamilySpec],
-        puts: Sequence[Put],
-    ) -> None:
-        """Checked puts into table ``tid``, inside the caller's write transaction."""
-        _write_rows(
-            conn,
-            _put_rows_sql,
-            [(tid, p.family, p.row, p.qualifier, p.version, p.value) for p in puts],
-        )
+        rows = [(tid, p.family, p.row, p.qualifier, p.version, p.value) for p in puts]
+        _write_rows(conn, _put_rows_sql, rows)
         self._prune(conn, tid, families, ((p.family, p.row, p.qualifier) for p in puts))
 
     @staticmethod
