@@ -186,6 +186,12 @@ _PUT_ROWS_SQL = (
     "  SELECT 1 FROM delete_masks m WHERE m.tid = v.column1 AND m.family = v.column2"
     "  AND m.row = v.column3 AND m.qualifier = v.column4 AND m.at_or_below >= v.column5)"
 )
+_PUT_ONE_SQL = (
+    "INSERT OR REPLACE INTO cells (tid, family, row, qualifier, version, value)"
+    " SELECT ?1, ?2, ?3, ?4, ?5, ?6 WHERE NOT EXISTS ("
+    "  SELECT 1 FROM delete_masks WHERE tid = ?1 AND family = ?2 AND row = ?3"
+    "  AND qualifier = ?4 AND at_or_below >= ?5)"
+)
 # Keep the newest ?5 versions of one cell.
 _PRUNE_SQL = (
     "DELETE FROM cells WHERE tid = ?1 AND family = ?2 AND row = ?3 AND qualifier = ?4"
@@ -220,6 +226,18 @@ _VERSIONS_SQL = (
 _TABLE_STILL_SQL = "SELECT -1, NULL, NULL FROM tables WHERE id = ? AND name = ? UNION ALL "
 # Explicit cells per statement of a read (7 parameters each, far below SQLite's limit).
 _CELLS_PER_STATEMENT = 64
+
+
+# The same for a single cell, its newest version in plain columns (NULLs when it has none):
+# the common compare-and-set (a transaction's primary) has no JSON to encode and decode.
+_CAS_READ_ONE_SQL = (
+    "SELECT t.id, t.families, (SELECT value FROM meta WHERE key = 'clock_ms'),"
+    " (SELECT version FROM cells WHERE tid = t.id AND family = ?2 AND row = ?3"
+    "  AND qualifier = ?4 ORDER BY version DESC LIMIT 1),"
+    " (SELECT value FROM cells WHERE tid = t.id AND family = ?2 AND row = ?3"
+    "  AND qualifier = ?4 ORDER BY version DESC LIMIT 1)"
+    " FROM tables t WHERE t.name = ?1"
+)
 
 
 @lru_cache(maxsize=2 * _CELLS_PER_STATEMENT)
@@ -263,7 +281,9 @@ def _delete_rows_sql(op: str, rows: int) -> str:
 
 
 def _put_rows_sql(rows: int) -> str:
-    return _values_sql(_PUT_ROWS_SQL, rows, 6)
+    # One row needs no VALUES list (SQLite runs that as a co-routine): the plain form is
+    # cheaper for the most common write, a single put.
+    return _PUT_ONE_SQL if rows == 1 else _values_sql(_PUT_ROWS_SQL, rows, 6)
 
 
 def _mask_rows_sql(rows: int) -> str:
@@ -1026,6 +1046,17 @@ class EmbeddedStore(Store):
         and families, the store clock, and the newest ``(version, value)`` of each item's
         cell by index (absent for a cell without versions).  ``items`` is not empty."""
         newest: dict[int, tuple[int, bytes]] = {}
+        if len(items) == 1:
+            item = items[0]
+            one = conn.execute(
+                _CAS_READ_ONE_SQL, (table, item.family, item.row, item.qualifier)
+            ).fetchone()
+            if one is None:
+                raise TableNotFoundError(table)
+            tid, encoded, last, version, value = one
+            if version is not None:
+                newest[0] = (version, value)
+            return int(tid), _decode_families(encoded), last, newest
         found: tuple[Any, ...] | None = None
         for offset in range(0, len(items), _CELLS_PER_STATEMENT):
             chunk = items[offset : offset + _CELLS_PER_STATEMENT]
