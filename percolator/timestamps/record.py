@@ -203,12 +203,13 @@ class OracleRecordRegister:
             META_TABLE, ORACLE_ROW, META_FAMILY, ORACLE_QUALIFIER, expected, new.encode()
         )
 
-    def ask_release(self, seen: StoredRecord, request: bytes) -> None:
+    def ask_release(self, seen: StoredRecord, request: bytes) -> bool:
         """Ask the lease holder to release its lease: replace the release request ``seen``
-        found with ``request``, a value never written before.  A lost race means somebody
-        else asked meanwhile, which serves as well.  May raise StoreUnavailableError."""
+        found with ``request``, a value never written before.  False if the request cell
+        changed since ``seen`` was read (somebody else asked meanwhile, which serves as
+        well, or ``seen`` is old).  May raise StoreUnavailableError."""
         self.ensure_table()
-        self.store.compare_and_set(
+        return self.store.compare_and_set(
             META_TABLE, ORACLE_ROW, META_FAMILY, WANTED_QUALIFIER, seen.wanted, request
         )
 

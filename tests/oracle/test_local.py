@@ -18,7 +18,7 @@ from percolator.store import open_store
 from percolator.testing import FaultyStore
 from percolator.timestamps import LocalOracle, compose
 from percolator.timestamps.local import DEFAULT_BLOCK_MS
-from percolator.timestamps.record import OracleRecord, OracleRecordRegister
+from percolator.timestamps.record import OracleRecord, OracleRecordRegister, StoredRecord
 from tests.oracle.conftest import FakeClock
 from tests.oracle.procs import REPO, Call, check_real_time_order
 
@@ -433,6 +433,28 @@ def test_a_paused_holder_is_waited_out_and_serves_nothing_from_its_lease_after(
     before = holder.leased_batches
     again = holder.get_timestamp()
     assert again > t and holder.leased_batches == before and not holder.holds_lease
+
+
+def test_a_waiter_asks_for_release_once_per_lease_not_on_every_poll(
+    store: FaultyStore, clock: FakeClock
+) -> None:
+    """The request is a compare-and-set on the oracle's row: written once per lease waited
+    on, not on each 10 ms poll (a paused holder is waited out over dozens of polls)."""
+    holder = LocalOracle(store, clock=clock, lease_ms=400)
+    lease_now(holder, clock)
+    last = holder.get_timestamp()
+    waiter = LocalOracle(store, clock=clock, lease_ms=400)
+    asked: list[bytes] = []
+    ask = waiter._register.ask_release
+
+    def counting(seen: StoredRecord, request: bytes) -> bool:
+        asked.append(request)
+        return ask(seen, request)
+
+    waiter._register.ask_release = counting  # type: ignore[method-assign]
+    assert waiter.get_timestamp() > last
+    assert waiter.lease_waits > 10, "the paused holder's lease was waited out, polling"
+    assert len(asked) == 1, asked
 
 
 def test_close_releases_the_lease_so_nobody_waits(store: FaultyStore, clock: FakeClock) -> None:
