@@ -974,8 +974,10 @@ class EmbeddedStore(Store):
             self.stats.count("compare_and_set_many")
             self.stats.count("compare_and_set", len(items))
 
+        batchable = _batchable(items, puts)  # decided before queueing: less under the mutex
+
         def work(conn: sqlite3.Connection) -> list[bool]:
-            if _batchable(items, puts):
+            if batchable:
                 return self._compare_and_set_batch(conn, table, items, puts)
             if puts:
                 self._put(conn, table, puts)
