@@ -494,6 +494,34 @@ def test_an_oracle_server_asks_a_local_lease_to_end_then_takes_over(
         local.get_timestamp()
 
 
+def test_an_oracle_server_asks_a_local_lease_to_end_once_not_on_every_poll(
+    store: FaultyStore, clock: FakeClock
+) -> None:
+    """A paused local holder never answers: the server polls until the lease lapses by its
+    own clock, writing its release request once."""
+    local = LocalOracle(store, clock=clock, lease_ms=400)
+    lease_now(local, clock)
+    last = local.get_timestamp()
+    register = OracleRecordRegister(store)
+    asked: list[bytes] = []
+    ask = register.ask_release
+
+    def counting(seen: StoredRecord, request: bytes) -> bool:
+        asked.append(request)
+        return ask(seen, request)
+
+    register.ask_release = counting  # type: ignore[method-assign]
+    server = OracleNode(register, "oracle:server-1", LeaseConfig(), clock)
+    polls = 0
+    while server.role is not Role.ACTIVE:
+        server.step()
+        clock.advance(50)
+        polls += 1
+        assert polls < 100, "the paused local lease was never waited out"
+    assert polls > 5 and len(asked) == 1, (polls, asked)
+    assert server.allocate(1).first > last
+
+
 def test_a_forked_child_starts_as_a_new_instance_with_fresh_locks(
     store: FaultyStore, clock: FakeClock
 ) -> None:
