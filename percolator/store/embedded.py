@@ -168,7 +168,7 @@ _SCHEMA = (
     ") WITHOUT ROWID",
 )
 
-# Write statements take many rows each (:func:`_rows_sql`).  Inside the write mutex, every
+# Write statements take many rows each (:func:`_write_rows`).  Inside the write mutex, every
 # SQLite step releases the GIL and must win it back from the threads running Python, and
 # ``executemany`` steps once per row: with a few threads busy, a group of batched calls
 # spent twice as long holding the mutex as working in it.  One step per statement of up to
@@ -228,8 +228,9 @@ _TABLE_STILL_SQL = "SELECT -1, NULL, NULL FROM tables WHERE id = ? AND name = ? 
 _CELLS_PER_STATEMENT = 64
 
 
-# The same for a single cell, its newest version in plain columns (NULLs when it has none):
-# the common compare-and-set (a transaction's primary) has no JSON to encode and decode.
+# What a compare-and-set of a single cell reads: as :func:`_cas_read_sql`, with the cell's
+# newest version in plain columns (NULLs when it has none), so the common compare-and-set
+# (a transaction's primary) has no JSON to encode and decode.
 _CAS_READ_ONE_SQL = (
     "SELECT t.id, t.families, (SELECT value FROM meta WHERE key = 'clock_ms'),"
     " (SELECT version FROM cells WHERE tid = t.id AND family = ?2 AND row = ?3"
@@ -296,6 +297,16 @@ def _at_or_below_rows_sql(rows: int) -> str:
 
 def _below_rows_sql(rows: int) -> str:
     return _delete_rows_sql("<", rows)
+
+
+def _put_rows(tid: int, puts: Iterable[Put]) -> list[tuple[Any, ...]]:
+    """The rows of ``puts`` into table ``tid``, as :data:`_PUT_ROWS_SQL` takes them."""
+    return [(tid, p.family, p.row, p.qualifier, p.version, p.value) for p in puts]
+
+
+def _put_cells(puts: Iterable[Put]) -> list[tuple[str, bytes, bytes]]:
+    """The cells ``puts`` write, as :meth:`EmbeddedStore._prune` takes them."""
+    return [(p.family, p.row, p.qualifier) for p in puts]
 
 
 def _write_rows(
@@ -924,9 +935,8 @@ class EmbeddedStore(Store):
         tid, families = self._table(conn, table)
         for put in puts:
             check_put(put, families)
-        rows = [(tid, p.family, p.row, p.qualifier, p.version, p.value) for p in puts]
-        _write_rows(conn, _put_rows_sql, rows)
-        self._prune(conn, tid, families, ((p.family, p.row, p.qualifier) for p in puts))
+        _write_rows(conn, _put_rows_sql, _put_rows(tid, puts))
+        self._prune(conn, tid, families, _put_cells(puts))
 
     @staticmethod
     def _prune(
@@ -1011,9 +1021,9 @@ class EmbeddedStore(Store):
             cas_matches(newest[i][1] if i in newest else None, item.expected)
             for i, item in enumerate(items)
         ]
-        rows = [(tid, p.family, p.row, p.qualifier, p.version, p.value) for p in puts]
+        rows = _put_rows(tid, puts)
         # Cells to trim to their family's max_versions once everything is written.
-        written = [(p.family, p.row, p.qualifier) for p in puts]
+        written = _put_cells(puts)
         replaced: list[tuple[int, str, bytes, bytes, int]] = []
         if any(applied):
             clock = _advance_clock(conn, last)
@@ -1033,8 +1043,8 @@ class EmbeddedStore(Store):
                     else:
                         written.append((item.family, item.row, item.qualifier))
                 then_put += item.then_put  # in the same transaction: atomic with the item
-            rows += [(tid, p.family, p.row, p.qualifier, p.version, p.value) for p in then_put]
-            written += [(p.family, p.row, p.qualifier) for p in then_put]
+            rows += _put_rows(tid, then_put)
+            written += _put_cells(then_put)
         _write_rows(conn, _put_rows_sql, rows)
         _write_rows(conn, _below_rows_sql, replaced)
         self._prune(conn, tid, families, written)
