@@ -57,10 +57,10 @@ polls the record every 10 ms; a holder sees the request at its next renewal and 
 record back without a lease, so a waiter normally waits at most ``lease_ms / 4``, and
 ``lease_ms + margin`` after a holder went idle (it renews only when asked for timestamps),
 crashed or was paused; hence the short default of 100 ms (renewing costs a read and a
-compare-and-set every 25 ms).  A
-holder that released on request leases again only after a hold-off (a second, or ten
-leases) and another ``lease_ms`` alone, so whoever asked finds the record unleased even if
-it polls slowly, and instances that take turns settle on the read-validated blocks.
+compare-and-set every 25 ms).  A holder that released on request leases again only after
+a hold-off (a second, or ten leases) and another ``lease_ms`` alone, so whoever asked
+finds the record unleased even if it polls slowly, and instances that take turns settle
+on the read-validated blocks.
 
 An oracle server waits out a local lease by its monotonic clock only (never by the wall
 clocks, which would bring every client host's clock into the argument) and asks it to end
@@ -201,7 +201,8 @@ class LocalOracle(TimestampOracle):
         # Waiting for another instance's lease: the bytes seen, and since when.
         self._waiting_on: bytes | None = None
         self._waiting_since = 0.0
-        self._asked = False  # whether our release request for `_waiting_on` was written
+        # The lease (its record bytes) our release request applied to: asked once each.
+        self._asked_release_of: bytes | None = None
         self._requests = itertools.count(1)
         # Held by whoever changes the fields above: the coalescer's leader, or close().
         self._state_lock = threading.Lock()
@@ -420,17 +421,17 @@ class LocalOracle(TimestampOracle):
         if stored.raw != self._waiting_on:
             self._waiting_on = stored.raw
             self._waiting_since = mono
-            self._asked = False
         elif mono - self._waiting_since > record.lease_ms + lease_margin_ms(record.lease_ms):
             self._waiting_on = None  # lapsed (holder crashed or paused): take it over
             return False
-        if not self._asked:
+        if stored.raw != self._asked_release_of:
             # Once per lease waited on: the holder compares the request cell with what it
             # saw when it took this lease, so one change is all it needs; asking on every
             # poll would only add a compare-and-set per poll.  Asked again only if the
             # request cell had changed since we read it.
             request = f"{self.instance_id}#{next(self._requests)}".encode()
-            self._asked = self._register.ask_release(stored, request)
+            if self._register.ask_release(stored, request):
+                self._asked_release_of = stored.raw
         self._known = None  # look again next time
         return True
 
