@@ -76,6 +76,7 @@ class Heartbeats:
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._closed = False
+        self.wakeups = 0  # times the thread woke up (a statistic, for the tests)
         renew_after_fork(self)
 
     def _after_fork_in_child(self) -> None:
@@ -109,7 +110,10 @@ class Heartbeats:
     def _schedule(self, handle: Beat) -> None:
         due = time.monotonic() + handle.interval_s
         heapq.heappush(self._due, (due, next(self._order), handle))
-        self._cond.notify()
+        if self._due[0][2] is handle:
+            # Due before whatever the thread sleeps for: wake it to sleep shorter.  Not
+            # otherwise: a wake-up per transaction costs the committing thread a hand-off.
+            self._cond.notify()
 
     def _ensure_thread(self) -> None:
         """Under the condition: a live thread in this process."""
@@ -127,11 +131,16 @@ class Heartbeats:
                 while True:
                     if self._closed or self._thread is not threading.current_thread():
                         return
+                    # Most beats are stopped long before they are due (their commit
+                    # ended): drop them now, so the thread wakes only for live ones.
+                    while self._due and self._due[0][2]._stopped:
+                        heapq.heappop(self._due)
                     now = time.monotonic()
                     if self._due and self._due[0][0] <= now:
                         _, _, handle = heapq.heappop(self._due)
                         break
                     self._cond.wait(self._due[0][0] - now if self._due else None)
+                    self.wakeups += 1
             if handle._run():
                 with self._cond:
                     self._schedule(handle)

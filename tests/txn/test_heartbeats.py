@@ -38,6 +38,30 @@ def test_a_beat_runs_every_interval_until_stopped() -> None:
         beats.close()
 
 
+def test_beats_started_and_stopped_between_due_times_do_not_wake_the_thread() -> None:
+    """Transactions start a beat each and stop it at commit, long before it is due: the
+    thread must neither wake for every start nor for every stopped beat's due time (each
+    wake-up costs a committing thread a hand-off), yet still run a live beat on time."""
+    beats = Heartbeats()
+    try:
+        ran = threading.Event()
+        live = beats.start(lambda: bool(ran.set()), 0.3)  # the thread now sleeps ~0.3 s
+        time.sleep(0.05)
+        before = beats.wakeups
+        for _ in range(200):  # due after the live one: no reason to wake
+            beats.start(lambda: True, 0.3).stop()
+        time.sleep(0.05)
+        assert beats.wakeups == before, "a started beat woke the thread"
+        assert ran.wait(2), "the live beat did not run"
+        # Waking for the live beat, the thread dropped the 200 stopped ones behind it at
+        # once instead of waking for each of their due times.
+        time.sleep(0.4)
+        assert beats.wakeups <= before + 2, beats.wakeups - before
+        live.stop()
+    finally:
+        beats.close()
+
+
 def test_stop_waits_for_a_beat_in_flight() -> None:
     beats = Heartbeats()
     try:
