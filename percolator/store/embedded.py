@@ -1253,7 +1253,9 @@ class _WriteRequest:
 
     def __init__(self, work: Callable[[sqlite3.Connection], Any]) -> None:
         self.work = work
-        self.done = threading.Event()
+        # Set when the call may go on (its group committed, or it is to lead next).  Only
+        # a call that queues behind a leader waits on it: one that leads at once has none.
+        self.done: threading.Event | None = None
         self.lead = False
         self.result: Any = None
         self.error: BaseException | None = None
@@ -1282,10 +1284,12 @@ class _WriteGroups:
         request = _WriteRequest(work)
         asked = time.perf_counter()
         with self._mutex:
-            self._queue.append(request)
-            if not self._leading:
+            if self._leading:
+                request.done = threading.Event()
+            else:
                 self._leading = request.lead = True
-        if not request.lead:
+            self._queue.append(request)
+        if request.done is not None:  # queued behind a leader
             try:
                 request.done.wait()
             except BaseException:
@@ -1328,12 +1332,14 @@ class _WriteGroups:
         finally:
             with self._mutex:
                 if self._queue:
-                    self._queue[0].lead = True
-                    self._queue[0].done.set()
+                    successor = self._queue[0]
+                    successor.lead = True
+                    assert successor.done is not None  # it queued behind this leader
+                    successor.done.set()
                 else:
                     self._leading = False
             for request in group:
-                if not request.lead:
+                if request.done is not None and not request.lead:
                     request.done.set()
 
 

@@ -46,12 +46,15 @@ class CoalescerStats:
 class _Waiter:
     __slots__ = ("count", "done", "error", "lead", "result")
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, queued: bool) -> None:
         self.count = count
         # Held until the waiter may go on (a result, an error, or its turn to lead): a bare
         # lock is the cheapest hand-off between threads, which is what bounds the rate.
-        self.done = threading.Lock()
-        self.done.acquire()
+        # Only a waiter queued behind a fetch in flight has one: a leader does not wait.
+        self.done: threading.Lock | None = None
+        if queued:
+            self.done = threading.Lock()
+            self.done.acquire()
         self.lead = False
         self.result: list[int] | None = None
         self.error: BaseException | None = None
@@ -102,12 +105,12 @@ class Coalescer:
         return result + self._take(count)
 
     def _take(self, count: int) -> list[int]:
-        waiter = _Waiter(count)
         with self._lock:
-            self._pending.append(waiter)
             lead = not self._busy
+            waiter = _Waiter(count, queued=not lead)
+            self._pending.append(waiter)
             self._busy = True
-        if not lead:
+        if waiter.done is not None:
             waiter.done.acquire()
             if not waiter.lead:
                 return waiter.outcome()
@@ -142,7 +145,7 @@ class Coalescer:
             self._promote_next()
             for waiter in batch:
                 waiter.error = exc
-                waiter.done.release()
+                _release(waiter)
             return
         # The next batch's fetch starts while this batch is handed out.
         self._promote_next()
@@ -150,7 +153,7 @@ class Coalescer:
         for waiter in batch:
             waiter.result = list(range(start, start + waiter.count))
             start += waiter.count
-            waiter.done.release()
+            _release(waiter)
 
     def _promote_next(self) -> None:
         """Let the oldest queued caller lead the next batch, or mark the coalescer idle."""
@@ -158,6 +161,12 @@ class Coalescer:
             if self._pending:
                 successor = self._pending[0]
                 successor.lead = True
-                successor.done.release()
+                _release(successor)
             else:
                 self._busy = False
+
+
+def _release(waiter: _Waiter) -> None:
+    """Let ``waiter`` go on (a leader has no lock: it is not waiting)."""
+    if waiter.done is not None:
+        waiter.done.release()
