@@ -48,14 +48,14 @@ def test_beats_started_and_stopped_between_due_times_do_not_wake_the_thread() ->
         live = beats.start(lambda: bool(ran.set()), 1.0)  # the thread now sleeps ~1 s
         time.sleep(0.05)
         before = beats.wakeups
-        for _ in range(200):  # due after the live one: no reason to wake
-            beats.start(lambda: True, 1.0).stop()
+        for k in range(1, 201):  # due after the live one, 5 ms apart: no reason to wake
+            beats.start(lambda: True, 1.0 + k * 0.005).stop()
         time.sleep(0.05)
         assert beats.wakeups == before, "a started beat woke the thread"
         assert ran.wait(5), "the live beat did not run"
         # Waking for the live beat, the thread dropped the 200 stopped ones behind it at
         # once instead of waking for each of their due times.
-        time.sleep(1.2)
+        time.sleep(1.5)
         assert beats.wakeups <= before + 2, beats.wakeups - before
         live.stop()
     finally:
