@@ -70,6 +70,7 @@ from percolator.timestamps.clock import SYSTEM_CLOCK, Clock
 from percolator.timestamps.record import (
     OracleRecord,
     OracleRecordRegister,
+    ReleaseAsker,
     StoredRecord,
     is_local_holder,
 )
@@ -182,9 +183,7 @@ class OracleNode:
         self._allocate_calls = 0
         self._renewals = 0
         self._fenced = 0
-        self._release_requests = 0
-        # The local lease (its record bytes) our release request applied to: asked once each.
-        self._asked_release_of: bytes | None = None
+        self._release_asker = ReleaseAsker(register, holder_id)  # standby: local leases
 
     # ------------------------------------------------------------------ state
 
@@ -261,15 +260,10 @@ class OracleNode:
         if old is not None and old.leased:
             assert stored.raw is not None
             if not self._lapsed(old, stored.raw, wall, mono):
-                if is_local_holder(old.holder) and stored.raw != self._asked_release_of:
-                    # A local oracle's short lease: ask it to end early (it is only a
-                    # hint; the lapse above is what makes taking over safe).  Once per
-                    # lease: the holder needs one change of the request cell, not one per
-                    # poll; asked again only if the request did not apply.
-                    self._release_requests += 1
-                    request = f"{self.holder_id}#{self._release_requests}".encode()
-                    if self.register.ask_release(stored, request):
-                        self._asked_release_of = stored.raw
+                if is_local_holder(old.holder):
+                    # A local oracle's short lease: ask it to end early, once per lease (it
+                    # is only a hint; the lapse above is what makes taking over safe).
+                    self._release_asker.ask(stored)
                 return
         floor = old.high_water if old is not None else 0
         with self._cas_lock:

@@ -59,6 +59,11 @@ class _Waiter:
         self.result: list[int] | None = None
         self.error: BaseException | None = None
 
+    def release(self) -> None:
+        """Let the waiter go on (a leader has no lock: it is not waiting)."""
+        if self.done is not None:
+            self.done.release()
+
     def outcome(self) -> list[int]:
         if self.error is not None:
             raise self.error
@@ -145,7 +150,7 @@ class Coalescer:
             self._promote_next()
             for waiter in batch:
                 waiter.error = exc
-                _release(waiter)
+                waiter.release()
             return
         # The next batch's fetch starts while this batch is handed out.
         self._promote_next()
@@ -153,7 +158,7 @@ class Coalescer:
         for waiter in batch:
             waiter.result = list(range(start, start + waiter.count))
             start += waiter.count
-            _release(waiter)
+            waiter.release()
 
     def _promote_next(self) -> None:
         """Let the oldest queued caller lead the next batch, or mark the coalescer idle."""
@@ -161,12 +166,6 @@ class Coalescer:
             if self._pending:
                 successor = self._pending[0]
                 successor.lead = True
-                _release(successor)
+                successor.release()
             else:
                 self._busy = False
-
-
-def _release(waiter: _Waiter) -> None:
-    """Let ``waiter`` go on (a leader has no lock: it is not waiting)."""
-    if waiter.done is not None:
-        waiter.done.release()

@@ -92,7 +92,6 @@ paused server that wakes up finds its lease gone and serves nothing.
 
 from __future__ import annotations
 
-import itertools
 import os
 import random
 import secrets
@@ -116,6 +115,7 @@ from percolator.timestamps.record import (
     LOCAL_HOLDER_PREFIX,
     OracleRecord,
     OracleRecordRegister,
+    ReleaseAsker,
     StoredRecord,
     is_local_holder,
 )
@@ -201,9 +201,7 @@ class LocalOracle(TimestampOracle):
         # Waiting for another instance's lease: the bytes seen, and since when.
         self._waiting_on: bytes | None = None
         self._waiting_since = 0.0
-        # The lease (its record bytes) our release request applied to: asked once each.
-        self._asked_release_of: bytes | None = None
-        self._requests = itertools.count(1)
+        self._release_asker = ReleaseAsker(self._register, self.instance_id)
         # Held by whoever changes the fields above: the coalescer's leader, or close().
         self._state_lock = threading.Lock()
         self._closed = False
@@ -219,6 +217,7 @@ class LocalOracle(TimestampOracle):
         from them (and a request of another parent thread may have been in flight, holding
         the locks).  Start over as an instance of its own, with fresh locks."""
         self.instance_id = _new_instance_id()
+        self._release_asker = ReleaseAsker(self._register, self.instance_id)
         self._state_lock = threading.Lock()
         self._coalescer = Coalescer(self._reserve, self._coalescer.max_batch)
         self._waiting_on = None
@@ -424,14 +423,7 @@ class LocalOracle(TimestampOracle):
         elif mono - self._waiting_since > record.lease_ms + lease_margin_ms(record.lease_ms):
             self._waiting_on = None  # lapsed (holder crashed or paused): take it over
             return False
-        if stored.raw != self._asked_release_of:
-            # Once per lease waited on: the holder compares the request cell with what it
-            # saw when it took this lease, so one change is all it needs; asking on every
-            # poll would only add a compare-and-set per poll.  Asked again only if the
-            # request cell had changed since we read it.
-            request = f"{self.instance_id}#{next(self._requests)}".encode()
-            if self._register.ask_release(stored, request):
-                self._asked_release_of = stored.raw
+        self._release_asker.ask(stored)  # once per lease waited on
         self._known = None  # look again next time
         return True
 

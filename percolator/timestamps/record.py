@@ -57,6 +57,7 @@ naming what is wrong; a record is never rewritten by anyone who cannot decode it
 
 from __future__ import annotations
 
+import itertools
 import struct
 from dataclasses import dataclass
 
@@ -217,3 +218,31 @@ class OracleRecordRegister:
 def is_local_holder(holder: str) -> bool:
     """Whether ``holder`` names a local oracle instance (not an oracle server)."""
     return holder.startswith(LOCAL_HOLDER_PREFIX)
+
+
+class ReleaseAsker:
+    """Asks the holder of a lease someone waits on to release it, **once per lease**.
+
+    The holder compares the release request cell with what it saw when it took (or last
+    renewed) its lease, so one change of the cell is all it needs; asking on every poll
+    of a waiter would only add a compare-and-set per poll.  A lease is known by its record
+    bytes; it is asked again only if the request did not apply (the cell changed since the
+    record was read).  Requests are ``REQUESTER#n``, never written before as long as
+    ``requester`` is unique to its instance.  Not thread-safe: one waiter's state.
+    """
+
+    def __init__(self, register: OracleRecordRegister, requester: str) -> None:
+        self._register = register
+        self._requester = requester
+        self._requests = itertools.count(1)
+        # The lease (its record bytes) our request applied to.
+        self._asked_of: bytes | None = None
+
+    def ask(self, stored: StoredRecord) -> None:
+        """Ask the lease in ``stored`` to end, unless this asker already did.  May raise
+        StoreUnavailableError."""
+        if stored.raw == self._asked_of:
+            return
+        request = f"{self._requester}#{next(self._requests)}".encode()
+        if self._register.ask_release(stored, request):
+            self._asked_of = stored.raw
