@@ -43,10 +43,14 @@ record names it with ``lease_ms`` and a wall-clock expiry, and the mark runs ``l
 ahead of the clock.  The lease is valid **by its own monotonic clock** until
 ``sent + lease_ms - margin`` (``sent`` read before the compare-and-set was sent, margin
 ``lease_ms / 8``).  The holder serves batches from its block with no store access at all
-until ``sent + lease_ms / 4``, well inside that, and then renews the lease by
-compare-and-set from the bytes it wrote (also when the block runs out).  A renewal that
-fails means it was paused past its lease and someone took over, so it drops the lease and
-serves nothing from it.  A renewal always changes the bytes (its expiry only grows).
+while that validity lasts.  From ``sent + lease_ms / 4`` on, the first batch served starts a
+renewal in a thread of its own (a read of the release request and a compare-and-set from the
+bytes it wrote) and is served at once: the lease is still valid for most of its length, so
+no batch waits for the store's round trips.  Only a batch that finds the validity over, or
+the block too small for it, waits for a renewal (the one under way, or its own).  A renewal
+that fails means the holder was paused past its lease and someone took over, so it drops the
+lease and serves nothing more from it.  A renewal always changes the bytes (its expiry only
+grows).
 
 Another local oracle that finds a live lease of someone else waits: it takes over (one
 compare-and-set from the exact bytes it saw) only once those bytes have not changed for
@@ -68,8 +72,10 @@ meanwhile.  ``close()`` releases the lease.  A forked child never serves from it
 lease or block, nor touches them: it starts as a new instance (``os.register_at_fork``).
 
 Why it is safe: a timestamp served under the lease is checked against the validity after
-its request began; anyone else hands out timestamps only after a compare-and-set over the
-holder's bytes, which it may make only after the validity ended, and then above the mark.
+its request began (a renewal under way changes nothing until it has succeeded: then the
+validity counts from the renewal's own ``sent``); anyone else hands out timestamps only
+after a compare-and-set over the holder's bytes, which it may make only after the validity
+ended, and then above the mark.
 A timestamp from the lease can therefore be below one handed out elsewhere only if the two
 requests overlapped in time, which real-time order allows.
 
@@ -92,6 +98,7 @@ paused server that wakes up finds its lease gone and serves nothing.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import secrets
@@ -120,6 +127,8 @@ from percolator.timestamps.record import (
     is_local_holder,
 )
 from percolator.timestamps.source import TimestampOracle
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BATCH = 1 << 16
 #: How far ahead of the wall clock a leased block runs (see the module docstring): one
@@ -190,9 +199,11 @@ class LocalOracle(TimestampOracle):
         self._next = 0
         self._lease_ms = lease_ms if block_ms else 0
         # While this instance holds a lease (``_known`` is the leased record): serve without
-        # the store until ``_renew_at`` (monotonic ms; 0 = no lease), then renew; and the
-        # release request seen when the lease was taken or last renewed.
+        # the store until ``_valid_until`` (monotonic ms), starting a renewal in the
+        # background from ``_renew_at`` (0 = no lease); and the release request seen when
+        # the lease was taken or last renewed.
         self._renew_at = 0.0
+        self._valid_until = 0.0
         self._wanted_seen: bytes | None = None
         # Since when (monotonic ms) every read and write found this instance's own bytes.
         self._alone_since: float | None = None
@@ -202,8 +213,12 @@ class LocalOracle(TimestampOracle):
         self._waiting_on: bytes | None = None
         self._waiting_since = 0.0
         self._release_asker = ReleaseAsker(self._register, self.instance_id)
-        # Held by whoever changes the fields above: the coalescer's leader, or close().
+        # Held by whoever changes the fields above: the coalescer's leader, close(), or the
+        # renewal thread.  While ``_renewing``, only the renewal thread writes the record;
+        # ``_renewed`` is notified when it ends.
         self._state_lock = threading.Lock()
+        self._renewed = threading.Condition(self._state_lock)
+        self._renewing = False
         self._closed = False
         self.reservations = 0  # successful compare-and-sets on the record
         self.validations = 0  # batches served from a block after one read
@@ -219,6 +234,8 @@ class LocalOracle(TimestampOracle):
         self.instance_id = _new_instance_id()
         self._release_asker = ReleaseAsker(self._register, self.instance_id)
         self._state_lock = threading.Lock()
+        self._renewed = threading.Condition(self._state_lock)
+        self._renewing = False  # a renewal thread of the parent does not exist here
         self._coalescer = Coalescer(self._reserve, self._coalescer.max_batch)
         self._waiting_on = None
         self._drop()
@@ -247,6 +264,7 @@ class LocalOracle(TimestampOracle):
         oracle still serves afterwards, without leasing again."""
         with self._state_lock:
             self._closed = True
+            self._await_renewal()
             if self._renew_at and self._known is not None:
                 try:
                     self._release()
@@ -328,7 +346,7 @@ class LocalOracle(TimestampOracle):
         self._next = first + total
         self.reservations += 1
         if new.leased:
-            self._renew_at = sent + self._lease_ms / 4
+            self._hold_lease(sent)
         return first
 
     def _drop(self) -> None:
@@ -336,28 +354,98 @@ class LocalOracle(TimestampOracle):
         self._known = None
         self._next = 0
         self._renew_at = 0.0
+        self._valid_until = 0.0
         self._alone_since = None
 
+    def _hold_lease(self, sent: float) -> None:
+        """``_known`` is a lease written by a compare-and-set sent at ``sent`` (monotonic
+        ms): it is valid until ``sent + lease - margin``, renewed from a quarter lease on."""
+        self._renew_at = sent + self._lease_ms / 4
+        self._valid_until = sent + self._lease_ms - lease_margin_ms(self._lease_ms)
+
     def _serve_leased(self, total: int) -> int | None:
-        """``first`` of ``total`` timestamps under the lease, renewing it first when due or
-        when the block is too small; None once the lease is gone (released or lost)."""
-        known = self._known
-        assert known is not None and known.record is not None
-        first = max(self._next, compose(self._clock.wall_ms()))
-        needed = first + total - 1
-        # ``_renew_at`` comes before the lease's validity ends, so serving before it needs no
-        # look at the store; renewing proves nobody wrote the record since our last write.
-        if (
-            self._clock.monotonic_ms() >= self._renew_at or needed > known.record.high_water
-        ) and not self._renew(needed):
-            return None
+        """``first`` of ``total`` timestamps under the lease; None once the lease is gone
+        (released or lost).  From ``_renew_at`` on, starts a renewal in the background and
+        serves meanwhile; waits for a renewal only when the lease's validity is over or
+        the block is too small."""
+        while True:
+            known = self._known
+            if not self._renew_at or known is None or known.record is None:
+                return None  # a renewal ended the lease (released on request, or lost)
+            first = max(self._next, compose(self._clock.wall_ms()))
+            needed = first + total - 1
+            now = self._clock.monotonic_ms()
+            urgent = now >= self._valid_until or needed > known.record.high_water
+            if not (urgent and self._renewing):
+                break
+            self._renewed.wait()  # the renewal under way decides; then look again
+        if urgent:
+            # Renewing proves nobody wrote the record since our last write.
+            if not self._renew(needed):
+                return None
+        elif now >= self._renew_at and not self._renewing:
+            self._start_renewal()
         self._next = first + total
         self.leased_batches += 1
         return first
 
+    def _await_renewal(self) -> None:
+        """Wait for a renewal under way to end.  Holds the state lock."""
+        while self._renewing:
+            self._renewed.wait()
+
+    def _start_renewal(self) -> None:
+        """Renew the lease in a thread of its own; the caller goes on serving from the lease,
+        which stays valid meanwhile.  Holds the state lock."""
+        self._renewing = True
+        try:
+            threading.Thread(
+                target=self._renew_in_background, name="percolator-oracle-renewal", daemon=True
+            ).start()
+        except RuntimeError:  # no new threads (interpreter shutting down): renew when due
+            self._renewing = False
+
+    def _renew_in_background(self) -> None:
+        """One renewal, with the store's round trips made without the state lock (the
+        leader serves from the lease meanwhile).  Nobody else writes the record while it
+        runs (``_renewing``), so ``_known`` is still the bytes it renews from when it is done."""
+        try:
+            with self._state_lock:
+                known = self._known
+                if not self._renew_at or known is None or known.record is None:
+                    return
+                wanted_seen = self._wanted_seen
+            wanted = self._register.read().wanted
+            with self._state_lock:
+                if wanted != wanted_seen or self._closed:
+                    # Stop serving from the lease before its end is written.
+                    self._release()
+                    return
+            sent = self._clock.monotonic_ms()
+            new = self._renewed_record(known, known.record.high_water)
+            applied = self._compare_and_set(known, new)
+            with self._state_lock:
+                if applied:
+                    self._known = StoredRecord(new, new.encode())
+                    self._hold_lease(sent)
+                    self.reservations += 1
+                else:
+                    self._drop()  # paused past the lease, and someone took over
+        except (StoreError, OracleError) as exc:
+            # Outcome unknown: forget the lease (the next batch reads the record; a lease we
+            # did renew is still ours there) rather than serve from bytes we may not hold.
+            log.debug("local oracle %s: renewal failed: %s", self.instance_id, exc)
+            with self._state_lock:
+                self._drop()
+        finally:
+            with self._state_lock:
+                self._renewing = False
+                self._renewed.notify_all()
+
     def _renew(self, needed: int) -> bool:
-        """Renew the lease, raising the mark to at least ``needed``; or release it when
-        someone asked.  True if the lease is held afterwards."""
+        """Renew the lease now, raising the mark to at least ``needed``; or release it when
+        someone asked.  True if the lease is held afterwards.  Holds the state lock, with no
+        renewal under way."""
         known = self._known
         assert known is not None and known.record is not None
         wanted = self._register.read().wanted
@@ -365,8 +453,21 @@ class LocalOracle(TimestampOracle):
             self._release()
             return False
         sent = self._clock.monotonic_ms()
+        new = self._renewed_record(known, needed)
+        if not self._compare_and_set(known, new):
+            self._drop()  # paused past the lease, and someone took over: serve nothing
+            return False
+        self._known = StoredRecord(new, new.encode())
+        self._hold_lease(sent)
+        self.reservations += 1
+        return True
+
+    def _renewed_record(self, known: StoredRecord, needed: int) -> OracleRecord:
+        """``known``'s lease renewed from now: the mark at least ``needed`` and a lease
+        ahead of the wall clock."""
+        assert known.record is not None
         wall = self._clock.wall_ms()
-        new = OracleRecord(
+        return OracleRecord(
             epoch=known.record.epoch,
             high_water=max(known.record.high_water, needed, compose(wall + self._lease_ms) - 1),
             holder=self.instance_id,
@@ -376,13 +477,6 @@ class LocalOracle(TimestampOracle):
             lease_expiry_ms=max(wall + self._lease_ms, known.record.lease_expiry_ms + 1),
             lease_ms=self._lease_ms,
         )
-        if not self._compare_and_set(known, new):
-            self._drop()  # paused past the lease, and someone took over: serve nothing
-            return False
-        self._known = StoredRecord(new, new.encode())
-        self._renew_at = sent + self._lease_ms / 4
-        self.reservations += 1
-        return True
 
     def _release(self) -> None:
         """Write the record back without a lease, keeping the mark (the rest of the block
@@ -393,6 +487,7 @@ class LocalOracle(TimestampOracle):
             epoch=known.record.epoch, high_water=known.record.high_water, holder=self.instance_id
         )
         self._renew_at = 0.0
+        self._valid_until = 0.0
         self._alone_since = None
         # Whoever asked polls at its own pace (an oracle server every 250 ms): give it time
         # to find the record unleased before leasing again.

@@ -338,6 +338,12 @@ def lease_now(oracle: LocalOracle, clock: FakeClock) -> None:
     raise AssertionError("an instance alone for a whole lease never leased")
 
 
+def renewal_done(oracle: LocalOracle) -> None:
+    """Wait for the renewal ``oracle`` may have started in the background to end."""
+    with oracle._state_lock:
+        oracle._await_renewal()
+
+
 def test_an_instance_alone_for_a_lease_serves_with_no_store_access(
     store: FaultyStore, clock: FakeClock
 ) -> None:
@@ -349,15 +355,99 @@ def test_an_instance_alone_for_a_lease_serves_with_no_store_access(
     seen = [oracle.get_timestamp() for _ in range(50)] + oracle.get_timestamps(50)
     assert dict(store.stats.calls) == before, "under the lease: no store access at all"
     assert seen == sorted(set(seen)) and seen[-1] <= record.high_water
-    # A quarter lease later the next batch renews: one read (the release request), one
-    # compare-and-set; the mark stays a lease ahead of the clock.
+    # A quarter lease later the next batch starts a renewal: one read (the release
+    # request), one compare-and-set; the mark stays a lease ahead of the clock.
     clock.advance(100)
     t = oracle.get_timestamp()
     assert t == compose(clock.wall) and t > seen[-1]
+    renewal_done(oracle)
     assert store.stats.calls["compare_and_set"] == before["compare_and_set"] + 1
     assert store.stats.calls["read_rows"] == before["read_rows"] + 1
     assert mark(store) == compose(clock.wall + 400) - 1
     assert oracle.holds_lease
+
+
+def test_a_batch_due_for_renewal_does_not_wait_for_the_store(
+    store: FaultyStore, clock: FakeClock
+) -> None:
+    """The renewal runs in the background while the lease is still valid: batches go on
+    being served from it.  Only a batch that finds the validity over waits for it."""
+    oracle = LocalOracle(store, clock=clock, lease_ms=400)
+    lease_now(oracle, clock)
+    first = oracle.get_timestamp()
+    started: list[object] = []
+    store.before("compare_and_set", started.append)
+    go = threading.Event()
+    store.hang("compare_and_set", until=go)  # the renewal's compare-and-set is held up
+    served: list[int] = []
+
+    def draw() -> None:
+        served.extend([oracle.get_timestamp(), oracle.get_timestamp()])
+        clock.advance(200)  # still inside the validity (400 - 50 after the lease was sent)
+        served.append(oracle.get_timestamp())
+
+    clock.advance(100)  # a quarter lease: a renewal is due
+    drawing = threading.Thread(target=draw, daemon=True)
+    drawing.start()
+    drawing.join(5)
+    if drawing.is_alive():
+        go.set()  # let it go, then fail
+        pytest.fail("a batch due for renewal waited for the store")
+    assert served == sorted(set(served)) and served[0] > first
+    assert oracle.leased_batches >= 3
+    # Past the validity a batch must wait: the renewal under way decides.
+    clock.advance(100)
+    late: list[int] = []
+    waiting = threading.Thread(target=lambda: late.append(oracle.get_timestamp()))
+    waiting.start()
+    waiting.join(0.3)
+    assert waiting.is_alive() and not late, "served past the validity without a renewal"
+    # One renewal under way: the batches served meanwhile did not start another.
+    assert len(started) == 1
+    go.set()
+    waiting.join(10)
+    assert late and late[0] > served[-1]
+    assert oracle.holds_lease and late[0] <= mark(store)
+
+
+def test_a_renewal_that_fails_in_the_background_ends_the_lease(
+    store: FaultyStore, clock: FakeClock
+) -> None:
+    oracle = LocalOracle(store, clock=clock, lease_ms=400)
+    lease_now(oracle, clock)
+    last = oracle.get_timestamp()
+    store.fail("compare_and_set")  # lost on the way: the record keeps the old bytes
+    clock.advance(100)
+    assert oracle.get_timestamp() > last  # served from the lease, still valid
+    renewal_done(oracle)
+    assert not oracle.holds_lease
+    after = oracle.get_timestamp()  # reserves again from the record
+    assert after > last and after <= mark(store)
+
+
+def test_close_waits_for_a_renewal_under_way_then_releases(
+    store: FaultyStore, clock: FakeClock
+) -> None:
+    oracle = LocalOracle(store, clock=clock, lease_ms=400)
+    lease_now(oracle, clock)
+    go = threading.Event()
+    store.hang("compare_and_set", until=go)
+    clock.advance(100)
+    drawing = threading.Thread(target=oracle.get_timestamp, daemon=True)
+    drawing.start()  # served at once; starts the renewal, held up
+    drawing.join(5)
+    if drawing.is_alive():
+        go.set()
+        pytest.fail("a batch due for renewal waited for the store")
+    closing = threading.Thread(target=oracle.close)
+    closing.start()
+    closing.join(0.3)
+    assert closing.is_alive(), "close() did not wait for the renewal under way"
+    go.set()
+    closing.join(10)
+    assert not closing.is_alive() and not oracle.holds_lease
+    record = OracleRecordRegister(store).read().record
+    assert record is not None and not record.leased
 
 
 def test_a_lease_is_taken_only_after_a_whole_lease_alone(
@@ -392,6 +482,8 @@ class _HolderKeepsDrawing:
         self._clock.advance(ms)
         self.waited_ms += ms
         self._drawn.append(self._holder.get_timestamp())
+        # A busy holder's renewal takes a round trip or two, far less than a poll.
+        renewal_done(self._holder)
 
 
 def test_a_waiter_asks_the_holder_to_release_and_gets_in_within_a_quarter_lease(
@@ -486,6 +578,7 @@ def test_an_oracle_server_asks_a_local_lease_to_end_then_takes_over(
     assert server.role is Role.STANDBY
     clock.advance(100)
     local.get_timestamp()  # the local oracle's renewal sees the request and releases
+    renewal_done(local)
     assert not local.holds_lease
     server.step()
     assert server.role is Role.ACTIVE
@@ -603,6 +696,7 @@ def test_a_renewal_changes_the_record_even_if_the_wall_clock_stands_still(
     seen = OracleRecordRegister(store).read().raw
     clock.mono += 150  # the wall clock stands still: a renewal is due
     oracle.get_timestamp()
+    renewal_done(oracle)
     assert oracle.holds_lease
     assert OracleRecordRegister(store).read().raw != seen
 
