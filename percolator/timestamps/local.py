@@ -139,6 +139,10 @@ DEFAULT_BLOCK_MS = 100
 #: paused, and how long an instance must be alone before it leases.  Short, because an idle
 #: holder cannot answer a release request.  0: never lease (every batch is read-validated).
 DEFAULT_LEASE_MS = 100
+#: How long the thread that renews a lease in the background stays without work before it
+#: ends (a busy holder renews every ``lease_ms / 4``; a new thread would open new store
+#: connections).
+RENEWER_IDLE_S = 1.0
 #: How often an instance that waits for another's lease re-reads the record.
 WAIT_POLL_MS = 10
 #: After releasing its lease on request, an instance leases again no sooner than this (or
@@ -163,7 +167,12 @@ class LocalOracle(TimestampOracle):
     raising :class:`OracleUnavailableError`.  ``block_ms`` (>= 0) is how far ahead of the
     wall clock a leased block runs; 0 reserves every batch exactly (and never leases).
     ``lease_ms`` (0 or >= 8) is the length of the short lease that serves timestamps with no
-    store access; 0 never leases.
+    store access; 0 never leases.  ``renew_in_background`` says whether a lease due for
+    renewal is renewed by a thread of its own while batches go on being served (see the
+    module docstring), or by the batch that finds it due; by default in the background only
+    where the store's calls run in parallel (:attr:`Store.calls_run_in_parallel`: a round
+    trip is a wait, which the renewal thread overlaps; on a store whose calls take turns in
+    this process it would only add a thread to take turns with, measured slower).
     """
 
     def __init__(
@@ -176,6 +185,7 @@ class LocalOracle(TimestampOracle):
         block_ms: int = DEFAULT_BLOCK_MS,
         lease_ms: int = DEFAULT_LEASE_MS,
         clock: Clock = SYSTEM_CLOCK,
+        renew_in_background: bool | None = None,
     ) -> None:
         if not isinstance(block_ms, int) or isinstance(block_ms, bool) or block_ms < 0:
             raise InvalidArgumentError(f"block_ms must be an int >= 0, got {block_ms!r}")
@@ -198,6 +208,9 @@ class LocalOracle(TimestampOracle):
         # The next timestamp of the block in ``_known`` not yet handed out (0: none).
         self._next = 0
         self._lease_ms = lease_ms if block_ms else 0
+        self._background_renewal = (
+            store.calls_run_in_parallel if renew_in_background is None else renew_in_background
+        )
         # While this instance holds a lease (``_known`` is the leased record): serve without
         # the store until ``_valid_until`` (monotonic ms), starting a renewal in the
         # background from ``_renew_at`` (0 = no lease); and the release request seen when
@@ -214,11 +227,13 @@ class LocalOracle(TimestampOracle):
         self._waiting_since = 0.0
         self._release_asker = ReleaseAsker(self._register, self.instance_id)
         # Held by whoever changes the fields above: the coalescer's leader, close(), or the
-        # renewal thread.  While ``_renewing``, only the renewal thread writes the record;
-        # ``_renewed`` is notified when it ends.
+        # renewal thread.  While ``_renewing`` (a renewal asked for or under way), only the
+        # renewal thread ``_renewer`` writes the record; ``_renewed`` is notified when a
+        # renewal is asked for and when it ends.
         self._state_lock = threading.Lock()
         self._renewed = threading.Condition(self._state_lock)
         self._renewing = False
+        self._renewer: threading.Thread | None = None
         self._closed = False
         self.reservations = 0  # successful compare-and-sets on the record
         self.validations = 0  # batches served from a block after one read
@@ -235,7 +250,8 @@ class LocalOracle(TimestampOracle):
         self._release_asker = ReleaseAsker(self._register, self.instance_id)
         self._state_lock = threading.Lock()
         self._renewed = threading.Condition(self._state_lock)
-        self._renewing = False  # a renewal thread of the parent does not exist here
+        self._renewing = False  # the parent's renewal thread does not exist here
+        self._renewer = None
         self._coalescer = Coalescer(self._reserve, self._coalescer.max_batch)
         self._waiting_on = None
         self._drop()
@@ -365,9 +381,9 @@ class LocalOracle(TimestampOracle):
 
     def _serve_leased(self, total: int) -> int | None:
         """``first`` of ``total`` timestamps under the lease; None once the lease is gone
-        (released or lost).  From ``_renew_at`` on, starts a renewal in the background and
-        serves meanwhile; waits for a renewal only when the lease's validity is over or
-        the block is too small."""
+        (released or lost).  From ``_renew_at`` on, renews the lease first, or (renewing in
+        the background) starts a renewal and serves meanwhile, waiting for one only when the
+        lease's validity is over or the block is too small."""
         while True:
             known = self._known
             if not self._renew_at or known is None or known.record is None:
@@ -379,11 +395,12 @@ class LocalOracle(TimestampOracle):
             if not (urgent and self._renewing):
                 break
             self._renewed.wait()  # the renewal under way decides; then look again
-        if urgent:
+        due = now >= self._renew_at
+        if urgent or (due and not self._background_renewal):
             # Renewing proves nobody wrote the record since our last write.
             if not self._renew(needed):
                 return None
-        elif now >= self._renew_at and not self._renewing:
+        elif due and not self._renewing:
             self._start_renewal()
         self._next = first + total
         self.leased_batches += 1
@@ -395,15 +412,40 @@ class LocalOracle(TimestampOracle):
             self._renewed.wait()
 
     def _start_renewal(self) -> None:
-        """Renew the lease in a thread of its own; the caller goes on serving from the lease,
-        which stays valid meanwhile.  Holds the state lock."""
+        """Have the renewal thread renew the lease (starting it if it is not running); the
+        caller goes on serving from the lease, which stays valid meanwhile.  Holds the
+        state lock."""
         self._renewing = True
+        if self._renewer is not None:
+            self._renewed.notify_all()
+            return
+        renewer = threading.Thread(
+            target=self._renewal_loop, name="percolator-oracle-renewal", daemon=True
+        )
         try:
-            threading.Thread(
-                target=self._renew_in_background, name="percolator-oracle-renewal", daemon=True
-            ).start()
+            renewer.start()
         except RuntimeError:  # no new threads (interpreter shutting down): renew when due
             self._renewing = False
+            return
+        self._renewer = renewer
+
+    def _renewal_loop(self) -> None:
+        """The renewal thread: one renewal each time one is asked for; ends after
+        :data:`RENEWER_IDLE_S` without one (the next request starts a new thread)."""
+        try:
+            while True:
+                with self._state_lock:
+                    while not self._renewing:
+                        if not self._renewed.wait(RENEWER_IDLE_S) and not self._renewing:
+                            return
+                self._renew_in_background()
+        finally:
+            # Ending, also by a bug: nobody may wait on a renewal this thread will not make.
+            with self._state_lock:
+                if self._renewer is threading.current_thread():
+                    self._renewer = None
+                    self._renewing = False
+                    self._renewed.notify_all()
 
     def _renew_in_background(self) -> None:
         """One renewal, with the store's round trips made without the state lock (the

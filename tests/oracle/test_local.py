@@ -344,10 +344,11 @@ def renewal_done(oracle: LocalOracle) -> None:
         oracle._await_renewal()
 
 
+@pytest.mark.parametrize("background", [False, True], ids=["inline", "background"])
 def test_an_instance_alone_for_a_lease_serves_with_no_store_access(
-    store: FaultyStore, clock: FakeClock
+    store: FaultyStore, clock: FakeClock, background: bool
 ) -> None:
-    oracle = LocalOracle(store, clock=clock, lease_ms=400)
+    oracle = LocalOracle(store, clock=clock, lease_ms=400, renew_in_background=background)
     lease_now(oracle, clock)
     record = OracleRecordRegister(store).read().record
     assert record is not None and record.leased and record.holder == oracle.instance_id
@@ -372,7 +373,7 @@ def test_a_batch_due_for_renewal_does_not_wait_for_the_store(
 ) -> None:
     """The renewal runs in the background while the lease is still valid: batches go on
     being served from it.  Only a batch that finds the validity over waits for it."""
-    oracle = LocalOracle(store, clock=clock, lease_ms=400)
+    oracle = LocalOracle(store, clock=clock, lease_ms=400, renew_in_background=True)
     lease_now(oracle, clock)
     first = oracle.get_timestamp()
     started: list[object] = []
@@ -413,7 +414,7 @@ def test_a_batch_due_for_renewal_does_not_wait_for_the_store(
 def test_a_renewal_that_fails_in_the_background_ends_the_lease(
     store: FaultyStore, clock: FakeClock
 ) -> None:
-    oracle = LocalOracle(store, clock=clock, lease_ms=400)
+    oracle = LocalOracle(store, clock=clock, lease_ms=400, renew_in_background=True)
     lease_now(oracle, clock)
     last = oracle.get_timestamp()
     store.fail("compare_and_set")  # lost on the way: the record keeps the old bytes
@@ -428,7 +429,7 @@ def test_a_renewal_that_fails_in_the_background_ends_the_lease(
 def test_close_waits_for_a_renewal_under_way_then_releases(
     store: FaultyStore, clock: FakeClock
 ) -> None:
-    oracle = LocalOracle(store, clock=clock, lease_ms=400)
+    oracle = LocalOracle(store, clock=clock, lease_ms=400, renew_in_background=True)
     lease_now(oracle, clock)
     go = threading.Event()
     store.hang("compare_and_set", until=go)
@@ -486,10 +487,11 @@ class _HolderKeepsDrawing:
         renewal_done(self._holder)
 
 
+@pytest.mark.parametrize("background", [False, True], ids=["inline", "background"])
 def test_a_waiter_asks_the_holder_to_release_and_gets_in_within_a_quarter_lease(
-    store: FaultyStore, clock: FakeClock
+    store: FaultyStore, clock: FakeClock, background: bool
 ) -> None:
-    holder = LocalOracle(store, clock=clock, lease_ms=400)
+    holder = LocalOracle(store, clock=clock, lease_ms=400, renew_in_background=background)
     lease_now(holder, clock)
     drawn = [holder.get_timestamp()]
     waiter_clock = _HolderKeepsDrawing(clock, holder, drawn)
@@ -505,10 +507,11 @@ def test_a_waiter_asks_the_holder_to_release_and_gets_in_within_a_quarter_lease(
     assert record is not None and not record.leased
 
 
+@pytest.mark.parametrize("background", [False, True], ids=["inline", "background"])
 def test_a_paused_holder_is_waited_out_and_serves_nothing_from_its_lease_after(
-    store: FaultyStore, clock: FakeClock
+    store: FaultyStore, clock: FakeClock, background: bool
 ) -> None:
-    holder = LocalOracle(store, clock=clock, lease_ms=400)
+    holder = LocalOracle(store, clock=clock, lease_ms=400, renew_in_background=background)
     lease_now(holder, clock)
     last = holder.get_timestamp()
     leased_at, wall_at_pause = clock.mono, clock.wall
@@ -549,8 +552,11 @@ def test_a_waiter_asks_for_release_once_per_lease_not_on_every_poll(
     assert len(asked) == 1, asked
 
 
-def test_close_releases_the_lease_so_nobody_waits(store: FaultyStore, clock: FakeClock) -> None:
-    holder = LocalOracle(store, clock=clock)
+@pytest.mark.parametrize("background", [False, True], ids=["inline", "background"])
+def test_close_releases_the_lease_so_nobody_waits(
+    store: FaultyStore, clock: FakeClock, background: bool
+) -> None:
+    holder = LocalOracle(store, clock=clock, renew_in_background=background)
     lease_now(holder, clock)
     last = holder.get_timestamp()
     holder.close()
@@ -567,10 +573,11 @@ def test_close_releases_the_lease_so_nobody_waits(store: FaultyStore, clock: Fak
     assert not holder.holds_lease
 
 
+@pytest.mark.parametrize("background", [False, True], ids=["inline", "background"])
 def test_an_oracle_server_asks_a_local_lease_to_end_then_takes_over(
-    store: FaultyStore, clock: FakeClock
+    store: FaultyStore, clock: FakeClock, background: bool
 ) -> None:
-    local = LocalOracle(store, clock=clock, lease_ms=400)
+    local = LocalOracle(store, clock=clock, lease_ms=400, renew_in_background=background)
     lease_now(local, clock)
     last = local.get_timestamp()
     server = OracleNode(OracleRecordRegister(store), "oracle:server-1", LeaseConfig(), clock)
@@ -686,11 +693,12 @@ def test_an_oracle_server_ignores_a_local_lease_s_wall_clock_expiry(
     assert server.role is Role.STANDBY
 
 
+@pytest.mark.parametrize("background", [False, True], ids=["inline", "background"])
 def test_a_renewal_changes_the_record_even_if_the_wall_clock_stands_still(
-    store: FaultyStore, clock: FakeClock
+    store: FaultyStore, clock: FakeClock, background: bool
 ) -> None:
     """Waiters judge a holder alive by its bytes changing."""
-    oracle = LocalOracle(store, clock=clock, lease_ms=400)
+    oracle = LocalOracle(store, clock=clock, lease_ms=400, renew_in_background=background)
     lease_now(oracle, clock)
     oracle.get_timestamp()
     seen = OracleRecordRegister(store).read().raw
