@@ -1383,7 +1383,11 @@ class _Checkpointer:
         weakref.finalize(store, self._ask_to_stop)
 
     def nudge(self) -> None:
-        self._dirty.set()
+        # Called after every write: setting an Event takes its lock and notifies, so skip
+        # it when already set.  A set flag is cleared only before a checkpoint starts, and
+        # our write committed before we looked, so that checkpoint copies it.
+        if not self._dirty.is_set():
+            self._dirty.set()
 
     def _ask_to_stop(self) -> None:
         self._stopping.set()
