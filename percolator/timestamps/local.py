@@ -140,8 +140,8 @@ DEFAULT_BLOCK_MS = 100
 #: holder cannot answer a release request.  0: never lease (every batch is read-validated).
 DEFAULT_LEASE_MS = 100
 #: How long the thread that renews a lease in the background stays without work before it
-#: ends (a busy holder renews every ``lease_ms / 4``; a new thread would open new store
-#: connections).
+#: ends (a busy holder renews every ``lease_ms / 4``, and keeping the thread saves starting
+#: one, and opening its store connections, for each renewal).
 RENEWER_IDLE_S = 1.0
 #: How often an instance that waits for another's lease re-reads the record.
 WAIT_POLL_MS = 10
@@ -437,10 +437,12 @@ class LocalOracle(TimestampOracle):
                 with self._state_lock:
                     while not self._renewing:
                         if not self._renewed.wait(RENEWER_IDLE_S) and not self._renewing:
+                            # Under the lock: a request from here on starts a new thread.
+                            self._renewer = None
                             return
                 self._renew_in_background()
         finally:
-            # Ending, also by a bug: nobody may wait on a renewal this thread will not make.
+            # Ending by an error: nobody may wait on a renewal this thread will not make.
             with self._state_lock:
                 if self._renewer is threading.current_thread():
                     self._renewer = None

@@ -18,7 +18,12 @@ from percolator.store import open_store
 from percolator.testing import FaultyStore
 from percolator.timestamps import LocalOracle, compose
 from percolator.timestamps.local import DEFAULT_BLOCK_MS
-from percolator.timestamps.record import OracleRecord, OracleRecordRegister, StoredRecord
+from percolator.timestamps.record import (
+    LOCAL_HOLDER_PREFIX,
+    OracleRecord,
+    OracleRecordRegister,
+    StoredRecord,
+)
 from tests.oracle.conftest import FakeClock
 from tests.oracle.procs import REPO, Call, check_real_time_order
 
@@ -368,6 +373,28 @@ def test_an_instance_alone_for_a_lease_serves_with_no_store_access(
     assert oracle.holds_lease
 
 
+def hold_up_next_compare_and_set(store: FaultyStore) -> tuple[threading.Event, threading.Event]:
+    """``(reached, go)``: the next compare-and-set on ``store`` waits for ``go``;
+    ``reached`` is set once it has reached the store."""
+    reached, go = threading.Event(), threading.Event()
+    store.before("compare_and_set", lambda call: reached.set(), times=1)
+    store.hang("compare_and_set", until=go)
+    return reached, go
+
+
+def served_at_once(oracle: LocalOracle, count: int = 1) -> list[int]:
+    """``count`` timestamps, each drawn without waiting for the store (else fail)."""
+    served: list[int] = []
+    drawing = threading.Thread(
+        target=lambda: served.extend(oracle.get_timestamp() for _ in range(count)), daemon=True
+    )
+    drawing.start()
+    drawing.join(5)
+    if drawing.is_alive():
+        pytest.fail("a batch under a valid lease waited for the store")
+    return served
+
+
 def test_a_batch_due_for_renewal_does_not_wait_for_the_store(
     store: FaultyStore, clock: FakeClock
 ) -> None:
@@ -378,34 +405,25 @@ def test_a_batch_due_for_renewal_does_not_wait_for_the_store(
     first = oracle.get_timestamp()
     started: list[object] = []
     store.before("compare_and_set", started.append)
-    go = threading.Event()
-    store.hang("compare_and_set", until=go)  # the renewal's compare-and-set is held up
-    served: list[int] = []
-
-    def draw() -> None:
-        served.extend([oracle.get_timestamp(), oracle.get_timestamp()])
-        clock.advance(200)  # still inside the validity (400 - 50 after the lease was sent)
-        served.append(oracle.get_timestamp())
-
-    clock.advance(100)  # a quarter lease: a renewal is due
-    drawing = threading.Thread(target=draw, daemon=True)
-    drawing.start()
-    drawing.join(5)
-    if drawing.is_alive():
-        go.set()  # let it go, then fail
-        pytest.fail("a batch due for renewal waited for the store")
-    assert served == sorted(set(served)) and served[0] > first
-    assert oracle.leased_batches >= 3
-    # Past the validity a batch must wait: the renewal under way decides.
-    clock.advance(100)
+    reached, go = hold_up_next_compare_and_set(store)
     late: list[int] = []
-    waiting = threading.Thread(target=lambda: late.append(oracle.get_timestamp()))
-    waiting.start()
-    waiting.join(0.3)
-    assert waiting.is_alive() and not late, "served past the validity without a renewal"
-    # One renewal under way: the batches served meanwhile did not start another.
-    assert len(started) == 1
-    go.set()
+    try:
+        clock.advance(100)  # a quarter lease: a renewal is due
+        served = served_at_once(oracle, 2)
+        assert reached.wait(5), "no renewal was started"
+        clock.advance(200)  # still inside the validity (400 - 50 after the lease was sent)
+        served += served_at_once(oracle)
+        assert served == sorted(set(served)) and served[0] > first
+        # Past the validity a batch must wait: the renewal under way decides.
+        clock.advance(100)
+        waiting = threading.Thread(target=lambda: late.append(oracle.get_timestamp()), daemon=True)
+        waiting.start()
+        waiting.join(0.3)
+        assert waiting.is_alive() and not late, "served past the validity without a renewal"
+        # One renewal under way: the batches served meanwhile did not start another.
+        assert len(started) == 1
+    finally:
+        go.set()
     waiting.join(10)
     assert late and late[0] > served[-1]
     assert oracle.holds_lease and late[0] <= mark(store)
@@ -419,11 +437,39 @@ def test_a_renewal_that_fails_in_the_background_ends_the_lease(
     last = oracle.get_timestamp()
     store.fail("compare_and_set")  # lost on the way: the record keeps the old bytes
     clock.advance(100)
-    assert oracle.get_timestamp() > last  # served from the lease, still valid
+    assert served_at_once(oracle)[0] > last  # from the lease, still valid
     renewal_done(oracle)
     assert not oracle.holds_lease
     after = oracle.get_timestamp()  # reserves again from the record
     assert after > last and after <= mark(store)
+
+
+def test_a_renewal_that_finds_the_record_taken_over_ends_the_lease(
+    store: FaultyStore, clock: FakeClock
+) -> None:
+    oracle = LocalOracle(store, clock=clock, lease_ms=400, renew_in_background=True)
+    lease_now(oracle, clock)
+    reached, go = hold_up_next_compare_and_set(store)
+    register = OracleRecordRegister(store)
+    try:
+        clock.advance(100)
+        served_at_once(oracle)
+        assert reached.wait(5), "no renewal was started"
+        # Someone else writes the record meanwhile (as a waiter does once the lease
+        # lapsed by its clock): the renewal's compare-and-set must fail.
+        seen = register.read()
+        assert seen.record is not None
+        taken = OracleRecord(
+            epoch=seen.record.epoch,
+            high_water=seen.record.high_water + 1_000,
+            holder=LOCAL_HOLDER_PREFIX + "someone-else",
+        )
+        assert register.compare_and_set(seen.raw, taken)
+    finally:
+        go.set()
+    renewal_done(oracle)
+    assert not oracle.holds_lease
+    assert oracle.get_timestamp() > taken.high_water, "nothing more from the old lease"
 
 
 def test_close_waits_for_a_renewal_under_way_then_releases(
@@ -431,20 +477,17 @@ def test_close_waits_for_a_renewal_under_way_then_releases(
 ) -> None:
     oracle = LocalOracle(store, clock=clock, lease_ms=400, renew_in_background=True)
     lease_now(oracle, clock)
-    go = threading.Event()
-    store.hang("compare_and_set", until=go)
-    clock.advance(100)
-    drawing = threading.Thread(target=oracle.get_timestamp, daemon=True)
-    drawing.start()  # served at once; starts the renewal, held up
-    drawing.join(5)
-    if drawing.is_alive():
+    reached, go = hold_up_next_compare_and_set(store)
+    closing = threading.Thread(target=oracle.close, daemon=True)
+    try:
+        clock.advance(100)
+        served_at_once(oracle)
+        assert reached.wait(5), "no renewal was started"
+        closing.start()
+        closing.join(0.3)
+        assert closing.is_alive(), "close() did not wait for the renewal under way"
+    finally:
         go.set()
-        pytest.fail("a batch due for renewal waited for the store")
-    closing = threading.Thread(target=oracle.close)
-    closing.start()
-    closing.join(0.3)
-    assert closing.is_alive(), "close() did not wait for the renewal under way"
-    go.set()
     closing.join(10)
     assert not closing.is_alive() and not oracle.holds_lease
     record = OracleRecordRegister(store).read().record
