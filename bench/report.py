@@ -122,7 +122,12 @@ def evaluate(raw: J) -> list[TargetResult]:
 def judge(target: Target, raw: J) -> TargetResult:
     r = TargetResult(target.id, target.title, target.goal, target.anchor)
     if target.read is None:
-        r.error = "no benchmark measures it yet"
+        r.error = (
+            f"not run by bench/run_all: measured by hand with `{target.measured_outside}` "
+            "(sections below)"
+            if target.measured_outside
+            else "no benchmark measures it yet"
+        )
         return r
     run = run_of(raw, target.measured_by)
     if run is None:

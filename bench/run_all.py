@@ -545,8 +545,9 @@ def run_all(argv: Sequence[str] | None) -> int:
                     print(f"run_all: cannot start a local HBase: {exc}", file=sys.stderr)
                     return 2
                 base_url = local.url
+                gateways = "Thrift-1 and Thrift-2" if "thrift2_port=" in base_url else "Thrift-1"
                 machine["hbase"] = (
-                    f"{hbase_version()} standalone + Thrift-1, started fresh "
+                    f"{hbase_version()} standalone with its {gateways} gateway(s), started fresh "
                     f"for this run ({time.monotonic() - t0:.0f} s to start)"
                 )
             machine["store"] = urlsplit(base_url)._replace(query="").geturl()
