@@ -395,6 +395,22 @@ def served_at_once(oracle: LocalOracle, count: int = 1) -> list[int]:
     return served
 
 
+def renewal_held_up(store: FaultyStore, clock: FakeClock) -> tuple[LocalOracle, threading.Event]:
+    """An oracle renewing in the background, holding its lease, whose renewal has started
+    and whose compare-and-set is held at the store until the returned event is set."""
+    oracle = LocalOracle(store, clock=clock, lease_ms=400, renew_in_background=True)
+    lease_now(oracle, clock)
+    reached, go = hold_up_next_compare_and_set(store)
+    try:
+        clock.advance(100)  # a quarter lease: a renewal is due
+        served_at_once(oracle)
+        assert reached.wait(5), "no renewal was started"
+    except BaseException:
+        go.set()
+        raise
+    return oracle, go
+
+
 def test_a_batch_due_for_renewal_does_not_wait_for_the_store(
     store: FaultyStore, clock: FakeClock
 ) -> None:
@@ -447,14 +463,9 @@ def test_a_renewal_that_fails_in_the_background_ends_the_lease(
 def test_a_renewal_that_finds_the_record_taken_over_ends_the_lease(
     store: FaultyStore, clock: FakeClock
 ) -> None:
-    oracle = LocalOracle(store, clock=clock, lease_ms=400, renew_in_background=True)
-    lease_now(oracle, clock)
-    reached, go = hold_up_next_compare_and_set(store)
+    oracle, go = renewal_held_up(store, clock)
     register = OracleRecordRegister(store)
     try:
-        clock.advance(100)
-        served_at_once(oracle)
-        assert reached.wait(5), "no renewal was started"
         # Someone else writes the record meanwhile (as a waiter does once the lease
         # lapsed by its clock): the renewal's compare-and-set must fail.
         seen = register.read()
@@ -475,14 +486,9 @@ def test_a_renewal_that_finds_the_record_taken_over_ends_the_lease(
 def test_close_waits_for_a_renewal_under_way_then_releases(
     store: FaultyStore, clock: FakeClock
 ) -> None:
-    oracle = LocalOracle(store, clock=clock, lease_ms=400, renew_in_background=True)
-    lease_now(oracle, clock)
-    reached, go = hold_up_next_compare_and_set(store)
+    oracle, go = renewal_held_up(store, clock)
     closing = threading.Thread(target=oracle.close, daemon=True)
     try:
-        clock.advance(100)
-        served_at_once(oracle)
-        assert reached.wait(5), "no renewal was started"
         closing.start()
         closing.join(0.3)
         assert closing.is_alive(), "close() did not wait for the renewal under way"
