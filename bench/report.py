@@ -852,9 +852,13 @@ def _baselines_section(raw: J) -> str:
     if store is None:
         return ""
     rows = []
+    # store_bench's order; the JSON read back has its keys sorted, the run's own dict not.
+    known = ["get", "put", "batch_put", "cas"]
     for url, ops in store["stores"].items():
         label = "embedded" if url.startswith("embedded") else "HBase"
-        for op, s in ops.items():
+        order = [op for op in known if op in ops] + sorted(op for op in ops if op not in known)
+        for op in order:
+            s = ops[op]
             rate = Fig.from_spread(s["rate"])
             rows.append([
                 label, op, fmt_rate(rate.median), f"{fmt_rate(rate.low)}-{fmt_rate(rate.high)}",
