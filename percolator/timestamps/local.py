@@ -385,8 +385,8 @@ class LocalOracle(TimestampOracle):
         the background) starts a renewal and serves meanwhile, waiting for one only when the
         lease's validity is over or the block is too small."""
         while True:
-            known = self._known
-            if not self._renew_at or known is None or known.record is None:
+            known = self._lease()
+            if known is None or known.record is None:
                 return None  # a renewal ended the lease (released on request, or lost)
             first = max(self._next, compose(self._clock.wall_ms()))
             needed = first + total - 1
@@ -405,6 +405,10 @@ class LocalOracle(TimestampOracle):
         self._next = first + total
         self.leased_batches += 1
         return first
+
+    def _lease(self) -> StoredRecord | None:
+        """The leased record while this instance holds a lease, else None."""
+        return self._known if self._renew_at else None
 
     def _await_renewal(self) -> None:
         """Wait for a renewal under way to end.  Holds the state lock."""
@@ -455,13 +459,12 @@ class LocalOracle(TimestampOracle):
         runs (``_renewing``), so ``_known`` is still the bytes it renews from when it is done."""
         try:
             with self._state_lock:
-                known = self._known
-                if not self._renew_at or known is None or known.record is None:
-                    return
-                wanted_seen = self._wanted_seen
+                known = self._lease()
+            if known is None or known.record is None:
+                return
             wanted = self._register.read().wanted
             with self._state_lock:
-                if wanted != wanted_seen or self._closed:
+                if self._release_asked(wanted):
                     # Stop serving from the lease before its end is written.
                     self._release()
                     return
@@ -469,12 +472,7 @@ class LocalOracle(TimestampOracle):
             new = self._renewed_record(known, known.record.high_water)
             applied = self._compare_and_set(known, new)
             with self._state_lock:
-                if applied:
-                    self._known = StoredRecord(new, new.encode())
-                    self._hold_lease(sent)
-                    self.reservations += 1
-                else:
-                    self._drop()  # paused past the lease, and someone took over
+                self._renewal_outcome(new, sent, applied)
         except (StoreError, OracleError) as exc:
             # Outcome unknown: forget the lease (the next batch reads the record; a lease we
             # did renew is still ours there) rather than serve from bytes we may not hold.
@@ -492,14 +490,25 @@ class LocalOracle(TimestampOracle):
         renewal under way."""
         known = self._known
         assert known is not None and known.record is not None
-        wanted = self._register.read().wanted
-        if wanted != self._wanted_seen or self._closed:
+        if self._release_asked(self._register.read().wanted):
             self._release()
             return False
         sent = self._clock.monotonic_ms()
         new = self._renewed_record(known, needed)
-        if not self._compare_and_set(known, new):
-            self._drop()  # paused past the lease, and someone took over: serve nothing
+        return self._renewal_outcome(new, sent, self._compare_and_set(known, new))
+
+    def _release_asked(self, wanted: bytes | None) -> bool:
+        """Whether the lease must end rather than be renewed: the release request cell
+        (``wanted``, as just read) changed since the lease was taken, or close() was
+        called."""
+        return wanted != self._wanted_seen or self._closed
+
+    def _renewal_outcome(self, new: OracleRecord, sent: float, applied: bool) -> bool:
+        """Hold ``new``, written by a compare-and-set sent at ``sent``, if it ``applied``;
+        else the holder was paused past its lease and someone took over: serve nothing
+        more from it.  True if the lease is held.  Holds the state lock."""
+        if not applied:
+            self._drop()
             return False
         self._known = StoredRecord(new, new.encode())
         self._hold_lease(sent)
