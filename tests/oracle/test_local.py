@@ -343,13 +343,17 @@ def lease_now(oracle: LocalOracle, clock: FakeClock) -> None:
     raise AssertionError("an instance alone for a whole lease never leased")
 
 
+#: a lease test run with the renewal made by the batch that finds it due, and in the background
+both_renewals = pytest.mark.parametrize("background", [False, True], ids=["inline", "background"])
+
+
 def renewal_done(oracle: LocalOracle) -> None:
     """Wait for the renewal ``oracle`` may have started in the background to end."""
     with oracle._state_lock:
         oracle._await_renewal()
 
 
-@pytest.mark.parametrize("background", [False, True], ids=["inline", "background"])
+@both_renewals
 def test_an_instance_alone_for_a_lease_serves_with_no_store_access(
     store: FaultyStore, clock: FakeClock, background: bool
 ) -> None:
@@ -536,7 +540,7 @@ class _HolderKeepsDrawing:
         renewal_done(self._holder)
 
 
-@pytest.mark.parametrize("background", [False, True], ids=["inline", "background"])
+@both_renewals
 def test_a_waiter_asks_the_holder_to_release_and_gets_in_within_a_quarter_lease(
     store: FaultyStore, clock: FakeClock, background: bool
 ) -> None:
@@ -556,7 +560,7 @@ def test_a_waiter_asks_the_holder_to_release_and_gets_in_within_a_quarter_lease(
     assert record is not None and not record.leased
 
 
-@pytest.mark.parametrize("background", [False, True], ids=["inline", "background"])
+@both_renewals
 def test_a_paused_holder_is_waited_out_and_serves_nothing_from_its_lease_after(
     store: FaultyStore, clock: FakeClock, background: bool
 ) -> None:
@@ -601,7 +605,7 @@ def test_a_waiter_asks_for_release_once_per_lease_not_on_every_poll(
     assert len(asked) == 1, asked
 
 
-@pytest.mark.parametrize("background", [False, True], ids=["inline", "background"])
+@both_renewals
 def test_close_releases_the_lease_so_nobody_waits(
     store: FaultyStore, clock: FakeClock, background: bool
 ) -> None:
@@ -622,7 +626,7 @@ def test_close_releases_the_lease_so_nobody_waits(
     assert not holder.holds_lease
 
 
-@pytest.mark.parametrize("background", [False, True], ids=["inline", "background"])
+@both_renewals
 def test_an_oracle_server_asks_a_local_lease_to_end_then_takes_over(
     store: FaultyStore, clock: FakeClock, background: bool
 ) -> None:
@@ -742,7 +746,7 @@ def test_an_oracle_server_ignores_a_local_lease_s_wall_clock_expiry(
     assert server.role is Role.STANDBY
 
 
-@pytest.mark.parametrize("background", [False, True], ids=["inline", "background"])
+@both_renewals
 def test_a_renewal_changes_the_record_even_if_the_wall_clock_stands_still(
     store: FaultyStore, clock: FakeClock, background: bool
 ) -> None:
