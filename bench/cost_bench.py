@@ -147,6 +147,8 @@ def run_p10(args: argparse.Namespace) -> dict[str, Any]:
     started_load = load()
     results: dict[str, list[float]] = {}
     calls_seen: dict[str, dict[str, float]] = {}
+    # The production worker's own setting is always measured: it is the figure P10 judges.
+    batch_sizes = sorted({*args.batch_sizes, DEFAULT_BATCH_SIZE})
 
     def note(key: str, value: float) -> None:
         results.setdefault(key, []).append(value)
@@ -163,7 +165,7 @@ def run_p10(args: argparse.Namespace) -> dict[str, Any]:
                     note(f"observer_{mode}", rate)
                     calls_seen[mode] = calls
                     note(f"txn1_{mode}", txn_rate(store, block_ms, args.threads, args.txns))
-                for batch_size in args.batch_sizes:
+                for batch_size in batch_sizes:
                     rate, calls = observer_runs(
                         store,
                         DEFAULT_BLOCK_MS,
@@ -214,8 +216,19 @@ def run_p10(args: argparse.Namespace) -> dict[str, Any]:
         "store_calls_per_run": calls_seen,
         "p10": {m: med[f"observer_{m}"] / med["raw_pairs"] for m in MODES},
         "p10_batch": {
-            n: med[f"observer_block_batch{n}"] / med["raw_pairs"] for n in args.batch_sizes
+            n: med[f"observer_block_batch{n}"] / med["raw_pairs"] for n in batch_sizes
         },
+        # P10 as the worker runs by default (leased timestamp blocks, batches of
+        # ``default_batch_size``): per repeat, runs/s over the raw pairs/s of that repeat.
+        "default_batch_size": DEFAULT_BATCH_SIZE,
+        "p10_default_runs": [
+            runs / pairs
+            for runs, pairs in zip(
+                results[f"observer_block_batch{DEFAULT_BATCH_SIZE}"],
+                results["raw_pairs"],
+                strict=True,
+            )
+        ],
         "p3": {m: med[f"txn1_{m}"] / med["raw_put"] for m in MODES},
     }
     print(f"load: start {out['load_start']}, end {out['load_end']}")
@@ -229,7 +242,7 @@ def run_p10(args: argparse.Namespace) -> dict[str, Any]:
             f"{med[f'observer_block_{key}'] / med['raw_pairs']:.3f}x raw pairs; per run "
             + ", ".join(f"{k} {v:.2f}" for k, v in sorted(calls_seen[f"block_{key}"].items()))
         )
-    for batch_size in args.batch_sizes:
+    for batch_size in batch_sizes:
         key = f"block_batch{batch_size}"
         print(
             f"[block, batches of up to {batch_size}] trivial observer "
@@ -386,7 +399,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--batch-sizes",
         type=lambda s: [int(x) for x in s.split(",") if x],
         default=[],
-        help="also measure workers running up to N notifications per transaction (e.g. 4,16)",
+        help="also measure workers running up to N notifications per transaction (e.g. 4,16); "
+        "the worker's default is always measured",
     )
     p10.add_argument(
         "--switch-intervals",

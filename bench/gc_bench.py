@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import statistics
 import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import percolator
 from percolator.layout import TABLE_FAMILIES
@@ -96,6 +98,7 @@ def main() -> int:
     parser.add_argument(
         "--churn", action="store_true", help="write new rows and delete old ones (see above)"
     )
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
     url = args.store or f"embedded:{tempfile.mkdtemp(prefix='gcbench-')}/store"
     load_before = os.getloadavg()
@@ -183,6 +186,28 @@ def main() -> int:
         f"{gc_rate:.0f} cells/s; raw batched delete {raw_rate:.0f} cells/s; "
         f"ratio {gc_rate / raw_rate:.3f}x; {removed} deleted cells removed entirely"
     )
+    if args.json is not None:
+        doc = {
+            "store": url.split(":")[0],
+            "cells": args.cells,
+            "churn": args.churn,
+            "seconds": args.seconds,
+            "commits": commits[0],
+            "gc_every_s": args.gc_every,
+            "life_time_s": args.life_time,
+            "passes": len(samples),
+            "versions_first": first,
+            "versions_last": last,
+            "bytes_first": first_b,
+            "bytes_last": last_b,
+            "versions_ratio": ratio,
+            "bytes_ratio": ratio_b,
+            "gc_cells_per_s": gc_rate,
+            "raw_delete_cells_per_s": raw_rate,
+            "load_before": list(load_before),
+            "load_after": list(os.getloadavg()),
+        }
+        args.json.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     return 0
 
 

@@ -37,6 +37,7 @@ from bench._common import fmt_ms, fmt_rate, format_table
 from bench.targets import (
     AT_LEAST,
     BY_ID,
+    REPORT,
     TARGETS,
     Fig,
     Target,
@@ -48,7 +49,7 @@ from bench.targets import (
 J = dict[str, Any]
 BENCH_DIR = Path(__file__).resolve().parent
 
-PASS, MISS, NOT_MEASURED = "PASS", "MISS", "NOT MEASURED"
+PASS, MISS, NOT_MEASURED, REPORTED = "PASS", "MISS", "NOT MEASURED", "REPORTED"
 
 
 @dataclass
@@ -143,17 +144,31 @@ def judge(target: Target, raw: J) -> TargetResult:
     r.measured = reading.measured
     r.figure = reading.figure or fx(f)
     r.label = reading.label
-    r.verdict = PASS if target.meets(f.median) and reading.holds else MISS
-    # The worst repeat gives the lowest score: the high end for "at most" goals.
-    low, high = (f.low, f.high) if target.direction == AT_LEAST else (f.high, f.low)
-    r.score, r.score_low, r.score_high = (
-        target.score(f.median), target.score(low), target.score(high)
-    )
     emb = run_of(raw, target.embedded_by) if target.embedded_by else None
+    embedded_meets = True
     if emb is not None:
         with contextlib.suppress(KeyError, TypeError, ValueError, ZeroDivisionError, IndexError):
             e = target.read(emb)
             r.embedded = e.figure or fx(e.value)
+            if not math.isnan(target.embedded_threshold):
+                embedded_meets = target.meets(e.value.median, target.embedded_threshold)
+                r.embedded += (
+                    f" (goal {target.direction} {target.embedded_threshold:g}x: "
+                    f"{'met' if embedded_meets else 'missed'})"
+                )
+    if target.direction == REPORT:
+        r.verdict = REPORTED
+        return r
+    threshold = target.threshold_on(judged_store(raw))
+    met = target.meets(f.median, threshold) and reading.holds and embedded_meets
+    r.verdict = PASS if met else MISS
+    # The worst repeat gives the lowest score: the high end for "at most" goals.
+    low, high = (f.low, f.high) if target.direction == AT_LEAST else (f.high, f.low)
+    r.score, r.score_low, r.score_high = (
+        target.score(f.median, threshold),
+        target.score(low, threshold),
+        target.score(high, threshold),
+    )
     return r
 
 
@@ -249,14 +264,18 @@ def _load(value: Any) -> str:
 def _summary_section(targets: Sequence[TargetResult], plots: dict[str, str], raw: J) -> str:
     rows = []
     for t in targets:
-        verdict = f"**{t.verdict}**" if t.verdict != PASS else t.verdict
+        verdict = f"**{t.verdict}**" if t.verdict in (MISS, NOT_MEASURED) else t.verdict
         measured = t.measured if t.verdict != NOT_MEASURED else (t.error or "not measured")
         rows.append([t.tid, t.what, t.anchor, measured, t.figure, t.goal, t.embedded, verdict])
-    counts = {v: sum(1 for t in targets if t.verdict == v) for v in (PASS, MISS, NOT_MEASURED)}
+    counts = {
+        v: sum(1 for t in targets if t.verdict == v)
+        for v in (PASS, MISS, NOT_MEASURED, REPORTED)
+    }
     store = judged_store(raw)
     text = "## Targets\n\n"
     text += (
-        f"{counts[PASS]} met, {counts[MISS]} missed, {counts[NOT_MEASURED]} not measured, "
+        f"{counts[PASS]} met, {counts[MISS]} missed, {counts[REPORTED]} reported (no "
+        f"threshold), {counts[NOT_MEASURED]} not measured, "
         f"of {len(targets)} (bench/targets.py).  \"{store}\" is the figure judged"
         + ("; \"embedded\" is the same benchmark on the embedded store (the engine without "
            "HBase), where it is cheap to run" if store == "HBase" else "")

@@ -1,6 +1,6 @@
 """Every benchmark, one command: the performance report ``bench/results.md``.
 
-    bench/run_all                      # full run on a freshly started local HBase (~30-40 min)
+    bench/run_all                      # full run on a freshly started local HBase (~45-60 min)
     bench/run_all --quick              # smoke run: tiny sizes, one repeat (a few minutes)
     bench/run_all --store 'hbase://127.0.0.1:19090?prefix=runall_'   # an HBase already running
     bench/run_all --only txn,lock      # some steps only (the others show as not measured)
@@ -16,9 +16,11 @@ What it does, in order:
    nothing collides and everything is dropped at the end): raw store baselines
    (store_bench), P1 (oracle_bench), P1c-P4 (txn_bench, on HBase and embedded), P5-P6
    (observer_bench, the scan also embedded), P7-P8 (spark_bench), P9 (lock_bench, HBase and
-   embedded), then the scaling runs (transactions vs client threads and value size; observer
-   throughput and latency vs worker threads and processes, measured by this module's
-   ``observer-scaling`` command);
+   embedded), P10 (cost_bench p10), P11 (gc_bench), P12 (watermark_bench) and P13
+   (partition_bench), each on HBase and embedded, P7b (cost_bench promise, embedded), then
+   the scaling runs (transactions vs client threads and value size; observer throughput and
+   latency vs worker threads and processes, measured by this module's ``observer-scaling``
+   command);
 4. for every missed target (bench/targets.py), profiles the workload behind it in a
    separate process (this module's ``profile`` command, bench/profiling.py: store round
    trips from the store's counters, timestamps, time per operation, top functions under
@@ -100,6 +102,21 @@ class Sizes:
     scaling_observers: tuple[tuple[int, int], ...]
     scaling_flood: int
     scaling_step_seconds: float
+    #: P10 (cost_bench p10): notifications worked off per measurement
+    p10_backlog: int
+    #: P7b (cost_bench promise): corpus size and changed fraction per round
+    promise_docs: int
+    promise_fraction: float
+    #: P11 (gc_bench): seconds of steady updates, GC interval and life time
+    gc_seconds: float
+    gc_every_s: float
+    gc_life_time_s: float
+    #: P12 (watermark_bench): documents loaded, seconds at half of saturation
+    watermark_documents: int
+    watermark_seconds: float
+    #: P13 (partition_bench): worker process counts and rows written
+    partition_workers: str
+    partition_rows: int
     profile_ops: int
     #: untimed store calls of each kind before the first measurement (a fresh HBase JVM
     #: is several times slower until its code is compiled)
@@ -134,6 +151,16 @@ QUICK = Sizes(
     scaling_observers=((1, 1), (4, 1), (2, 2)),
     scaling_flood=100,
     scaling_step_seconds=2.0,
+    p10_backlog=200,
+    promise_docs=300,
+    promise_fraction=0.02,
+    gc_seconds=12.0,
+    gc_every_s=1.0,
+    gc_life_time_s=2.0,
+    watermark_documents=100,
+    watermark_seconds=5.0,
+    partition_workers="1,2",
+    partition_rows=100,
     profile_ops=30,
     warmup_ops=1000,
     step_timeout_s=900,
@@ -161,13 +188,26 @@ FULL = Sizes(
     scaling_observers=((1, 1), (2, 1), (4, 1), (8, 1), (1, 2), (2, 2), (4, 2)),
     scaling_flood=400,
     scaling_step_seconds=5.0,
+    p10_backlog=2000,
+    promise_docs=100_000,
+    promise_fraction=0.01,
+    gc_seconds=60.0,
+    gc_every_s=2.0,
+    gc_life_time_s=5.0,
+    watermark_documents=300,
+    watermark_seconds=20.0,
+    partition_workers="1,2,4",
+    partition_rows=400,
     profile_ops=200,
     warmup_ops=5000,
     step_timeout_s=3600,
 )
 
 #: step groups, for --only / --skip
-GROUPS = ("store", "txn", "oracle", "observers", "spark", "lock", "scaling", "profiles")
+GROUPS = (
+    "store", "txn", "oracle", "observers", "spark", "lock", "cost", "promise", "gc",
+    "watermark", "partition", "scaling", "profiles",
+)
 
 
 # --------------------------------------------------------------------------- namespaces
@@ -191,6 +231,7 @@ class Namespaces:
     def __init__(self, base_url: str, run_id: str, workdir: Path) -> None:
         self.base_url = base_url
         self.run_id = run_id
+        self.workdir = workdir
         self.embedded = base_url.split(":", 1)[0].lower() == "embedded"
         self.root = (base_url.partition(":")[2] or str(workdir / "stores")).rstrip("/")
         self.urls: list[str] = []
@@ -200,6 +241,13 @@ class Namespaces:
         url = f"embedded:{self.root}/{name}" if self.embedded else with_prefix(
             self.base_url, name + "_"
         )
+        self.urls.append(url)
+        return url
+
+    def embedded_url(self, tag: str) -> str:
+        """An embedded store of its own for step ``tag``, under the work directory's
+        ``stores`` (for the embedded runs of a benchmark that needs a store URL)."""
+        url = f"embedded:{self.workdir / 'stores'}/ra{self.run_id}{tag}"
         self.urls.append(url)
         return url
 
@@ -428,7 +476,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="smoke run: tiny sizes, one repeat, no Spark unless --only names it (a few minutes)",
+        help="smoke run: tiny sizes, one repeat, no Spark (spark, promise) unless --only names "
+        "it (a few minutes)",
     )
     parser.add_argument(
         "--repeats", type=int, help="repeats of every measurement (default: 3, or 1 with --quick)"
@@ -490,7 +539,8 @@ def run_all(argv: Sequence[str] | None) -> int:
         )
         return 2
     if args.quick and not args.only:
-        groups.discard("spark")  # minutes of JVM start-up: a smoke run asks for it by name
+        # Minutes of JVM start-up: a smoke run asks for Spark by name.
+        groups -= {"spark", "promise"}
     if args.store and not embedded:
         problem = _check_store(args.store)
         if problem:
@@ -680,6 +730,39 @@ def _run_steps(
             runner.run("lock_embedded", bench_argv(
                 "lock_bench", repeats=r, cells=sizes.lock_cells
             ))
+    if "cost" in groups:
+        p10 = {"threads": sizes.txn_threads, "backlog": sizes.p10_backlog, "repeats": r}
+        runner.run("p10_hbase", bench_argv("cost_bench", "p10", store=ns.url("p10"), **p10))
+        if also_embedded:
+            runner.run("p10_embedded", bench_argv(
+                "cost_bench", "p10", store=ns.embedded_url("p10"), **p10
+            ))
+    if "promise" in groups:
+        # On the embedded store only: at 100,000 documents the initial processing alone
+        # takes many minutes there, and hours on HBase.
+        runner.run("promise_embedded", bench_argv(
+            "cost_bench", "promise", docs=sizes.promise_docs, fraction=sizes.promise_fraction,
+            rounds=2 * r,
+        ))
+    if "gc" in groups:
+        gc = {"seconds": sizes.gc_seconds, "gc_every": sizes.gc_every_s,
+              "life_time": sizes.gc_life_time_s}
+        runner.run("gc_hbase", bench_argv("gc_bench", store=ns.url("gc"), **gc))
+        if also_embedded:
+            runner.run("gc_embedded", bench_argv("gc_bench", **gc))
+    if "watermark" in groups:
+        wm = {"documents": sizes.watermark_documents, "seconds": sizes.watermark_seconds}
+        runner.run("watermark_hbase", bench_argv("watermark_bench", store=ns.url("wm"), **wm))
+        if also_embedded:
+            runner.run("watermark_embedded", bench_argv("watermark_bench", **wm))
+    if "partition" in groups:
+        part = {"workers": sizes.partition_workers, "rows": sizes.partition_rows}
+        # partition_bench makes a fresh prefix (HBase) or store (embedded) per run itself.
+        runner.run("partition_hbase", bench_argv(
+            "partition_bench", hbase=None if ns.embedded else ns.url("part"), **part
+        ))
+        if also_embedded:
+            runner.run("partition_embedded", bench_argv("partition_bench", **part))
     if "scaling" in groups:
         _run_scaling(runner, raw, sizes, ns, oracle_url, txn)
     if "profiles" in groups:

@@ -276,10 +276,12 @@ def measure_incremental(
         _recompute_to_parquet(spark, store_url, workdir)
         incremental_runs: dict[str, list[float]] = {r: [] for r in RUNNERS}
         recompute_runs: list[float] = []
+        changes_runs: list[int] = []
         changed = 0
         for round_no in range(rounds):
             changes = documents.change(client, fraction, seed + 1 + round_no)
             changed += changes
+            changes_runs.append(changes)
             runner = RUNNERS[round_no % len(RUNNERS)]
             started = time.perf_counter()
             if runner == "worker":
@@ -323,6 +325,8 @@ def measure_incremental(
         "recompute_s": recompute_s,
         "incremental_runs": incremental_runs,
         "recompute_runs": recompute_runs,
+        #: changed documents per round, in round order (runners alternate as RUNNERS)
+        "changes_runs": changes_runs,
         "ratio": {r: recompute_s / t for r, t in incremental_s.items()},
         "identical": True,
         "target": BY_ID["P7"].threshold,
