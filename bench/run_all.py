@@ -1,6 +1,6 @@
 """Every benchmark, one command: the performance report ``bench/results.md``.
 
-    bench/run_all                      # full run on a freshly started local HBase (~45-60 min)
+    bench/run_all                      # full run on a freshly started local HBase (~1 hour)
     bench/run_all --quick              # smoke run: tiny sizes, one repeat (a few minutes)
     bench/run_all --store 'hbase://127.0.0.1:19090?prefix=runall_'   # an HBase already running
     bench/run_all --only txn,lock      # some steps only (the others show as not measured)

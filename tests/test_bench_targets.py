@@ -96,11 +96,15 @@ def test_p12_and_p13_are_reported_not_judged() -> None:
     watermark = {
         "saturation_docs_per_s": 60.0, "rate_docs_per_s": 30.0, "seconds": 20.0, "threads": 4,
         "stage1_p50_s": 0.4, "stage2_added_p50_s": 0.1,
-        "observers": {"doc-clusters": {"p95_s": 0.9}, "doc-index": {"p95_s": 1.1}},
+        "observers": {
+            "doc-clusters": {"stage": 1, "p50_s": 0.4, "p95_s": 0.9},
+            "doc-inlinks": {"stage": 1, "p50_s": 0.1, "p95_s": 1.0},
+            "doc-index": {"stage": 2, "p50_s": 0.5, "p95_s": 1.1},
+        },
     }
     result = judge(BY_ID["P12"], _raw("hbase://h:1", watermark_hbase=watermark))
     assert (result.verdict, result.score) == (REPORTED, None)
-    assert "stage 1 p50 0.40 s" in result.figure
+    assert result.figure == "stage 1: 0.40 s, p95 1.00 s / stage 2: 0.50 s, p95 1.10 s"
     partition = {"results": [
         {"workers": w, "mode": m, "rows": 400, "seconds": 4.0 / w ** 0.5, "runs": 400,
          "scanned_per_run": 1.0, "conflicts_per_run": 0.0}
