@@ -144,6 +144,14 @@ def judge(target: Target, raw: J) -> TargetResult:
     r.measured = reading.measured
     r.figure = reading.figure or fx(f)
     r.label = reading.label
+    default = run_of(raw, target.default_by) if target.default_by else None
+    if default is not None:
+        with contextlib.suppress(KeyError, TypeError, ValueError, ZeroDivisionError, IndexError):
+            d = target.read(default)
+            r.measured += (
+                f"; with the engine's default oracle (local, in the store), not judged: "
+                f"{d.figure or fx(d.value)}"
+            )
     emb = run_of(raw, target.embedded_by) if target.embedded_by else None
     embedded_meets = True
     if emb is not None:
@@ -331,7 +339,11 @@ def _notes_section(raw: J, targets: Sequence[TargetResult]) -> str:
                              "(`ranged`)" if ranged else "") + ".\n\n"
             + md_table(headers, rows) + "\n"
         )
-    for label, name in ((judged_store(raw), "txn_hbase"), ("embedded", "txn_embedded")):
+    for label, name in (
+        (judged_store(raw), "txn_hbase"),
+        (f"{judged_store(raw)}, the default local oracle", "txn_hbase_local"),
+        ("embedded", "txn_embedded"),
+    ):
         txn = run_of(raw, name)
         if txn is None:
             continue

@@ -14,7 +14,8 @@ What it does, in order:
 2. starts one timestamp oracle server on that HBase, used by every engine benchmark;
 3. runs each benchmark as its own process with ``--json`` (each in its own table prefix, so
    nothing collides and everything is dropped at the end): raw store baselines
-   (store_bench), P1 (oracle_bench), P1c-P4 (txn_bench, on HBase and embedded), P5-P6
+   (store_bench), P1 (oracle_bench), P1c-P4 (txn_bench, on HBase and embedded, and on HBase
+   again with the default local oracle instead of the oracle server), P5-P6
    (observer_bench, the scan also embedded), P7-P8 (spark_bench), P9 (lock_bench, HBase and
    embedded), P10 (cost_bench p10), P11 (gc_bench), P12 (watermark_bench) and P13
    (partition_bench), each on HBase and embedded, P7b (cost_bench promise, embedded), then
@@ -680,10 +681,12 @@ def _run_steps(
     # context; on the embedded store that would measure the same thing twice.
     also_embedded = not ns.embedded
 
-    def txn(name: str, store: str | None, threads: int, value_size: int) -> None:
+    def txn(
+        name: str, store: str | None, threads: int, value_size: int, server: bool = True
+    ) -> None:
         runner.run(name, bench_argv(
-            "txn_bench", store=store, oracle=oracle_url, ops=sizes.txn_ops, threads=threads,
-            repeats=r, value_size=value_size,
+            "txn_bench", store=store, oracle=oracle_url if server else None,
+            ops=sizes.txn_ops, threads=threads, repeats=r, value_size=value_size,
         ))
 
     def raw_store(name: str, ops: int, repeats: int, warmup: int | None = None) -> None:
@@ -700,6 +703,9 @@ def _run_steps(
         raw_store("store", sizes.store_ops, r)
     if "txn" in groups:
         txn("txn_hbase", ns.url("txn"), sizes.txn_threads, 64)
+        # The same with the engine's default oracle (local, leased in the store), which a
+        # client on one machine gets without running an oracle server.
+        txn("txn_hbase_local", ns.url("txnl"), sizes.txn_threads, 64, server=False)
         if also_embedded:
             txn("txn_embedded", None, sizes.txn_threads, 64)
     if "oracle" in groups:

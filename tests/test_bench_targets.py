@@ -117,3 +117,21 @@ def test_p12_and_p13_are_reported_not_judged() -> None:
 
 def test_a_target_whose_step_did_not_run_is_not_measured() -> None:
     assert judge(BY_ID["P11"], _raw("hbase://h:1")).verdict == NOT_MEASURED
+
+
+def _txn(share: float) -> J:
+    timing = {"item_rate": 100.0, "p50_ms": 1.0, "p99_ms": 2.0}
+    return {
+        "threads": 4,
+        "oracle": "x",
+        "oracle_share": [share],
+        "timings": [{"txn_1cell": timing}],
+    }
+
+
+def test_p1c_shows_the_default_oracle_beside_the_judged_server_figure() -> None:
+    raw = _raw("hbase://h:1", txn_hbase=_txn(0.35), txn_hbase_local=_txn(0.04))
+    result = judge(BY_ID["P1c"], raw)
+    assert result.verdict == MISS  # judged on the oracle server's run
+    assert result.figure.startswith("35.0%")
+    assert "default oracle (local, in the store), not judged: 4.0%" in result.measured
