@@ -52,6 +52,7 @@ import percolator
 from bench import workloads as w
 from bench._common import run_timed
 from percolator.store import Store, open_store
+from percolator.store.base import CompareAndSet, Put
 from percolator.timestamps.local import DEFAULT_BLOCK_MS, LocalOracle
 
 MODES = {"exact": 0, "block": DEFAULT_BLOCK_MS}
@@ -266,9 +267,11 @@ def _raw_put_rate(store: Store, table: str, threads: int, count: int) -> float:
 
 def run_ceiling(args: argparse.Namespace) -> dict[str, Any]:
     """The store's primitives with 1..N threads: gets, puts and compare-and-sets per second
-    (fresh rows, never contended), and the observer rate they bound: a run of the trivial
-    observer costs ``calls`` of each (measured by ``p10``), so at best
-    ``1 / sum(calls[op] / rate[op])`` runs/s if the store were the only cost."""
+    (fresh rows, never contended; where the store has conditional puts, also a
+    compare-and-set carrying a put, as a prewrite's lock carries its data), and, given a
+    ``p10`` run's JSON, the observer rate they bound: a run of the worker with its defaults
+    costs ``calls`` of each (measured there), so at best ``1 / sum(calls[op] / rate[op])``
+    runs/s if the store were the only cost."""
     store = open_store(args.store)
     started_load = load()
     rates: dict[str, dict[str, list[float]]] = {}
@@ -284,35 +287,65 @@ def run_ceiling(args: argparse.Namespace) -> dict[str, Any]:
                     def cas(i: int, offset: int = offset) -> None:
                         w.raw_cas_op(store, raw, b"v" * 64)(offset + i)
 
-                    for name, op in (
+                    def cas_put(i: int, offset: int = offset) -> None:
+                        row = b"p%09d" % (offset + i)
+                        item = CompareAndSet(
+                            row, "l", b"x", None, b"v" * 64, (Put(row, "d", b"x", 1, b"v" * 64),)
+                        )
+                        if store.compare_and_set_many(raw, [item]) != [True]:
+                            raise AssertionError(f"uncontended compare-and-set #{i} failed")
+
+                    ops = [
                         ("get", w.raw_get_op(store, raw, args.count)),
                         ("put", w.raw_put_op(store, raw, b"v" * 64)),
                         ("compare_and_set", cas),
-                    ):
+                    ]
+                    if store.conditional_puts:
+                        ops.append(("compare_and_set_put", cas_put))
+                    for name, op in ops:
                         per.setdefault(name, []).append(
                             run_timed(op, args.count, threads=threads).rate
                         )
     finally:
         store.close()
     med = {t: {op: statistics.median(v) for op, v in per.items()} for t, per in rates.items()}
-    # Store calls of one trivial observer run (p10, block mode; reads include the oracle's).
-    calls = {"get": 5.8, "put": 5.0, "compare_and_set": 4.0}
-    bound = {t: 1 / sum(calls[op] / r[op] for op in calls) for t, r in med.items()}
     print(f"load: start {started_load}, end {load()}")
-    for t, r in med.items():
-        print(
-            f"{t} threads: "
-            + ", ".join(f"{op} {rate:.0f}/s" for op, rate in r.items())
-            + f"; bound on trivial observer runs/s from the store alone: {bound[t]:.0f}"
-        )
-    return {
+    out: dict[str, Any] = {
         "store": args.store.split("?")[0],
         "load_start": started_load,
         "load_end": load(),
         "median_per_s": med,
         "runs": rates,
-        "observer_calls_assumed": calls,
-        "observer_bound_per_s": bound,
+    }
+    calls = _observer_calls(args.p10_json) if args.p10_json else None
+    bound: dict[str, float] = {}
+    for t, r in med.items():
+        line = f"{t} threads: " + ", ".join(f"{op} {rate:.0f}/s" for op, rate in r.items())
+        if calls is not None:
+            cas_rate = r.get("compare_and_set_put", r["compare_and_set"])
+            per_run_s = (
+                calls["get"] / r["get"]
+                + calls["put"] / r["put"]
+                + calls["compare_and_set"] / cas_rate
+            )
+            bound[t] = 1 / per_run_s
+            line += f"; bound on the worker's runs/s from the store alone: {bound[t]:.0f}"
+        print(line)
+    if calls is not None:
+        out["observer_calls"] = calls
+        out["observer_bound_per_s"] = bound
+    return out
+
+
+def _observer_calls(path: str) -> dict[str, float]:
+    """Store calls per run of the worker with its default batches, from a ``p10`` JSON:
+    reads, blind writes (puts and deletes) and compare-and-sets."""
+    run = json.loads(Path(path).read_text())
+    per_run = run["store_calls_per_run"][f"block_batch{run['default_batch_size']}"]
+    return {
+        "get": per_run.get("read_rows", 0.0),
+        "put": per_run.get("put", 0.0) + per_run.get("delete_versions", 0.0),
+        "compare_and_set": per_run.get("compare_and_set", 0.0),
     }
 
 
@@ -432,6 +465,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ceiling.add_argument("--count", type=int, default=1000, help="operations per measurement")
     ceiling.add_argument("--repeats", type=int, default=3)
+    ceiling.add_argument(
+        "--p10-json", help="a p10 run's JSON: bound the worker's runs/s by its store calls"
+    )
     for p in (p10, promise, ceiling):
         p.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args(argv)
