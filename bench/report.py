@@ -18,7 +18,6 @@ Regenerate the report from saved raw results (no benchmark is run):
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 import json
 import math
@@ -40,6 +39,7 @@ from bench.targets import (
     REPORT,
     TARGETS,
     Fig,
+    Reading,
     Target,
     oracle_name,
     oracle_ratio,
@@ -144,26 +144,22 @@ def judge(target: Target, raw: J) -> TargetResult:
     r.measured = reading.measured
     r.figure = reading.figure or fx(f)
     r.label = reading.label
-    default = run_of(raw, target.default_by) if target.default_by else None
-    if default is not None:
-        with contextlib.suppress(KeyError, TypeError, ValueError, ZeroDivisionError, IndexError):
-            d = target.read(default)
-            r.measured += (
-                f"; with the engine's default oracle (local, in the store), not judged: "
-                f"{d.figure or fx(d.value)}"
-            )
-    emb = run_of(raw, target.embedded_by) if target.embedded_by else None
+    d = _side_reading(target, raw, target.default_by)
+    if d is not None:
+        r.measured += (
+            f"; with the engine's default oracle (local, in the store), not judged: "
+            f"{d.figure or fx(d.value)}"
+        )
+    e = _side_reading(target, raw, target.embedded_by)
     embedded_meets = True
-    if emb is not None:
-        with contextlib.suppress(KeyError, TypeError, ValueError, ZeroDivisionError, IndexError):
-            e = target.read(emb)
-            r.embedded = e.figure or fx(e.value)
-            if not math.isnan(target.embedded_threshold):
-                embedded_meets = target.meets(e.value.median, target.embedded_threshold)
-                r.embedded += (
-                    f" (goal {target.direction} {target.embedded_threshold:g}x: "
-                    f"{'met' if embedded_meets else 'missed'})"
-                )
+    if e is not None:
+        r.embedded = e.figure or fx(e.value)
+        if not math.isnan(target.embedded_threshold):
+            embedded_meets = target.meets(e.value.median, target.embedded_threshold)
+            r.embedded += (
+                f" (goal {target.direction} {target.embedded_threshold:g}x: "
+                f"{'met' if embedded_meets else 'missed'})"
+            )
     if target.direction == REPORT:
         r.verdict = REPORTED
         return r
@@ -178,6 +174,19 @@ def judge(target: Target, raw: J) -> TargetResult:
         target.score(high, threshold),
     )
     return r
+
+
+def _side_reading(target: Target, raw: J, step: str) -> Reading | None:
+    """``target``'s reading of a step shown beside its judged one (the embedded run, the
+    run with the engine's defaults), or None if that step did not run or its JSON cannot
+    be read: a side figure never stops the judged one from being reported."""
+    run = run_of(raw, step) if step else None
+    if run is None or target.read is None:
+        return None
+    try:
+        return target.read(run)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, IndexError):
+        return None
 
 
 # --------------------------------------------------------------------------- scaling maths

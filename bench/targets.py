@@ -251,10 +251,12 @@ def scan_growth(run: J) -> Reading:
 
 
 def spark_rounds(incr: J) -> list[J]:
-    """Per round: runner, incremental and recompute seconds, ratio.  Rounds alternate the
-    runners in the order spark_bench uses (worker, drain, worker, ...)."""
+    """Per round: runner, incremental and recompute seconds, ratio, and (where the run
+    recorded them) the documents changed.  Rounds alternate the runners in the order
+    spark_bench uses (worker, drain, worker, ...)."""
     runners = ["worker", "drain"]
     taken = {k: list(v) for k, v in incr["incremental_runs"].items()}
+    changes = incr.get("changes_runs")
     rounds = []
     for i, recompute in enumerate(incr["recompute_runs"]):
         runner = runners[i % len(runners)]
@@ -268,6 +270,7 @@ def spark_rounds(incr: J) -> list[J]:
                 "incremental_s": seconds,
                 "recompute_s": float(recompute),
                 "ratio": float(recompute) / seconds,
+                **({"changes": int(changes[i])} if changes is not None else {}),
             }
         )
     return rounds
@@ -331,19 +334,16 @@ def break_even(run: J) -> Reading:
     (incremental seconds per changed document x corpus size)."""
     docs = int(run["documents"])
     goal_docs = 100_000
-    rounds: list[tuple[float, float, int]] = []
-    for i, runner in enumerate(_alternating(run)):
-        if runner == "worker":
-            changes = int(run["changes_runs"][i])
-            incremental = float(run["incremental_runs"]["worker"][len(rounds)])
-            rounds.append((float(run["recompute_runs"][i]), incremental, changes))
+    rounds = [x for x in spark_rounds(run) if x["runner"] == "worker"]
     if not rounds:
         raise ValueError("the promise benchmark ran no worker round")
-    fractions = Fig.of([rec / (inc / ch * docs) for rec, inc, ch in rounds])
-    per_change = statistics.median(inc / ch for _, inc, ch in rounds)
-    recompute = statistics.median(rec for rec, _, _ in rounds)
-    speedup = statistics.median(rec / inc for rec, inc, _ in rounds)
-    changed = rounds[0][2]
+    fractions = Fig.of(
+        [x["recompute_s"] / (x["incremental_s"] / x["changes"] * docs) for x in rounds]
+    )
+    per_change = statistics.median(x["incremental_s"] / x["changes"] for x in rounds)
+    recompute = statistics.median(x["recompute_s"] for x in rounds)
+    speedup = statistics.median(x["ratio"] for x in rounds)
+    changed = rounds[0]["changes"]
     return Reading(
         fractions,
         f"embedded store, {docs:,} documents"
@@ -356,12 +356,6 @@ def break_even(run: J) -> Reading:
         fractions.text("%"),
         holds=bool(run.get("identical")) and docs >= goal_docs,
     )
-
-
-def _alternating(run: J) -> list[str]:
-    """The runner of each round of a promise run, in order (spark_bench.RUNNERS)."""
-    runners = ("worker", "drain")
-    return [runners[i % len(runners)] for i in range(len(run["recompute_runs"]))]
 
 
 def observer_cost(run: J) -> Reading:
