@@ -6,17 +6,23 @@ A benchmark measures one operation with :func:`run_timed` (per-call latencies pl
 wall-clock rate), repeats that a few times, and reports the **median** of the repeats with
 their spread (:func:`summarize`), because single runs on a shared two-core machine are noisy.
 The operations themselves are written once, in :mod:`bench.workloads`.
+
+Every timed run also records where the CPU went (:class:`CpuUse`): this process, the
+processes named with :func:`watch_processes` (the HBase JVMs, the oracle server), and the
+rest of the machine.  On two cores shared by client and servers, a rate is often bounded by
+CPU rather than by waiting, and only this split says which side to make cheaper.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import os
 import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -39,6 +45,120 @@ def percentile(values: Sequence[float], p: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
+#: the processes whose CPU time every :class:`CpuMeter` also reads, by name
+_watched: dict[str, int] = {}
+
+
+def watch_processes(named: Mapping[str, int]) -> None:
+    """From now on, account the CPU time of these processes (name -> pid) in every
+    measurement of this process (``--cpu-of NAME=PID`` of the benchmarks that take it)."""
+    _watched.clear()
+    _watched.update(named)
+
+
+def parse_cpu_of(values: Sequence[str]) -> dict[str, int]:
+    """``["hbase=123", "oracle=456"]`` -> ``{"hbase": 123, "oracle": 456}``; a malformed
+    item raises ValueError naming it."""
+    named: dict[str, int] = {}
+    for value in values:
+        name, sep, pid = value.partition("=")
+        if not sep or not name or not pid.isdigit():
+            raise ValueError(f"--cpu-of wants NAME=PID, got {value!r}")
+        named[name] = int(pid)
+    return named
+
+
+_TICK_S = 1 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
+
+
+def machine_cpu_s() -> float | None:
+    """CPU seconds every core of the machine spent busy since boot (``/proc/stat``: all but
+    idle and iowait), or None where that file does not exist."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    # cpu user nice system idle iowait irq softirq steal [guest guest_nice: already in user]
+    ticks = [int(x) for x in fields[1:9]]
+    return (sum(ticks) - ticks[3] - ticks[4]) * _TICK_S
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid`` (all its threads), or None if it is gone
+    or unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            after_name = f.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return (int(after_name[11]) + int(after_name[12])) * _TICK_S
+
+
+@dataclass(frozen=True)
+class CpuUse:
+    """CPU seconds spent during one measurement of ``wall_s`` seconds: by this process (all
+    its threads), by each watched process, and by the whole machine (every process on every
+    core; None where the machine's figure is unavailable)."""
+
+    wall_s: float
+    process_s: float
+    machine_s: float | None
+    cores: int
+    named_s: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def busy(self) -> float | None:
+        """The share of the machine's cores that were busy (1.0: every core, all the time)."""
+        if self.machine_s is None or self.wall_s <= 0:
+            return None
+        return self.machine_s / (self.wall_s * self.cores)
+
+    def per_item_ms(self, items: int) -> dict[str, float]:
+        """Milliseconds of CPU per item: ``client`` (this process), each watched process,
+        ``rest`` (everything else on the machine: other processes, the kernel's own work)
+        and ``machine`` (the total), plus ``busy`` (see :attr:`busy`)."""
+        if items <= 0:
+            return {}
+        out = {"client": self.process_s * 1000 / items}
+        out.update({name: s * 1000 / items for name, s in self.named_s.items()})
+        if self.machine_s is not None:
+            rest = self.machine_s - self.process_s - sum(self.named_s.values())
+            out["rest"] = max(rest, 0.0) * 1000 / items
+            out["machine"] = self.machine_s * 1000 / items
+        busy = self.busy
+        if busy is not None:
+            out["busy"] = busy
+        return out
+
+
+class CpuMeter:
+    """Reads the CPU clocks when made; :meth:`stop` returns what was spent since."""
+
+    def __init__(self) -> None:
+        self._named = dict(_watched)
+        self._named_start = {name: process_cpu_s(pid) for name, pid in self._named.items()}
+        self._machine_start = machine_cpu_s()
+        self._process_start = time.process_time()
+        self._wall_start = time.perf_counter()
+
+    def stop(self) -> CpuUse:
+        wall = time.perf_counter() - self._wall_start
+        process = time.process_time() - self._process_start
+        machine_end = machine_cpu_s()
+        named: dict[str, float] = {}
+        for name, pid in self._named.items():
+            start, end = self._named_start[name], process_cpu_s(pid)
+            if start is not None and end is not None:
+                named[name] = end - start
+        machine = (
+            None
+            if self._machine_start is None or machine_end is None
+            else machine_end - self._machine_start
+        )
+        return CpuUse(wall, process, machine, os.cpu_count() or 1, named)
+
+
 @dataclass(frozen=True)
 class Timing:
     """One timed run: ``ops`` calls in ``seconds`` of wall-clock time, over all threads.
@@ -55,6 +175,8 @@ class Timing:
     max_ms: float
     threads: int = 1
     items_per_op: int = 1
+    #: where the CPU went during the run (None: not measured)
+    cpu: CpuUse | None = None
 
     @property
     def rate(self) -> float:
@@ -68,7 +190,12 @@ class Timing:
 
     @staticmethod
     def from_latencies(
-        latencies_s: Sequence[float], seconds: float, *, threads: int = 1, items_per_op: int = 1
+        latencies_s: Sequence[float],
+        seconds: float,
+        *,
+        threads: int = 1,
+        items_per_op: int = 1,
+        cpu: CpuUse | None = None,
     ) -> Timing:
         ms = [x * 1000 for x in latencies_s]
         return Timing(
@@ -80,10 +207,11 @@ class Timing:
             max_ms=max(ms) if ms else math.nan,
             threads=threads,
             items_per_op=items_per_op,
+            cpu=cpu,
         )
 
-    def as_dict(self) -> dict[str, float | int]:
-        return {
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {
             "ops": self.ops,
             "seconds": self.seconds,
             "rate": self.rate,
@@ -95,6 +223,13 @@ class Timing:
             "p99_ms": self.p99_ms,
             "max_ms": self.max_ms,
         }
+        if self.cpu is not None:
+            out["cpu_ms_per_item"] = self.cpu_per_item()
+        return out
+
+    def cpu_per_item(self) -> dict[str, float]:
+        """CPU milliseconds per item (see :meth:`CpuUse.per_item_ms`); {} if not measured."""
+        return {} if self.cpu is None else self.cpu.per_item_ms(self.ops * self.items_per_op)
 
 
 def run_timed(
@@ -112,7 +247,15 @@ def run_timed(
     threads = min(threads, max(count, 1))
     latencies: list[list[float]] = [[] for _ in range(threads)]
     errors: list[BaseException] = []
-    barrier = threading.Barrier(threads + 1)
+    clocks: list[tuple[float, CpuMeter]] = []
+
+    def start_clocks() -> None:
+        # Run by the last thread to reach the barrier, before any is let go: started later
+        # (by the caller's thread once it has the GIL back), the clocks would miss the
+        # first milliseconds of work.
+        clocks.append((time.perf_counter(), CpuMeter()))
+
+    barrier = threading.Barrier(threads + 1, action=start_clocks)
     stop = threading.Event()
 
     def worker(t: int) -> None:
@@ -135,10 +278,11 @@ def run_timed(
     for w in workers:
         w.start()
     barrier.wait()
-    started = time.perf_counter()
     for w in workers:
         w.join()
+    started, meter = clocks[0]
     seconds = time.perf_counter() - started
+    cpu = meter.stop()
     if errors:
         raise errors[0]
     return Timing.from_latencies(
@@ -146,7 +290,20 @@ def run_timed(
         seconds,
         threads=threads,
         items_per_op=items_per_op,
+        cpu=cpu,
     )
+
+
+def median_per_key(dicts: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """For each key that every dict has, the median of its values (in the first dict's key
+    order): the repeats of :meth:`Timing.cpu_per_item` reduced to one figure each."""
+    if not dicts:
+        return {}
+    return {
+        key: statistics.median(d[key] for d in dicts)
+        for key in dicts[0]
+        if all(key in d for d in dicts)
+    }
 
 
 @dataclass(frozen=True)

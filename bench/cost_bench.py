@@ -50,7 +50,14 @@ from percolator.observers.worker import Worker
 
 import percolator
 from bench import workloads as w
-from bench._common import run_timed
+from bench._common import (
+    CpuMeter,
+    Timing,
+    median_per_key,
+    parse_cpu_of,
+    run_timed,
+    watch_processes,
+)
 from percolator.store import Store, open_store
 from percolator.store.base import CompareAndSet, Put
 from percolator.timestamps.local import DEFAULT_BLOCK_MS, LocalOracle
@@ -68,8 +75,8 @@ def _client(store: Store, block_ms: int) -> percolator.Client:
     return percolator.connect(store, oracle=LocalOracle(store, block_ms=block_ms))
 
 
-def raw_pairs(store: Store, table: str, threads: int, count: int) -> float:
-    """get + put pairs per second on ``table`` with ``threads`` threads."""
+def raw_pairs(store: Store, table: str, threads: int, count: int) -> Timing:
+    """``count`` get + put pairs on ``table`` with ``threads`` threads, timed."""
     from percolator.store.base import Put
 
     value = b"x" * 16
@@ -79,7 +86,7 @@ def raw_pairs(store: Store, table: str, threads: int, count: int) -> float:
         store.read_row(table, row, columns=[("d", b"q")])
         store.put(table, [Put(row, "d", b"q", i + 1, value)])
 
-    return run_timed(pair, count, threads=threads).rate
+    return run_timed(pair, count, threads=threads)
 
 
 def _lock_stats(store: Store) -> dict[str, float]:
@@ -91,15 +98,16 @@ def observer_runs(
     store: Store, block_ms: int, threads: int, backlog: int, tag: str, batch_size: int = 1
 ) -> tuple[float, dict[str, float]]:
     """Runs/s of the worker working off ``backlog`` fresh notifications, and per run: the
-    store calls, the process's CPU milliseconds and (embedded) the milliseconds writers
-    queued for and held the write mutex."""
+    store calls, the CPU milliseconds (``cpu_ms``: this process; ``cpu_ms_<name>``: see
+    :meth:`bench._common.CpuUse.per_item_ms`) and (embedded) the milliseconds writers queued
+    for and held the write mutex."""
     client = _client(store, block_ms)
     try:
         observer = w.latency_observer(client)
         rows = w.write_events(client, tag, backlog)
         before = dict(store.stats.calls)
         locks = _lock_stats(store)
-        cpu = time.process_time()
+        meter = CpuMeter()
         options = WorkerOptions(
             threads=threads, idle_sleep_s=0.005, housekeeping_s=3600, batch_size=batch_size
         )
@@ -113,7 +121,7 @@ def observer_runs(
                     raise RuntimeError("the backlog was not worked off within 600 s")
                 time.sleep(0.01)
             elapsed = time.perf_counter() - started
-            cpu_ms = (time.process_time() - cpu) * 1000 / len(rows)
+            cpu = meter.stop().per_item_ms(len(rows))
             locks_after = _lock_stats(store)
         finally:
             worker.stop()
@@ -123,7 +131,10 @@ def observer_runs(
             for op, n in after.items()
             if n != before.get(op, 0)
         }
-        calls["cpu_ms"] = cpu_ms
+        calls["cpu_ms"] = cpu.pop("client")
+        if "busy" in cpu:
+            calls["machine_busy"] = cpu.pop("busy")
+        calls.update({f"cpu_ms_{name}": value for name, value in cpu.items()})
         for key in ("wait_s", "held_s", "group_wait_s"):
             if key in locks:
                 calls[f"lock_{key[:-2]}_ms"] = (locks_after[key] - locks[key]) * 1000 / len(rows)
@@ -148,6 +159,8 @@ def run_p10(args: argparse.Namespace) -> dict[str, Any]:
     started_load = load()
     results: dict[str, list[float]] = {}
     calls_seen: dict[str, dict[str, float]] = {}
+    # CPU per item of the two measurements P10 compares, per repeat (CpuUse.per_item_ms)
+    cpu_runs: dict[str, list[dict[str, float]]] = {}
     # The production worker's own setting is always measured: it is the figure P10 judges.
     batch_sizes = sorted({*args.batch_sizes, DEFAULT_BATCH_SIZE})
 
@@ -158,7 +171,10 @@ def run_p10(args: argparse.Namespace) -> dict[str, Any]:
         with w.raw_table(store, "cost_raw") as raw:
             w.raw_load(store, raw, args.pairs, b"x" * 16)
             for repeat in range(args.repeats):
-                note("raw_pairs", raw_pairs(store, raw, args.threads, args.pairs))
+                pairs = raw_pairs(store, raw, args.threads, args.pairs)
+                note("raw_pairs", pairs.rate)
+                if pairs.cpu is not None:
+                    cpu_runs.setdefault("raw_pairs", []).append(pairs.cpu.per_item_ms(pairs.ops))
                 for mode, block_ms in MODES.items():
                     rate, calls = observer_runs(
                         store, block_ms, args.threads, args.backlog, f"r{repeat}{mode}"
@@ -177,6 +193,8 @@ def run_p10(args: argparse.Namespace) -> dict[str, Any]:
                     )
                     note(f"observer_block_batch{batch_size}", rate)
                     calls_seen[f"block_batch{batch_size}"] = calls
+                    if batch_size == DEFAULT_BATCH_SIZE:
+                        cpu_runs.setdefault("observer", []).append(_cpu_of_run(calls))
                 note("raw_put", _raw_put_rate(store, raw, args.threads, args.pairs))
                 default_interval = sys.getswitchinterval()
                 for interval in args.switch_intervals:
@@ -216,9 +234,7 @@ def run_p10(args: argparse.Namespace) -> dict[str, Any]:
         "runs_per_s": results,
         "store_calls_per_run": calls_seen,
         "p10": {m: med[f"observer_{m}"] / med["raw_pairs"] for m in MODES},
-        "p10_batch": {
-            n: med[f"observer_block_batch{n}"] / med["raw_pairs"] for n in batch_sizes
-        },
+        "p10_batch": {n: med[f"observer_block_batch{n}"] / med["raw_pairs"] for n in batch_sizes},
         # P10 as the worker runs by default (leased timestamp blocks, batches of
         # ``default_batch_size``): per repeat, runs/s over the raw pairs/s of that repeat.
         "default_batch_size": DEFAULT_BATCH_SIZE,
@@ -231,6 +247,8 @@ def run_p10(args: argparse.Namespace) -> dict[str, Any]:
             )
         ],
         "p3": {m: med[f"txn1_{m}"] / med["raw_put"] for m in MODES},
+        # where the CPU went, per raw pair and per run of the worker with its defaults
+        "cpu_runs": cpu_runs,
     }
     print(f"load: start {out['load_start']}, end {out['load_end']}")
     print(f"raw get+put pairs/s ({args.threads} threads): {med['raw_pairs']:.0f}")
@@ -251,6 +269,8 @@ def run_p10(args: argparse.Namespace) -> dict[str, Any]:
             f"{med[f'observer_{key}'] / med['raw_pairs']:.3f}x raw pairs (P10); per run "
             + ", ".join(f"{k} {v:.2f}" for k, v in sorted(calls_seen[key].items()))
         )
+    for key, runs in cpu_runs.items():
+        print(f"[CPU per {'raw pair' if key == 'raw_pairs' else 'run'}, {key}] " + _cpu_text(runs))
     for mode in MODES:
         print(
             f"[{mode:5}] trivial observer {med[f'observer_{mode}']:.1f} runs/s = "
@@ -258,6 +278,24 @@ def run_p10(args: argparse.Namespace) -> dict[str, Any]:
             f"= {out['p3'][mode]:.3f}x raw puts (P3); store calls per run "
             + ", ".join(f"{k} {v:.2f}" for k, v in sorted(calls_seen[mode].items()))
         )
+    return out
+
+
+def _cpu_text(runs: list[dict[str, float]]) -> str:
+    """Medians over repeats of CpuUse.per_item_ms dicts, as text."""
+    return ", ".join(
+        f"{k} {v:.0%}" if k == "busy" else f"{k} {v:.2f} ms"
+        for k, v in median_per_key(runs).items()
+    )
+
+
+def _cpu_of_run(calls: dict[str, float]) -> dict[str, float]:
+    """The CPU figures of :func:`observer_runs`' per-run dict, keyed as
+    :meth:`bench._common.CpuUse.per_item_ms` keys them."""
+    out = {"client": calls["cpu_ms"]}
+    out.update({k.removeprefix("cpu_ms_"): v for k, v in calls.items() if k.startswith("cpu_ms_")})
+    if "machine_busy" in calls:
+        out["busy"] = calls["machine_busy"]
     return out
 
 
@@ -275,6 +313,8 @@ def run_ceiling(args: argparse.Namespace) -> dict[str, Any]:
     store = open_store(args.store)
     started_load = load()
     rates: dict[str, dict[str, list[float]]] = {}
+    # CPU per operation (CpuUse.per_item_ms), per thread count and operation, per repeat
+    cpu: dict[str, dict[str, list[dict[str, float]]]] = {}
     offsets = itertools.count()
     try:
         with w.raw_table(store, "cost_ceiling") as raw:
@@ -303,8 +343,10 @@ def run_ceiling(args: argparse.Namespace) -> dict[str, Any]:
                     if store.conditional_puts:
                         ops.append(("compare_and_set_put", cas_put))
                     for name, op in ops:
-                        per.setdefault(name, []).append(
-                            run_timed(op, args.count, threads=threads).rate
+                        timing = run_timed(op, args.count, threads=threads)
+                        per.setdefault(name, []).append(timing.rate)
+                        cpu.setdefault(str(threads), {}).setdefault(name, []).append(
+                            timing.cpu_per_item()
                         )
     finally:
         store.close()
@@ -316,7 +358,11 @@ def run_ceiling(args: argparse.Namespace) -> dict[str, Any]:
         "load_end": load(),
         "median_per_s": med,
         "runs": rates,
+        "cpu_runs": cpu,
     }
+    for t, per_op in cpu.items():
+        for op, runs in per_op.items():
+            print(f"[CPU per {op}, {t} threads] {_cpu_text(runs)}")
     calls = _observer_calls(args.p10_json) if args.p10_json else None
     bound: dict[str, float] = {}
     for t, r in med.items():
@@ -468,9 +514,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     ceiling.add_argument(
         "--p10-json", help="a p10 run's JSON: bound the worker's runs/s by its store calls"
     )
+    for p in (p10, ceiling):
+        p.add_argument(
+            "--cpu-of",
+            action="append",
+            default=[],
+            metavar="NAME=PID",
+            help="also account the CPU time of this server process (repeatable: the HBase "
+            "JVMs, the oracle server)",
+        )
     for p in (p10, promise, ceiling):
         p.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args(argv)
+    if args.mode in ("p10", "ceiling"):
+        try:
+            watch_processes(parse_cpu_of(args.cpu_of))
+        except ValueError as exc:
+            parser.error(str(exc))
     modes = {"p10": run_p10, "promise": run_promise, "ceiling": run_ceiling}
     result = modes[args.mode](args)
     if args.json:

@@ -499,7 +499,7 @@ def main() -> int:
         if args.oracle == "serve":
             from bench.oracle_bench import oracle_server
 
-            oracle_url = "grpc://" + stack.enter_context(oracle_server(args.store))
+            oracle_url = "grpc://" + stack.enter_context(oracle_server(args.store)).address
         elif args.oracle != "local":
             oracle_url = args.oracle
         print(f"store: {args.store}\noracle: {oracle_url or 'local (in the store)'}", flush=True)

@@ -41,6 +41,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 if __package__ in (None, ""):  # run as a script: make ``bench`` and the packages importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -65,9 +66,16 @@ RANGED_TARGET = BY_ID["P1a"].threshold  # minimum ranged / per-rpc with the same
 _READY = re.compile(r"oracle: listening on (\S+) ")
 
 
+class OracleServer(NamedTuple):
+    """A running oracle server process: its ``HOST:PORT`` and its pid."""
+
+    address: str
+    pid: int
+
+
 @contextmanager
-def oracle_server(store_url: str) -> Iterator[str]:
-    """An oracle server process on ``store_url``; yields its address; stops it after."""
+def oracle_server(store_url: str) -> Iterator[OracleServer]:
+    """An oracle server process on ``store_url``; stops it after."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "percolator", "oracle", "serve", "--store", store_url,
          "--listen", "127.0.0.1:0"],
@@ -82,7 +90,7 @@ def oracle_server(store_url: str) -> Iterator[str]:
         match = _READY.search(line)
         if not match:
             raise SystemExit(f"oracle_bench: the oracle did not start: {line!r}")
-        yield match.group(1)
+        yield OracleServer(match.group(1), proc.pid)
     finally:
         proc.terminate()
         proc.wait(30)
@@ -120,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.oracle:
             results = run(args.oracle, waiter_counts, args)
         else:
-            with oracle_server(store_url) as address:
-                results = run(f"grpc://{address}", waiter_counts, args)
+            with oracle_server(store_url) as server:
+                results = run(f"grpc://{server.address}", waiter_counts, args)
         if args.local:
             results["local"] = run_local(f"embedded:{scratch}/local", waiter_counts, args)
     if args.json:

@@ -32,7 +32,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import fmt_ms, fmt_rate, format_table
+from bench._common import fmt_ms, fmt_rate, format_table, median_per_key
 from bench.targets import (
     AT_LEAST,
     BY_ID,
@@ -359,13 +359,17 @@ def _notes_section(raw: J, targets: Sequence[TargetResult]) -> str:
         timings = txn["timings"]
         rows = []
         known = ["raw_get", "raw_put", "txn_read", "txn_read_full", "txn_1cell", "txn_10cell"]
-        for op in [o for o in known if o in timings[0]] + [o for o in timings[0]
-                                                            if o not in known]:
+        ops = [o for o in known if o in timings[0]] + [o for o in timings[0] if o not in known]
+        cpu = {op: median_per_key([t[op].get("cpu_ms_per_item", {}) for t in timings])
+               for op in ops}
+        for op in ops:
             rows.append([
                 op, fmt_rate(_rate_median(timings, op)),
                 fmt_ms(statistics.median(float(t[op]["p50_ms"]) for t in timings)),
                 fmt_ms(statistics.median(float(t[op]["p99_ms"]) for t in timings)),
             ])
+        cpu_headers, cpu_rows = cpu_columns([cpu[op] for op in ops])
+        rows = [row + extra for row, extra in zip(rows, cpu_rows, strict=True)]
         shares = txn.get("oracle_share") or []
         share = f"; oracle wait {statistics.median(shares):.1%} of 1-cell latency" if shares else ""
         parts.append(
@@ -373,8 +377,9 @@ def _notes_section(raw: J, targets: Sequence[TargetResult]) -> str:
             f"{txn.get('threads')} client threads, {txn.get('ops')} operations per repeat, "
             f"{txn.get('value_size', '?')}-byte values, timestamps from the "
             f"{oracle_name(txn.get('oracle', '?'))}{share}.  "
-            "`raw_*` are the store's own get and put in the same repeat.\n\n"
-            + md_table(["operation", "items/s", "p50 ms", "p99 ms"], rows) + "\n"
+            "`raw_*` are the store's own get and put in the same repeat."
+            + (CPU_NOTE if cpu_headers else "") + "\n\n"
+            + md_table(["operation", "items/s", "p50 ms", "p99 ms", *cpu_headers], rows) + "\n"
         )
     obs = run_of(raw, "observers")
     if obs is not None and obs.get("latency"):
@@ -453,6 +458,59 @@ def _notes_section(raw: J, targets: Sequence[TargetResult]) -> str:
             + md_table(["case", "read after kill", "must wait s", "excess s", "round trips",
                         "bound s", "result"], rows)
             + "\n"
+        )
+    p10 = _p10_section(raw)
+    if p10:
+        parts.append(p10)
+    return "\n".join(parts)
+
+
+CPU_NOTE = (
+    "  CPU columns: milliseconds of CPU per item (cell, pair or run) spent by the benchmark's "
+    "own process (`client`), by each server process the run started (`hbase`: the master "
+    "and region server JVM, `thrift`/`thrift2`: the gateways, `oracle`: the oracle server) "
+    "and by everything else on the machine (`rest`); `busy`: the share of all cores in use "
+    "during the measurement."
+)
+
+
+def cpu_columns(cpus: Sequence[J]) -> tuple[list[str], list[list[object]]]:
+    """Table columns for CpuUse.per_item_ms dicts (one per row): client, each named
+    process, rest, busy.  No columns if no row has CPU figures."""
+    if not any(cpus):
+        return [], [[] for _ in cpus]
+    fixed = {"client", "rest", "machine", "busy"}
+    named = sorted({k for c in cpus for k in c if k not in fixed})
+    keys = ["client", *named, "rest"]
+    headers = [f"{k} CPU ms" for k in keys] + ["busy"]
+    rows: list[list[object]] = []
+    for c in cpus:
+        row: list[object] = [fmt_ms(c[k]) if k in c else "-" for k in keys]
+        rows.append([*row, f"{c['busy']:.0%}" if "busy" in c else "-"])
+    return headers, rows
+
+
+def _p10_section(raw: J) -> str:
+    parts = []
+    for label, name in ((judged_store(raw), "p10_hbase"), ("embedded", "p10_embedded")):
+        run = run_of(raw, name)
+        if run is None or not run.get("cpu_runs"):
+            continue
+        batch = run["default_batch_size"]
+        measured = {
+            "raw_pairs": ("raw get + put pair", run["runs_per_s"]["raw_pairs"]),
+            "observer": (f"worker run (batches of up to {batch})",
+                         run["runs_per_s"][f"observer_block_batch{batch}"]),
+        }
+        keys = [k for k in measured if k in run["cpu_runs"]]
+        cpus = [median_per_key(run["cpu_runs"][k]) for k in keys]
+        headers, cpu_rows = cpu_columns(cpus)
+        rows = [[measured[k][0], fmt_rate(statistics.median(measured[k][1])), *extra]
+                for k, extra in zip(keys, cpu_rows, strict=True)]
+        parts.append(
+            f"### P10 trivial observer ({label})\n\n"
+            f"{run['threads']} threads; medians over {run['repeats']} repeats." + CPU_NOTE
+            + "\n\n" + md_table(["one item is", "items/s", *headers], rows) + "\n"
         )
     return "\n".join(parts)
 

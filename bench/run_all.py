@@ -58,7 +58,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -575,6 +575,7 @@ def run_all(argv: Sequence[str] | None) -> int:
     print(f"run_all: work directory {workdir}", file=sys.stderr)
     try:
         with contextlib.ExitStack() as stack:
+            hbase_pids: dict[str, int | None] = {}  # the JVMs of an HBase this run starts
             if embedded:
                 base_url = args.store
                 machine["hbase"] = "not used: every benchmark on the embedded store"
@@ -596,6 +597,12 @@ def run_all(argv: Sequence[str] | None) -> int:
                     print(f"run_all: cannot start a local HBase: {exc}", file=sys.stderr)
                     return 2
                 base_url = local.url
+                status = local.status()
+                hbase_pids = {
+                    "hbase": status.master_pid,
+                    "thrift": status.thrift_pid,
+                    "thrift2": status.thrift2_pid,
+                }
                 gateways = "Thrift-1 and Thrift-2" if "thrift2_port=" in base_url else "Thrift-1"
                 machine["hbase"] = (
                     f"{hbase_version()} standalone with its {gateways} gateway(s), started fresh "
@@ -606,12 +613,21 @@ def run_all(argv: Sequence[str] | None) -> int:
             stack.callback(namespaces.drop_all)  # runs after the oracle stops, before HBase
             from bench.oracle_bench import oracle_server
 
-            oracle_url = "grpc://" + stack.enter_context(oracle_server(namespaces.url("oracle")))
+            oracle = stack.enter_context(oracle_server(namespaces.url("oracle")))
+            oracle_url = "grpc://" + oracle.address
+            # Every benchmark that can also accounts the CPU time of the servers this run
+            # started (bench/_common.py: CpuUse): on two cores, who spends the CPU decides.
+            processes = Processes(
+                hbase=[f"{k}={v}" for k, v in hbase_pids.items() if v is not None],
+                oracle=[f"oracle={oracle.pid}"],
+            )
             machine["oracle"] = (
                 "timestamp oracle server (percolator oracle serve) on the same store, "
                 "one for the whole run"
             )
-            _run_steps(runner, raw, sizes, groups, namespaces, oracle_url, args.profile_all)
+            _run_steps(
+                runner, raw, sizes, groups, namespaces, oracle_url, processes, args.profile_all
+            )
     except KeyboardInterrupt:
         print("run_all: interrupted; everything it started has been stopped", file=sys.stderr)
         _save_raw(raw, runner, workdir, started)
@@ -654,6 +670,19 @@ def _save_raw(raw: J, runner: Runner, workdir: Path, started: float) -> None:
     (workdir / "raw.json").write_text(json.dumps(raw, indent=1, sort_keys=True) + "\n")
 
 
+@dataclass
+class Processes:
+    """The server processes this run started, as ``--cpu-of NAME=PID`` values: the HBase
+    JVMs (none when the run uses an HBase it did not start, or the embedded store) and the
+    oracle server."""
+
+    hbase: list[str] = field(default_factory=list)
+    oracle: list[str] = field(default_factory=list)
+
+    def of(self, *, hbase: bool = False, oracle: bool = False) -> list[str]:
+        return (self.hbase if hbase else []) + (self.oracle if oracle else [])
+
+
 def bench_argv(script: str, *args: str, **options: object) -> list[str]:
     """The command line of ``bench/<script>.py``: ``args``, then ``--option value`` for each
     option (``value_size`` becomes ``--value-size``; None is left out, True is a bare flag)."""
@@ -661,7 +690,12 @@ def bench_argv(script: str, *args: str, **options: object) -> list[str]:
     for key, value in options.items():
         if value is None or value is False:
             continue
-        argv.append("--" + key.replace("_", "-"))
+        option = "--" + key.replace("_", "-")
+        if isinstance(value, list):  # a repeatable option: once per item
+            for item in value:
+                argv += [option, str(item)]
+            continue
+        argv.append(option)
         if value is not True:
             argv.append(str(value))
     return argv
@@ -674,6 +708,7 @@ def _run_steps(
     groups: set[str],
     ns: Namespaces,
     oracle_url: str,
+    processes: Processes,
     profile_all: bool,
 ) -> None:
     r = sizes.repeats
@@ -687,6 +722,7 @@ def _run_steps(
         runner.run(name, bench_argv(
             "txn_bench", store=store, oracle=oracle_url if server else None,
             ops=sizes.txn_ops, threads=threads, repeats=r, value_size=value_size,
+            cpu_of=processes.of(hbase=store is not None, oracle=server),
         ))
 
     def raw_store(name: str, ops: int, repeats: int, warmup: int | None = None) -> None:
@@ -738,7 +774,9 @@ def _run_steps(
             ))
     if "cost" in groups:
         p10 = {"threads": sizes.txn_threads, "backlog": sizes.p10_backlog, "repeats": r}
-        runner.run("p10_hbase", bench_argv("cost_bench", "p10", store=ns.url("p10"), **p10))
+        runner.run("p10_hbase", bench_argv(
+            "cost_bench", "p10", store=ns.url("p10"), cpu_of=processes.of(hbase=True), **p10
+        ))
         if also_embedded:
             runner.run("p10_embedded", bench_argv(
                 "cost_bench", "p10", store=ns.embedded_url("p10"), **p10

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bench._common import fmt_rate
+from bench._common import fmt_rate, median_per_key
 
 J = dict[str, Any]
 
@@ -370,8 +370,23 @@ def observer_cost(run: J) -> Reading:
         f"{run['threads']} threads, backlog {run['backlog']:,}: worker (batches of up to "
         f"{batch}) {fmt_rate(med[f'observer_block_batch{batch}'])} runs/s vs raw get+put "
         f"{fmt_rate(med['raw_pairs'])} pairs/s; one notification per transaction "
-        f"{fmt_rate(med['observer_block'])} runs/s",
+        f"{fmt_rate(med['observer_block'])} runs/s" + _cpu_comparison(run),
         f.text(digits=3),
+    )
+
+
+def _cpu_comparison(run: J) -> str:
+    """"; CPU per run X ms vs per pair Y ms (...)" when the run measured the machine's
+    CPU (cost_bench.py p10 ``cpu_runs``), else ""."""
+    cpu = {k: median_per_key(v) for k, v in run.get("cpu_runs", {}).items()}
+    run_cpu, pair_cpu = cpu.get("observer", {}), cpu.get("raw_pairs", {})
+    if "machine" not in run_cpu or "machine" not in pair_cpu:
+        return ""
+    return (
+        f"; CPU of the whole machine per run {run_cpu['machine']:.2f} ms (the worker's process "
+        f"{run_cpu['client']:.2f}) vs per raw pair {pair_cpu['machine']:.2f} ms "
+        f"({pair_cpu['client']:.2f}), cores {run_cpu.get('busy', 0):.0%} / "
+        f"{pair_cpu.get('busy', 0):.0%} busy"
     )
 
 

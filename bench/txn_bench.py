@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -44,9 +45,12 @@ from bench._common import (
     counted_client,
     fmt_ms,
     fmt_rate,
+    median_per_key,
+    parse_cpu_of,
     print_table,
     run_timed,
     spread,
+    watch_processes,
 )
 from bench.store_bench import measure_raw
 from bench.targets import BY_ID
@@ -140,16 +144,31 @@ def run(
     rows = []
     for op in timings[0]:
         rates = [t[op].item_rate for t in timings]
+        cpu = median_per_key([t[op].cpu_per_item() for t in timings])
         rows.append(
             [
                 op,
                 fmt_rate(statistics.median(rates)),
                 fmt_ms(statistics.median(t[op].p50_ms for t in timings)),
                 fmt_ms(statistics.median(t[op].p99_ms for t in timings)),
+                fmt_ms(cpu.get("client", math.nan)),
+                fmt_ms(cpu.get("machine", math.nan)),
+                f"{cpu['busy']:.0%}" if "busy" in cpu else "-",
             ]
         )
     print()
-    print_table(["operation", "items/s (median)", "p50", "p99"], rows)
+    print_table(
+        [
+            "operation",
+            "items/s (median)",
+            "p50",
+            "p99",
+            "client CPU ms/item",
+            "machine CPU ms/item",
+            "machine busy",
+        ],
+        rows,
+    )
     print()
     ratio_rows = []
     for name, target in TARGETS.items():
@@ -197,8 +216,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--value-size", type=int, default=64)
+    parser.add_argument(
+        "--cpu-of",
+        action="append",
+        default=[],
+        metavar="NAME=PID",
+        help="also account the CPU time of this server process (repeatable: the HBase JVMs, "
+        "the oracle server)",
+    )
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args(argv)
+    try:
+        watch_processes(parse_cpu_of(args.cpu_of))
+    except ValueError as exc:
+        parser.error(str(exc))
     with ExitStack() as stack:
         url = args.store
         if args.hbase:
