@@ -87,7 +87,11 @@ def test_per_item_figures_of_a_use() -> None:
     use = CpuUse(wall_s=2.0, process_s=1.0, machine_s=3.0, cores=2, named_s={"hbase": 1.5})
     assert use.busy == 0.75
     assert use.per_item_ms(1000) == {
-        "client": 1.0, "hbase": 1.5, "rest": 0.5, "machine": 3.0, "busy": 0.75
+        "client": 1.0,
+        "hbase": 1.5,
+        "rest": 0.5,
+        "machine": 3.0,
+        "busy": 0.75,
     }
     assert CpuUse(1.0, 0.5, None, 2).per_item_ms(10) == {"client": 50.0}
     assert use.per_item_ms(0) == {}
@@ -114,15 +118,22 @@ def _p10_run() -> dict[str, Any]:
         "backlog": 100,
         "repeats": 2,
         "default_batch_size": 32,
-        "median_per_s": {"observer_block_batch32": 300.0, "raw_pairs": 1000.0,
-                         "observer_block": 100.0},
+        "median_per_s": {
+            "observer_block_batch32": 300.0,
+            "raw_pairs": 1000.0,
+            "observer_block": 100.0,
+        },
         "runs_per_s": {"raw_pairs": [900.0, 1100.0], "observer_block_batch32": [280.0, 320.0]},
         "p10_default_runs": [0.31, 0.29],
         "cpu_runs": {
-            "raw_pairs": [{"client": 0.3, "hbase": 0.5, "rest": 0.2, "machine": 1.0, "busy": 0.9},
-                          {"client": 0.3, "hbase": 0.7, "rest": 0.2, "machine": 1.2, "busy": 0.9}],
-            "observer": [{"client": 1.0, "hbase": 2.0, "rest": 0.6, "machine": 3.6, "busy": 0.95},
-                         {"client": 1.2, "hbase": 2.2, "rest": 0.6, "machine": 4.0, "busy": 0.97}],
+            "raw_pairs": [
+                {"client": 0.3, "hbase": 0.5, "rest": 0.2, "machine": 1.0, "busy": 0.9},
+                {"client": 0.3, "hbase": 0.7, "rest": 0.2, "machine": 1.2, "busy": 0.9},
+            ],
+            "observer": [
+                {"client": 1.0, "hbase": 2.0, "rest": 0.6, "machine": 3.6, "busy": 0.95},
+                {"client": 1.2, "hbase": 2.2, "rest": 0.6, "machine": 4.0, "busy": 0.97},
+            ],
         },
     }
 
@@ -155,7 +166,15 @@ def test_cpu_columns_are_left_out_without_figures() -> None:
 def test_run_all_names_the_servers_it_started_to_each_benchmark() -> None:
     processes = Processes(hbase=["hbase=10", "thrift=11"], oracle=["oracle=12"])
     argv = bench_argv("txn_bench", store="s", cpu_of=processes.of(hbase=True, oracle=True))
-    assert argv[1:] == ["--store", "s", "--cpu-of", "hbase=10", "--cpu-of", "thrift=11",
-                        "--cpu-of", "oracle=12"]
+    assert argv[1:] == [
+        "--store",
+        "s",
+        "--cpu-of",
+        "hbase=10",
+        "--cpu-of",
+        "thrift=11",
+        "--cpu-of",
+        "oracle=12",
+    ]
     assert bench_argv("txn_bench", cpu_of=processes.of())[1:] == []
     assert processes.of(oracle=True) == ["oracle=12"]
