@@ -361,8 +361,8 @@ def run_ceiling(args: argparse.Namespace) -> dict[str, Any]:
         "cpu_runs": cpu,
     }
     for t, per_op in cpu.items():
-        for op, runs in per_op.items():
-            print(f"[CPU per {op}, {t} threads] {_cpu_text(runs)}")
+        for op_name, runs in per_op.items():
+            print(f"[CPU per {op_name}, {t} threads] {_cpu_text(runs)}")
     calls = _observer_calls(args.p10_json) if args.p10_json else None
     bound: dict[str, float] = {}
     for t, r in med.items():

@@ -378,7 +378,7 @@ def _notes_section(raw: J, targets: Sequence[TargetResult]) -> str:
             f"{txn.get('value_size', '?')}-byte values, timestamps from the "
             f"{oracle_name(txn.get('oracle', '?'))}{share}.  "
             "`raw_*` are the store's own get and put in the same repeat."
-            + (CPU_NOTE if cpu_headers else "") + "\n\n"
+            + (cpu_note(parts) if cpu_headers else "") + "\n\n"
             + md_table(["operation", "items/s", "p50 ms", "p99 ms", *cpu_headers], rows) + "\n"
         )
     obs = run_of(raw, "observers")
@@ -459,7 +459,7 @@ def _notes_section(raw: J, targets: Sequence[TargetResult]) -> str:
                         "bound s", "result"], rows)
             + "\n"
         )
-    p10 = _p10_section(raw)
+    p10 = _p10_section(raw, parts)
     if p10:
         parts.append(p10)
     return "\n".join(parts)
@@ -472,6 +472,13 @@ CPU_NOTE = (
     "and by everything else on the machine (`rest`); `busy`: the share of all cores in use "
     "during the measurement."
 )
+
+
+def cpu_note(sections_so_far: Sequence[str]) -> str:
+    """:data:`CPU_NOTE` for the first table with CPU columns, a reference to it after."""
+    if any(CPU_NOTE in section for section in sections_so_far):
+        return "  CPU columns as in the first table that has them."
+    return CPU_NOTE
 
 
 def cpu_columns(cpus: Sequence[J]) -> tuple[list[str], list[list[object]]]:
@@ -490,8 +497,9 @@ def cpu_columns(cpus: Sequence[J]) -> tuple[list[str], list[list[object]]]:
     return headers, rows
 
 
-def _p10_section(raw: J) -> str:
-    parts = []
+def _p10_section(raw: J, earlier: Sequence[str] = ()) -> str:
+    """P10's CPU tables; ``earlier``: the sections before it (for :func:`cpu_note`)."""
+    parts: list[str] = []
     for label, name in ((judged_store(raw), "p10_hbase"), ("embedded", "p10_embedded")):
         run = run_of(raw, name)
         if run is None or not run.get("cpu_runs"):
@@ -509,7 +517,8 @@ def _p10_section(raw: J) -> str:
                 for k, extra in zip(keys, cpu_rows, strict=True)]
         parts.append(
             f"### P10 trivial observer ({label})\n\n"
-            f"{run['threads']} threads; medians over {run['repeats']} repeats." + CPU_NOTE
+            f"{run['threads']} threads; medians over {run['repeats']} repeats."
+            + cpu_note([*earlier, *parts])
             + "\n\n" + md_table(["one item is", "items/s", *headers], rows) + "\n"
         )
     return "\n".join(parts)
