@@ -143,12 +143,16 @@ class ScannerPositions:
 
 # How many dirty rows per table a finder remembers to start passes from.
 _SAMPLE_SIZE = 64
+# How often a scanner that waits for the queue to empty looks at it (no store traffic).
+_QUEUE_POLL_S = 0.005
 
 
 class NotificationFinder:
     """The scanners of one worker: each runs :meth:`scan_loop` in its own thread, finds the
     dirty cells of ``columns`` (table -> observed columns) and hands each notification to
-    ``offer``, which may block (back-pressure) and says whether it took it.
+    ``offer``, which may block (back-pressure) and says whether it took it.  ``queued``
+    says how many offered notifications still wait for a run thread: after a pass that found
+    nothing new, the next waits until none does.
 
     ``hash_ranges`` (partitioned workers) returns, at the start of each table pass, the
     row-hash ranges of the key groups the worker holds: only their notifications are read
@@ -166,8 +170,10 @@ class NotificationFinder:
         scan_batch: int,
         idle_sleep_s: float,
         hash_ranges: Callable[[], list[tuple[int, int]]] | None = None,
+        queued: Callable[[], int] = lambda: 0,
     ) -> None:
         self._store = store
+        self._queued = queued
         self._hash_ranges = hash_ranges
         self._columns = {table: list(cs) for table, cs in columns.items()}
         self._tables = sorted(self._columns)
@@ -212,6 +218,16 @@ class NotificationFinder:
                 continue
             if submitted == 0:
                 self._stopping.wait(jittered(self._idle_sleep_s, rng=rng))
+                self._wait_while_queued()
+
+    def _wait_while_queued(self) -> None:
+        """After a pass that found nothing new: wait while notifications still wait for a
+        run thread.  A pass now would find those again and walk every deleted notification
+        of the table to do so (on HBase the region server's largest cost under a backlog),
+        and whatever new it found would queue behind them; once the queue is empty the next
+        pass finds it in time for the next free thread."""
+        while self._queued() > 0 and not self._stopping.wait(_QUEUE_POLL_S):
+            pass
 
     def scan_table(self, index: int, table: str, rng: random.Random) -> int:
         """One pass over ``table``'s notifications from a random row, wrapping around.

@@ -130,6 +130,11 @@ class NotificationProcessor:
             self._inflight.discard(cell)
         return False
 
+    def queued(self) -> int:
+        """How many notifications wait for a run thread (approximate: threads take and add
+        meanwhile)."""
+        return self._queue.qsize()
+
     def drop_queued(self) -> None:
         """Forget the queued notifications: they stay in the store for the next worker."""
         while True:

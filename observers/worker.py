@@ -213,6 +213,7 @@ class Worker:
             scan_batch=self.options.scan_batch,
             idle_sleep_s=self.options.idle_sleep_s,
             hash_ranges=self.leases.hash_ranges if self.leases is not None else None,
+            queued=self.processor.queued,
         )
         for index in range(self.options.run_threads):
             thread = threading.Thread(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 import threading
+import time
 
 from percolator.observers.finder import NotificationFinder, ScannerPositions
 from percolator.observers.worker_metrics import WorkerMetrics
@@ -108,3 +109,53 @@ def test_positions_of_dead_workers_are_ignored_then_removed(
     positions.sync()
     assert not positions.caught_up(0, "t", b"a", b"p")
     assert store.read_row(META_TABLE, b"scanner/dead-worker/0") == {}
+
+
+def test_after_a_pass_with_nothing_new_the_next_waits_until_the_queue_is_empty(
+    memory_client: percolator.Client,
+) -> None:
+    """A pass while notifications still wait for a run thread would find them again (and
+    on HBase walk every deleted notification of the table to do so): the scanner waits."""
+    client = memory_client
+    put_notifications(client.store, [CellKey(EVENTS, r, "value") for r in ROWS], 7)
+    queued = [len(ROWS)]  # what the run threads have not taken yet
+    seen: set[bytes] = set()
+    stopping = threading.Event()
+    metrics = WorkerMetrics(dict, dict)
+
+    def offer(notification: Notification) -> bool:
+        if notification.row in seen:
+            return False  # in flight: not offered again
+        seen.add(notification.row)
+        return True
+
+    scanners = NotificationFinder(
+        client.store,
+        {EVENTS: ["value"]},
+        ScannerPositions(client, "w", shared=False),
+        offer,
+        metrics,
+        stopping=stopping,
+        scan_batch=100,
+        idle_sleep_s=0,
+        queued=lambda: queued[0],
+    )
+    thread = threading.Thread(target=scanners.scan_loop, args=(0,), daemon=True)
+    thread.start()
+    try:
+        # The first pass offers all six; the second finds them in flight and stops there.
+        deadline = time.monotonic() + 5
+        while metrics.passes.value() < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert metrics.passes.value() == 2
+        time.sleep(0.2)  # idle_sleep_s is 0: without the wait, hundreds of passes by now
+        assert metrics.passes.value() == 2
+        queued[0] = 0  # the run threads took everything: scanning resumes
+        deadline = time.monotonic() + 5
+        while metrics.passes.value() < 5 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert metrics.passes.value() >= 5
+    finally:
+        stopping.set()
+        thread.join(5)
+    assert not thread.is_alive()
