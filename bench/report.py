@@ -997,8 +997,8 @@ def _run_log_section(raw: J) -> str:
         "## Run log\n\n"
         "Every step ran as its own process; the commands and their output are in the run's "
         f"work directory (`{raw.get('meta', {}).get('workdir', '?')}`).  Load is the 1-minute "
-        "load average.  `warmup` is untimed store traffic that warms the server before the "
-        "first measurement.\n\n"
+        "load average.  `warmup` and `warmup_txn` are untimed store and transaction traffic "
+        "that warms the servers before the first measurement.\n\n"
         + md_table(["step", "seconds", "load before", "load after", "status"], rows)
         + "\n"
         + (f"\nSteps that started or ended with a load average above the {cores} cores (other "
