@@ -15,6 +15,7 @@ CPU rather than by waiting, and only this split says which side to make cheaper.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import math
 import os
@@ -66,6 +67,28 @@ def parse_cpu_of(values: Sequence[str]) -> dict[str, int]:
             raise ValueError(f"--cpu-of wants NAME=PID, got {value!r}")
         named[name] = int(pid)
     return named
+
+
+def add_cpu_of_argument(parser: argparse.ArgumentParser) -> None:
+    """The repeatable ``--cpu-of NAME=PID`` option of the benchmarks that account the CPU of
+    server processes; :func:`watch_cpu_of` applies it."""
+    parser.add_argument(
+        "--cpu-of",
+        action="append",
+        default=[],
+        metavar="NAME=PID",
+        help="also account the CPU time of this server process (repeatable: the HBase JVMs, "
+        "the oracle server)",
+    )
+
+
+def watch_cpu_of(parser: argparse.ArgumentParser, values: Sequence[str]) -> None:
+    """:func:`watch_processes` for the parsed ``--cpu-of`` values; a malformed one is a usage
+    error of ``parser`` (exit 2, naming it)."""
+    try:
+        watch_processes(parse_cpu_of(values))
+    except ValueError as exc:
+        parser.error(str(exc))
 
 
 _TICK_S = 1 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01

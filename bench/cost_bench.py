@@ -54,13 +54,13 @@ from bench import workloads as w
 from bench._common import (
     CpuMeter,
     Timing,
+    add_cpu_of_argument,
     median_per_key,
-    parse_cpu_of,
     run_timed,
-    watch_processes,
+    watch_cpu_of,
 )
 from percolator.store import Store, open_store
-from percolator.store.base import CompareAndSet, Put
+from percolator.store.base import Put
 from percolator.timestamps.local import DEFAULT_BLOCK_MS, LocalOracle
 
 MODES = {"exact": 0, "block": DEFAULT_BLOCK_MS}
@@ -78,8 +78,6 @@ def _client(store: Store, block_ms: int) -> percolator.Client:
 
 def raw_pairs(store: Store, table: str, threads: int, count: int) -> Timing:
     """``count`` get + put pairs on ``table`` with ``threads`` threads, timed."""
-    from percolator.store.base import Put
-
     value = b"x" * 16
 
     def pair(i: int) -> None:
@@ -97,11 +95,11 @@ def _lock_stats(store: Store) -> dict[str, float]:
 
 def observer_runs(
     store: Store, block_ms: int, threads: int, backlog: int, tag: str, batch_size: int = 1
-) -> tuple[float, dict[str, float]]:
-    """Runs/s of the worker working off ``backlog`` fresh notifications, and per run: the
-    store calls, the CPU milliseconds (``cpu_ms``: this process; ``cpu_ms_<name>``: see
+) -> tuple[float, dict[str, float], dict[str, float]]:
+    """Runs/s of the worker working off ``backlog`` fresh notifications; per run, the store
+    calls, the CPU milliseconds (``cpu_ms``: this process; ``cpu_ms_<name>``: see
     :meth:`bench._common.CpuUse.per_item_ms`) and (embedded) the milliseconds writers queued
-    for and held the write mutex."""
+    for and held the write mutex; and the CPU per run as ``CpuUse.per_item_ms`` gives it."""
     client = _client(store, block_ms)
     try:
         observer = w.latency_observer(client)
@@ -149,14 +147,12 @@ def observer_runs(
             for op, n in after.items()
             if n != before.get(op, 0)
         }
-        calls["cpu_ms"] = cpu.pop("client")
-        if "busy" in cpu:
-            calls["machine_busy"] = cpu.pop("busy")
-        calls.update({f"cpu_ms_{name}": value for name, value in cpu.items()})
+        keys = {"client": "cpu_ms", "busy": "machine_busy"}
+        calls.update({keys.get(name, f"cpu_ms_{name}"): value for name, value in cpu.items()})
         for key in ("wait_s", "held_s", "group_wait_s"):
             if key in locks:
                 calls[f"lock_{key[:-2]}_ms"] = (locks_after[key] - locks[key]) * 1000 / len(rows)
-        return len(rows) / elapsed, calls
+        return len(rows) / elapsed, calls, cpu
     finally:
         client.close()
 
@@ -192,16 +188,16 @@ def run_p10(args: argparse.Namespace) -> dict[str, Any]:
                 pairs = raw_pairs(store, raw, args.threads, args.pairs)
                 note("raw_pairs", pairs.rate)
                 if pairs.cpu is not None:
-                    cpu_runs.setdefault("raw_pairs", []).append(pairs.cpu.per_item_ms(pairs.ops))
+                    cpu_runs.setdefault("raw_pairs", []).append(pairs.cpu_per_item())
                 for mode, block_ms in MODES.items():
-                    rate, calls = observer_runs(
+                    rate, calls, cpu = observer_runs(
                         store, block_ms, args.threads, args.backlog, f"r{repeat}{mode}"
                     )
                     note(f"observer_{mode}", rate)
                     calls_seen[mode] = calls
                     note(f"txn1_{mode}", txn_rate(store, block_ms, args.threads, args.txns))
                 for batch_size in batch_sizes:
-                    rate, calls = observer_runs(
+                    rate, calls, cpu = observer_runs(
                         store,
                         DEFAULT_BLOCK_MS,
                         args.threads,
@@ -212,7 +208,7 @@ def run_p10(args: argparse.Namespace) -> dict[str, Any]:
                     note(f"observer_block_batch{batch_size}", rate)
                     calls_seen[f"block_batch{batch_size}"] = calls
                     if batch_size == DEFAULT_BATCH_SIZE:
-                        cpu_runs.setdefault("observer", []).append(_cpu_of_run(calls))
+                        cpu_runs.setdefault("observer", []).append(cpu)
                 note("raw_put", _raw_put_rate(store, raw, args.threads, args.pairs))
                 default_interval = sys.getswitchinterval()
                 for interval in args.switch_intervals:
@@ -221,7 +217,7 @@ def run_p10(args: argparse.Namespace) -> dict[str, Any]:
                     # statement while other threads run Python.
                     sys.setswitchinterval(interval)
                     try:
-                        rate, calls = observer_runs(
+                        rate, calls, cpu = observer_runs(
                             store,
                             DEFAULT_BLOCK_MS,
                             args.threads,
@@ -307,16 +303,6 @@ def _cpu_text(runs: list[dict[str, float]]) -> str:
     )
 
 
-def _cpu_of_run(calls: dict[str, float]) -> dict[str, float]:
-    """The CPU figures of :func:`observer_runs`' per-run dict, keyed as
-    :meth:`bench._common.CpuUse.per_item_ms` keys them."""
-    out = {"client": calls["cpu_ms"]}
-    out.update({k.removeprefix("cpu_ms_"): v for k, v in calls.items() if k.startswith("cpu_ms_")})
-    if "machine_busy" in calls:
-        out["busy"] = calls["machine_busy"]
-    return out
-
-
 def _raw_put_rate(store: Store, table: str, threads: int, count: int) -> float:
     return run_timed(w.raw_put_op(store, table, b"v" * 64), count, threads=threads).rate
 
@@ -337,21 +323,18 @@ def run_ceiling(args: argparse.Namespace) -> dict[str, Any]:
     try:
         with w.raw_table(store, "cost_ceiling") as raw:
             w.raw_load(store, raw, args.count, b"x" * 16)
+            cas_op = w.raw_cas_op(store, raw, b"v" * 64)
+            cas_put_op = w.raw_cas_put_op(store, raw, b"v" * 64)
             for _ in range(args.repeats):
                 for threads in args.threads:
                     per = rates.setdefault(str(threads), {})
                     offset = next(offsets) * args.count  # fresh rows: never contended
 
                     def cas(i: int, offset: int = offset) -> None:
-                        w.raw_cas_op(store, raw, b"v" * 64)(offset + i)
+                        cas_op(offset + i)
 
                     def cas_put(i: int, offset: int = offset) -> None:
-                        row = b"p%09d" % (offset + i)
-                        item = CompareAndSet(
-                            row, "l", b"x", None, b"v" * 64, (Put(row, "d", b"x", 1, b"v" * 64),)
-                        )
-                        if store.compare_and_set_many(raw, [item]) != [True]:
-                            raise AssertionError(f"uncontended compare-and-set #{i} failed")
+                        cas_put_op(offset + i)
 
                     ops = [
                         ("get", w.raw_get_op(store, raw, args.count)),
@@ -533,22 +516,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--p10-json", help="a p10 run's JSON: bound the worker's runs/s by its store calls"
     )
     for p in (p10, ceiling):
-        p.add_argument(
-            "--cpu-of",
-            action="append",
-            default=[],
-            metavar="NAME=PID",
-            help="also account the CPU time of this server process (repeatable: the HBase "
-            "JVMs, the oracle server)",
-        )
+        add_cpu_of_argument(p)
     for p in (p10, promise, ceiling):
         p.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args(argv)
     if args.mode in ("p10", "ceiling"):
-        try:
-            watch_processes(parse_cpu_of(args.cpu_of))
-        except ValueError as exc:
-            parser.error(str(exc))
+        watch_cpu_of(parser, args.cpu_of)
     modes = {"p10": run_p10, "promise": run_promise, "ceiling": run_ceiling}
     result = modes[args.mode](args)
     if args.json:

@@ -42,15 +42,15 @@ from bench import workloads as w
 from bench._common import (
     CountingOracle,
     Timing,
+    add_cpu_of_argument,
     counted_client,
     fmt_ms,
     fmt_rate,
     median_per_key,
-    parse_cpu_of,
     print_table,
     run_timed,
     spread,
-    watch_processes,
+    watch_cpu_of,
 )
 from bench.store_bench import measure_raw
 from bench.targets import BY_ID
@@ -216,20 +216,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--value-size", type=int, default=64)
-    parser.add_argument(
-        "--cpu-of",
-        action="append",
-        default=[],
-        metavar="NAME=PID",
-        help="also account the CPU time of this server process (repeatable: the HBase JVMs, "
-        "the oracle server)",
-    )
+    add_cpu_of_argument(parser)
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args(argv)
-    try:
-        watch_processes(parse_cpu_of(args.cpu_of))
-    except ValueError as exc:
-        parser.error(str(exc))
+    watch_cpu_of(parser, args.cpu_of)
     with ExitStack() as stack:
         url = args.store
         if args.hbase:

@@ -78,15 +78,14 @@ def raw_warmup(store: Store, table: str, calls: int, value: bytes) -> None:
     JVM's compiler), and where the store has them, compare-and-sets that carry a put: on
     HBase those go to the Thrift-2 gateway, a JVM of its own that the other calls leave
     cold although the engine's locks and commits use it."""
+    cas_put = raw_cas_put_op(store, table, value, b"w") if store.conditional_puts else None
     for i in range(calls):
         row = b"w%09d" % i
         store.put(table, [Put(row, "d", b"q", 1, value)])
         store.read_row(table, row, [("d", b"q")])
         store.compare_and_set(table, row, "l", b"x", None, value)
-        if store.conditional_puts:
-            item = CompareAndSet(row, "l", b"y", None, value, (Put(row, "d", b"y", 1, value),))
-            if store.compare_and_set_many(table, [item]) != [True]:
-                raise AssertionError(f"uncontended compare-and-set with a put #{i} failed")
+        if cas_put is not None:
+            cas_put(i)
 
 
 def raw_put_op(store: Store, table: str, value: bytes) -> Op:
@@ -130,6 +129,21 @@ def raw_cas_op(store: Store, table: str, value: bytes) -> Op:
             raise AssertionError(f"uncontended compare-and-set #{i} failed")
 
     return cas
+
+
+def raw_cas_put_op(store: Store, table: str, value: bytes, prefix: bytes = b"p") -> Op:
+    """A compare-and-set of a fresh cell (row ``prefix`` + ``i``, column ``l:y``) from absent
+    to a value, carrying a put of ``d:y`` in the same row (one atomic call, as a prewrite's
+    lock carries its data; on HBase the Thrift-2 gateway's ``checkAndPut``).  Only for stores
+    with ``conditional_puts``."""
+
+    def cas_put(i: int) -> None:
+        row = prefix + b"%09d" % i
+        item = CompareAndSet(row, "l", b"y", None, value, (Put(row, "d", b"y", 1, value),))
+        if store.compare_and_set_many(table, [item]) != [True]:
+            raise AssertionError(f"uncontended compare-and-set with a put #{i} failed")
+
+    return cas_put
 
 
 def row_puts(row: bytes, a: bytes, b: bytes) -> list[Put]:
