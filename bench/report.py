@@ -295,7 +295,8 @@ def _summary_section(targets: Sequence[TargetResult], plots: dict[str, str], raw
         f"threshold), {counts[NOT_MEASURED]} not measured, "
         f"of {len(targets)} (bench/targets.py).  \"{store}\" is the figure judged"
         + ("; \"embedded\" is the same benchmark on the embedded store (the engine without "
-           "HBase), where it is cheap to run" if store == "HBase" else "")
+           "HBase), where it is cheap to run; P1c-P4 there take their timestamps from its "
+           "default, local oracle" if store == "HBase" else "")
         + ".\n\n"
     )
     text += md_table(
@@ -351,7 +352,7 @@ def _notes_section(raw: J, targets: Sequence[TargetResult]) -> str:
     for label, name in (
         (judged_store(raw), "txn_hbase"),
         (f"{judged_store(raw)}, the default local oracle", "txn_hbase_local"),
-        ("embedded", "txn_embedded"),
+        ("embedded, the default local oracle", "txn_embedded"),
     ):
         txn = run_of(raw, name)
         if txn is None:

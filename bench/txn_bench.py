@@ -8,7 +8,7 @@ engine's:
                   a raw get; an uncontended read is one store round trip)
 ``txn_read_full`` a whole read-only transaction: start_ts from the oracle, one get (context)
 ``txn_1cell``     a transaction writing one fresh cell, start to commit (P3: >= 0.30x raw
-                  puts/s; Percolator reached 0.23x)
+                  puts/s on HBase, >= 0.15x on the embedded store; Percolator reached 0.23x)
 ``txn_10cell``    a transaction writing ten cells in ten rows (P4: cells/s >= 3x those of
                   single-cell transactions)
 
@@ -56,12 +56,13 @@ from bench.store_bench import measure_raw
 from bench.targets import BY_ID
 from percolator.client import Client
 from percolator.store import Store, open_store
+from percolator.store.embedded import EmbeddedStore
 
-#: the ratios this benchmark reports (keys of its JSON ``ratios``) and their goals
+#: the ratios this benchmark reports (keys of its JSON ``ratios``) and their targets
 TARGETS = {
-    "P2 read / raw get": BY_ID["P2"].threshold,
-    "P3 1-cell txn / raw put": BY_ID["P3"].threshold,
-    "P4 10-cell cells/s / 1-cell": BY_ID["P4"].threshold,
+    "P2 read / raw get": BY_ID["P2"],
+    "P3 1-cell txn / raw put": BY_ID["P3"],
+    "P4 10-cell cells/s / 1-cell": BY_ID["P4"],
 }
 
 
@@ -171,15 +172,18 @@ def run(
     )
     print()
     ratio_rows = []
+    # A goal may differ by store (P3: 0.30x on HBase, 0.15x on the embedded store).
+    kind = "embedded" if isinstance(store, EmbeddedStore) else "HBase"
     for name, target in TARGETS.items():
         s = summary[name]
+        goal = target.threshold_on(kind)
         ratio_rows.append(
             [
                 name,
                 f"{s.median:.2f}x",
                 f"{s.low:.2f}-{s.high:.2f}",
-                f">= {target}x",
-                "pass" if s.median >= target else "MISS",
+                f">= {goal:g}x ({kind})",
+                "pass" if target.meets(s.median, goal) else "MISS",
             ]
         )
     if shares:

@@ -1,4 +1,4 @@
-"""The performance report's judging of P7b and P10-P13 from their benchmarks' JSON
+"""The performance report's judging of P1c, P3, P7b and P10-P13 from their benchmarks' JSON
 (bench/targets.py, bench/report.py): which figure is read, which goal applies, and what
 is reported rather than judged."""
 
@@ -135,3 +135,27 @@ def test_p1c_shows_the_default_oracle_beside_the_judged_server_figure() -> None:
     assert result.verdict == MISS  # judged on the oracle server's run
     assert result.figure.startswith("35.0%")
     assert "default oracle (local, in the store), not judged: 4.0%" in result.measured
+
+
+def _txn_ratio(p3: float) -> J:
+    timing = {"item_rate": 100.0}
+    return {
+        "threads": 4,
+        "timings": [{"txn_1cell": timing, "raw_put": timing}],
+        "ratios": {"P3 1-cell txn / raw put": {"median": p3, "low": p3, "high": p3}},
+    }
+
+
+def test_p3_has_a_goal_per_store() -> None:
+    target = BY_ID["P3"]
+    # 0.20x meets the embedded store's 0.15x goal, not HBase's 0.30x.
+    raw = _raw("hbase://h:1", txn_hbase=_txn_ratio(0.31), txn_embedded=_txn_ratio(0.20))
+    result = judge(target, raw)
+    assert result.verdict == PASS
+    assert "met" in result.embedded
+    raw = _raw("hbase://h:1", txn_hbase=_txn_ratio(0.31), txn_embedded=_txn_ratio(0.12))
+    result = judge(target, raw)
+    assert result.verdict == MISS
+    assert "missed" in result.embedded
+    assert judge(target, _raw("hbase://h:1", txn_hbase=_txn_ratio(0.20))).verdict == MISS
+    assert judge(target, _raw("embedded", txn_hbase=_txn_ratio(0.20))).verdict == PASS
