@@ -1,7 +1,7 @@
 # The README's commands.  Each target creates its own virtualenv on first use.
 #   make demo   - set up and run the demo on the embedded store (no HBase, no Docker)
 #   make test   - set up and run the whole test suite against a real local HBase
-#   make lint   - ruff and mypy
+#   make lint   - ruff (rules and formatting) and mypy
 #   make compose-check         - build the images and run docker-compose.yml for real with
 #                                podman (tests/deploy/compose_run.py; docs/operations.md)
 #   make testcontainers-check  - the test suite's optional HBase-in-a-container path, against
@@ -46,6 +46,7 @@ test-slow: $(STAMP)
 # is checked from its folder (pyproject's mypy_path finds it for bench's imports).
 lint: imports
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy build/layout/percolator bench tools examples/docpipeline/docpipeline
 
 # promtool checks the alert rules and the dashboard's queries (tests/test_observability.py).

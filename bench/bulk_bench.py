@@ -77,9 +77,14 @@ def measure(
 
     def load_options(table: str, path: str, **extra: Any) -> BackfillOptions:
         return BackfillOptions(
-            store=store_url, table=table, inputs=(path,), key="id",
-            columns=(ColumnMapping("a"), ColumnMapping("b")), batch_size=batch,
-            progress_interval_s=3600, **extra,
+            store=store_url,
+            table=table,
+            inputs=(path,),
+            key="id",
+            columns=(ColumnMapping("a"), ColumnMapping("b")),
+            batch_size=batch,
+            progress_interval_s=3600,
+            **extra,
         )
 
     rates: dict[str, list[float]] = {"raw": [], "bulk": [], "transactional": []}
@@ -115,12 +120,8 @@ def measure(
             progress = f"bench_progress_{uuid.uuid4().hex[:10]}"
             try:
                 started = time.perf_counter()
-                report = run_backfill(
-                    spark, load_options(table, small, progress_table=progress)
-                )
-                rates["transactional"].append(
-                    report.rows_written / (time.perf_counter() - started)
-                )
+                report = run_backfill(spark, load_options(table, small, progress_table=progress))
+                rates["transactional"].append(report.rows_written / (time.perf_counter() - started))
                 assert report.rows_written == txn_rows
             finally:
                 _drop(store_url, table, progress)
@@ -151,8 +152,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--master", default="local[*]", help="Spark master (%(default)s)")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--rows", type=int, default=100_000, help="rows loaded (%(default)s)")
-    parser.add_argument("--txn-rows", type=int, default=2_000,
-                        help="rows of the transactional load (%(default)s)")
+    parser.add_argument(
+        "--txn-rows", type=int, default=2_000, help="rows of the transactional load (%(default)s)"
+    )
     parser.add_argument("--batch", type=int, default=500, help="rows per put (%(default)s)")
     parser.add_argument("--value-size", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=1)
@@ -171,19 +173,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bulk-bench-") as workdir:
         store_url = args.store or f"embedded:{os.path.join(workdir, 'store')}"
         results = measure(
-            spark, store_url, workdir, rows=args.rows, txn_rows=args.txn_rows,
-            batch=args.batch, repeats=args.repeats, value_size=args.value_size,
+            spark,
+            store_url,
+            workdir,
+            rows=args.rows,
+            txn_rows=args.txn_rows,
+            batch=args.batch,
+            repeats=args.repeats,
+            value_size=args.value_size,
         )
     spark.stop()
-    results.update({"store": store_url.split("?")[0], "master": args.master,
-                    "spark_startup_s": startup_s})
+    results.update(
+        {"store": store_url.split("?")[0], "master": args.master, "spark_startup_s": startup_s}
+    )
     rates = results["rows_per_s"]
     print_table(
         ["load", "rows", "rows/s", "runs", "/ raw"],
         [
-            [name, str(args.txn_rows if name == "transactional" else args.rows),
-             f"{rates[name]:.0f}", " ".join(f"{r:.0f}" for r in results["runs"][name]),
-             f"{rates[name] / rates['raw']:.3f}"]
+            [
+                name,
+                str(args.txn_rows if name == "transactional" else args.rows),
+                f"{rates[name]:.0f}",
+                " ".join(f"{r:.0f}" for r in results["runs"][name]),
+                f"{rates[name] / rates['raw']:.3f}",
+            ]
             for name in ("raw", "bulk", "transactional")
         ],
     )

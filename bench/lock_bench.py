@@ -95,8 +95,7 @@ def holder_main(args: argparse.Namespace) -> int:
         txn.commit()
     finally:
         client.close()
-    print("lock_bench holder: the commit finished; the failpoint did not stop it",
-          file=sys.stderr)
+    print("lock_bench holder: the commit finished; the failpoint did not stop it", file=sys.stderr)
     return 3
 
 
@@ -194,8 +193,17 @@ def _trial_on(
     env["PERCOLATOR_FAILPOINTS"] = f"{CASES[case]}=pause"
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     command = [
-        sys.executable, str(Path(__file__).resolve()), "--holder", "--store", store_url,
-        "--table", table, "--cells", str(cells), "--lock-ttl-ms", str(ttl_ms),
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--holder",
+        "--store",
+        store_url,
+        "--table",
+        table,
+        "--cells",
+        str(cells),
+        "--lock-ttl-ms",
+        str(ttl_ms),
     ]
     if oracle:
         command += ["--oracle", oracle]
@@ -302,9 +310,7 @@ def run(
         for case in cases:
             trials = []
             for n in range(repeats):
-                trial = run_trial(
-                    client, store_url, oracle, case=case, cells=cells, ttl_ms=ttl_ms
-                )
+                trial = run_trial(client, store_url, oracle, case=case, cells=cells, ttl_ms=ttl_ms)
                 trials.append(trial)
                 print(
                     f"  {case} #{n + 1}: read {trial.read_s:.3f} s (remaining TTL "
@@ -357,8 +363,7 @@ def _print_results(result: dict[str, object]) -> None:
             ]
         )
     print_table(
-        ["case", "read s", "range", "must wait s", "excess s", "round trips", "bound s",
-         "result"],
+        ["case", "read s", "range", "must wait s", "excess s", "round trips", "bound s", "result"],
         rows,
     )
 

@@ -77,8 +77,17 @@ class OracleServer(NamedTuple):
 def oracle_server(store_url: str) -> Iterator[OracleServer]:
     """An oracle server process on ``store_url``; stops it after."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "percolator", "oracle", "serve", "--store", store_url,
-         "--listen", "127.0.0.1:0"],
+        [
+            sys.executable,
+            "-m",
+            "percolator",
+            "oracle",
+            "serve",
+            "--store",
+            store_url,
+            "--listen",
+            "127.0.0.1:0",
+        ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -96,9 +105,7 @@ def oracle_server(store_url: str) -> Iterator[OracleServer]:
         proc.wait(30)
 
 
-def measure(
-    op: Callable[[int], object], waiters: int, seconds: float, repeats: int
-) -> Summary:
+def measure(op: Callable[[int], object], waiters: int, seconds: float, repeats: int) -> Summary:
     """Calibrate the count on a warm-up run, then ``repeats`` runs of about ``seconds``."""
     warm = run_timed(op, max(waiters * 2, 200), threads=waiters)
     count = int(min(max(warm.rate * seconds, waiters * 5, 200), 5_000_000))
@@ -107,18 +114,30 @@ def measure(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--oracle", help="grpc://HOST:PORT of a running oracle "
-                        "(default: start one)")
-    parser.add_argument("--store", help="store URL for the oracle started here "
-                        "(default: a fresh embedded store in a temp dir)")
-    parser.add_argument("--waiters", default="1,100,1000",
-                        help="comma-separated concurrent waiter counts (default %(default)s)")
+    parser.add_argument(
+        "--oracle", help="grpc://HOST:PORT of a running oracle (default: start one)"
+    )
+    parser.add_argument(
+        "--store",
+        help="store URL for the oracle started here "
+        "(default: a fresh embedded store in a temp dir)",
+    )
+    parser.add_argument(
+        "--waiters",
+        default="1,100,1000",
+        help="comma-separated concurrent waiter counts (default %(default)s)",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per cell (median)")
     parser.add_argument("--seconds", type=float, default=1.5, help="target length of one run")
-    parser.add_argument("--range", type=int, default=100,
-                        help="timestamps per Allocate in the ranged mode (default %(default)s)")
-    parser.add_argument("--local", action="store_true",
-                        help="also measure LocalOracle on a fresh embedded store")
+    parser.add_argument(
+        "--range",
+        type=int,
+        default=100,
+        help="timestamps per Allocate in the ranged mode (default %(default)s)",
+    )
+    parser.add_argument(
+        "--local", action="store_true", help="also measure LocalOracle on a fresh embedded store"
+    )
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
     args = parser.parse_args(argv)
     waiter_counts = [int(w) for w in args.waiters.split(",")]
@@ -146,8 +165,11 @@ def _run(
     ops: OracleOps, oracle_url: str, waiter_counts: list[int], args: argparse.Namespace
 ) -> dict[str, object]:
     client = ops.client
-    print(f"oracle {oracle_url}; {os.cpu_count()} cores; median of {args.repeats} runs of "
-          f"~{args.seconds:g} s each", flush=True)
+    print(
+        f"oracle {oracle_url}; {os.cpu_count()} cores; median of {args.repeats} runs of "
+        f"~{args.seconds:g} s each",
+        flush=True,
+    )
     rows = []
     per_waiters: dict[str, object] = {}
     results: dict[str, object] = {"oracle": oracle_url, "waiters": per_waiters}
@@ -164,48 +186,54 @@ def _run(
                 rpcs_per_ts = (client.stats.fetches - fetches_before) / max(fetched, 1)
             else:
                 rpcs_per_ts = 1.0
-            rows.append([
-                f"{waiters} waiters, {mode}",
-                fmt_rate(summary.rate.median),
-                fmt_spread(summary.rate),
-                fmt_ms(summary.p50_ms),
-                fmt_ms(summary.p95_ms),
-                fmt_ms(summary.p99_ms),
-                f"{rpcs_per_ts:.3f}",
-            ])
+            rows.append(
+                [
+                    f"{waiters} waiters, {mode}",
+                    fmt_rate(summary.rate.median),
+                    fmt_spread(summary.rate),
+                    fmt_ms(summary.p50_ms),
+                    fmt_ms(summary.p95_ms),
+                    fmt_ms(summary.p99_ms),
+                    f"{rpcs_per_ts:.3f}",
+                ]
+            )
             cell[mode] = {**summary.as_dict(), "rpcs_per_timestamp": rpcs_per_ts}
         # One RPC carries args.range timestamps: the rate of timestamps is range x calls/s.
         summary = measure(ops.ranged, waiters, args.seconds, args.repeats)
         ranged_rate = summary.rate.median * args.range
-        rows.append([
-            f"{waiters} waiters, ranged x{args.range}",
-            fmt_rate(ranged_rate),
-            f"{fmt_rate(summary.rate.low * args.range)}-{fmt_rate(summary.rate.high * args.range)}",
-            fmt_ms(summary.p50_ms),
-            fmt_ms(summary.p95_ms),
-            fmt_ms(summary.p99_ms),
-            f"{1 / args.range:.3f}",
-        ])
-        cell["ranged"] = {**summary.as_dict(), "range": args.range,
-                          "timestamps_per_s": ranged_rate}
+        low, high = summary.rate.low * args.range, summary.rate.high * args.range
+        rows.append(
+            [
+                f"{waiters} waiters, ranged x{args.range}",
+                fmt_rate(ranged_rate),
+                f"{fmt_rate(low)}-{fmt_rate(high)}",
+                fmt_ms(summary.p50_ms),
+                fmt_ms(summary.p95_ms),
+                fmt_ms(summary.p99_ms),
+                f"{1 / args.range:.3f}",
+            ]
+        )
+        cell["ranged"] = {**summary.as_dict(), "range": args.range, "timestamps_per_s": ranged_rate}
         ranged_ratio = ranged_rate / rates["per-rpc"]
         cell["ranged_ratio"] = ranged_ratio
         ratio = rates["batched"] / rates["per-rpc"]
         cell["ratio"] = ratio
         per_waiters[str(waiters)] = cell
         target = TARGETS.get(waiters)
-        verdict = "context only" if target is None else (
-            f"target >= {target:g}x: {'met' if ratio >= target else 'NOT met'}"
+        verdict = (
+            "context only"
+            if target is None
+            else (f"target >= {target:g}x: {'met' if ratio >= target else 'NOT met'}")
         )
         verdicts.append(f"coalescing gain with {waiters} waiters: {ratio:.1f}x ({verdict})")
-        verdicts.append(f"ranged (x{args.range} per RPC) gain with {waiters} waiters: "
-                        f"{ranged_ratio:.1f}x (target >= {RANGED_TARGET:g}x: "
-                        f"{'met' if ranged_ratio >= RANGED_TARGET else 'NOT met'})")
+        verdicts.append(
+            f"ranged (x{args.range} per RPC) gain with {waiters} waiters: "
+            f"{ranged_ratio:.1f}x (target >= {RANGED_TARGET:g}x: "
+            f"{'met' if ranged_ratio >= RANGED_TARGET else 'NOT met'})"
+        )
         print(f"  measured {waiters} waiters", flush=True)
     print()
-    print_table(
-        ["oracle", "timestamps/s", "spread", "p50 ms", "p95 ms", "p99 ms", "RPCs/ts"], rows
-    )
+    print_table(["oracle", "timestamps/s", "spread", "p50 ms", "p95 ms", "p99 ms", "RPCs/ts"], rows)
     print()
     for line in verdicts:
         print(line)
@@ -222,8 +250,16 @@ def run_local(store_url: str, waiter_counts: list[int], args: argparse.Namespace
         fetches, stamps = oracle.stats.fetches, oracle.stats.timestamps
         summary = measure(lambda _: oracle.get_timestamp(), waiters, args.seconds, args.repeats)
         cas_per_ts = (oracle.stats.fetches - fetches) / max(oracle.stats.timestamps - stamps, 1)
-        rows.append([f"{waiters} waiters", fmt_rate(summary.rate.median), fmt_spread(summary.rate),
-                     fmt_ms(summary.p50_ms), fmt_ms(summary.p99_ms), f"{cas_per_ts:.3f}"])
+        rows.append(
+            [
+                f"{waiters} waiters",
+                fmt_rate(summary.rate.median),
+                fmt_spread(summary.rate),
+                fmt_ms(summary.p50_ms),
+                fmt_ms(summary.p99_ms),
+                f"{cas_per_ts:.3f}",
+            ]
+        )
         results[str(waiters)] = {**summary.as_dict(), "cas_per_timestamp": cas_per_ts}
     store.close()
     print()

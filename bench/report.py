@@ -285,30 +285,41 @@ def _summary_section(targets: Sequence[TargetResult], plots: dict[str, str], raw
         measured = t.measured if t.verdict != NOT_MEASURED else (t.error or "not measured")
         rows.append([t.tid, t.what, t.anchor, measured, t.figure, t.goal, t.embedded, verdict])
     counts = {
-        v: sum(1 for t in targets if t.verdict == v)
-        for v in (PASS, MISS, NOT_MEASURED, REPORTED)
+        v: sum(1 for t in targets if t.verdict == v) for v in (PASS, MISS, NOT_MEASURED, REPORTED)
     }
     store = judged_store(raw)
     text = "## Targets\n\n"
     text += (
         f"{counts[PASS]} met, {counts[MISS]} missed, {counts[REPORTED]} reported (no "
         f"threshold), {counts[NOT_MEASURED]} not measured, "
-        f"of {len(targets)} (bench/targets.py).  \"{store}\" is the figure judged"
-        + ("; \"embedded\" is the same benchmark on the embedded store (the engine without "
-           "HBase), where it is cheap to run; P1c-P4 there take their timestamps from its "
-           "default, local oracle" if store == "HBase" else "")
+        f'of {len(targets)} (bench/targets.py).  "{store}" is the figure judged'
+        + (
+            '; "embedded" is the same benchmark on the embedded store (the engine without '
+            "HBase), where it is cheap to run; P1c-P4 there take their timestamps from its "
+            "default, local oracle"
+            if store == "HBase"
+            else ""
+        )
         + ".\n\n"
     )
     text += md_table(
-        ["id", "target", "anchor (published)", f"measured ({store})", f"figure ({store})",
-         "goal", "embedded", "result"],
+        [
+            "id",
+            "target",
+            "anchor (published)",
+            f"measured ({store})",
+            f"figure ({store})",
+            "goal",
+            "embedded",
+            "result",
+        ],
         rows,
     )
     if "targets" in plots:
         text += f"\n\n![targets]({plots['targets']})\n\n"
         text += (
             "Each bar is the measured figure relative to its goal (>= 1 meets it; for "
-            "\"at most\" goals the goal divided by the figure), log scale; the whiskers are "
+            '"at most" goals the goal divided by the figure), log scale; the whiskers are '
             "the range over the repeats.\n"
         )
     return text
@@ -326,28 +337,52 @@ def _notes_section(raw: J, targets: Sequence[TargetResult]) -> str:
         for w, cell in sorted(oracle["waiters"].items(), key=lambda kv: int(kv[0])):
             b, p = cell["batched"], cell["per-rpc"]
             row: list[object] = [
-                w, fmt_rate(p["rate"]["median"]), fmt_rate(b["rate"]["median"]),
+                w,
+                fmt_rate(p["rate"]["median"]),
+                fmt_rate(b["rate"]["median"]),
                 f"{b['rpcs_per_timestamp']:.3f}",
                 fmt_rate(b["rate"]["median"] * b["rpcs_per_timestamp"]),
-                fmt_ms(b["p50_ms"]), fmt_ms(b["p99_ms"]), f"{cell['ratio']:.1f}x",
+                fmt_ms(b["p50_ms"]),
+                fmt_ms(b["p99_ms"]),
+                f"{cell['ratio']:.1f}x",
             ]
             if ranged:
                 rg = cell.get("ranged")
-                row += ["-", "-", "-"] if rg is None else [
-                    fmt_rate(oracle_ratio(cell, "ranged").median * p["rate"]["median"]),
-                    fmt_ms(rg["p50_ms"]), fx(oracle_ratio(cell, "ranged"), 1)]
+                row += (
+                    ["-", "-", "-"]
+                    if rg is None
+                    else [
+                        fmt_rate(oracle_ratio(cell, "ranged").median * p["rate"]["median"]),
+                        fmt_ms(rg["p50_ms"]),
+                        fx(oracle_ratio(cell, "ranged"), 1),
+                    ]
+                )
             rows.append(row)
-        headers = ["waiters", "per-RPC ts/s", "batched ts/s", "RPCs per ts (batched)",
-                   "RPCs/s (batched)", "batched p50 ms", "batched p99 ms", "batched / per-RPC"]
+        headers = [
+            "waiters",
+            "per-RPC ts/s",
+            "batched ts/s",
+            "RPCs per ts (batched)",
+            "RPCs/s (batched)",
+            "batched p50 ms",
+            "batched p99 ms",
+            "batched / per-RPC",
+        ]
         if ranged:
             headers += ["ranged ts/s", "ranged p50 ms", "ranged / per-RPC"]
         parts.append(
             "### P1 timestamp oracle\n\n"
             "An oracle server started by oracle_bench on the run's HBase, one client process; "
             "per waiter count: one timestamp per RPC (`per-RPC`), the coalescing client "
-            "(`batched`)" + (", and one Allocate RPC for a range of timestamps per call "
-                             "(`ranged`)" if ranged else "") + ".\n\n"
-            + md_table(headers, rows) + "\n"
+            "(`batched`)"
+            + (
+                ", and one Allocate RPC for a range of timestamps per call (`ranged`)"
+                if ranged
+                else ""
+            )
+            + ".\n\n"
+            + md_table(headers, rows)
+            + "\n"
         )
     for label, name in (
         (judged_store(raw), "txn_hbase"),
@@ -361,14 +396,18 @@ def _notes_section(raw: J, targets: Sequence[TargetResult]) -> str:
         rows = []
         known = ["raw_get", "raw_put", "txn_read", "txn_read_full", "txn_1cell", "txn_10cell"]
         ops = [o for o in known if o in timings[0]] + [o for o in timings[0] if o not in known]
-        cpu = {op: median_per_key([t[op].get("cpu_ms_per_item", {}) for t in timings])
-               for op in ops}
+        cpu = {
+            op: median_per_key([t[op].get("cpu_ms_per_item", {}) for t in timings]) for op in ops
+        }
         for op in ops:
-            rows.append([
-                op, fmt_rate(_rate_median(timings, op)),
-                fmt_ms(statistics.median(float(t[op]["p50_ms"]) for t in timings)),
-                fmt_ms(statistics.median(float(t[op]["p99_ms"]) for t in timings)),
-            ])
+            rows.append(
+                [
+                    op,
+                    fmt_rate(_rate_median(timings, op)),
+                    fmt_ms(statistics.median(float(t[op]["p50_ms"]) for t in timings)),
+                    fmt_ms(statistics.median(float(t[op]["p99_ms"]) for t in timings)),
+                ]
+            )
         cpu_headers, cpu_rows = cpu_columns([cpu[op] for op in ops])
         rows = [row + extra for row, extra in zip(rows, cpu_rows, strict=True)]
         shares = txn.get("oracle_share") or []
@@ -379,8 +418,10 @@ def _notes_section(raw: J, targets: Sequence[TargetResult]) -> str:
             f"{txn.get('value_size', '?')}-byte values, timestamps from the "
             f"{oracle_name(txn.get('oracle', '?'))}{share}.  "
             "`raw_*` are the store's own get and put in the same repeat."
-            + (cpu_note(parts) if cpu_headers else "") + "\n\n"
-            + md_table(["operation", "items/s", "p50 ms", "p99 ms", *cpu_headers], rows) + "\n"
+            + (cpu_note(parts) if cpu_headers else "")
+            + "\n\n"
+            + md_table(["operation", "items/s", "p50 ms", "p99 ms", *cpu_headers], rows)
+            + "\n"
         )
     obs = run_of(raw, "observers")
     if obs is not None and obs.get("latency"):
@@ -399,20 +440,44 @@ def _notes_section(raw: J, targets: Sequence[TargetResult]) -> str:
             "from B/16 up by 1.5x per step until the worker no longer keeps up; the saturation "
             f"point S = {fmt_rate(lat['saturation_writes_per_s'])} writes/s is the highest rate "
             "kept up with; then steps at S/2.\n\n"
-            + md_table(["step", "offered/s", "writes/s", "runs/s", "p50 ms", "p99 ms",
-                        "max ms", "kept up"], rows)
+            + md_table(
+                [
+                    "step",
+                    "offered/s",
+                    "writes/s",
+                    "runs/s",
+                    "p50 ms",
+                    "p99 ms",
+                    "max ms",
+                    "kept up",
+                ],
+                rows,
+            )
             + "\n"
         )
     if obs is not None and obs.get("scan"):
-        parts.append("### P6 notification scan\n\n" + _scan_table(raw) + "\n\n"
-                     + _scan_slopes(raw) + "  The figure is the ratio of the median passes at "
-                     "the largest and the smallest size; its range is that of the ratios of the "
-                     "repeated passes paired in order.\n")
+        parts.append(
+            "### P6 notification scan\n\n"
+            + _scan_table(raw)
+            + "\n\n"
+            + _scan_slopes(raw)
+            + "  The figure is the ratio of the median passes at "
+            "the largest and the smallest size; its range is that of the ratios of the "
+            "repeated passes paired in order.\n"
+        )
     spark = run_of(raw, "spark")
     if spark is not None and spark.get("incremental"):
         incr = spark["incremental"]
-        rows = [[x["round"], x["runner"], f"{x['incremental_s']:.2f}", f"{x['recompute_s']:.2f}",
-                 f"{x['ratio']:.1f}x"] for x in spark_rounds(incr)]
+        rows = [
+            [
+                x["round"],
+                x["runner"],
+                f"{x['incremental_s']:.2f}",
+                f"{x['recompute_s']:.2f}",
+                f"{x['ratio']:.1f}x",
+            ]
+            for x in spark_rounds(incr)
+        ]
         parts.append(
             "### P7 incremental vs full recompute\n\n"
             f"{incr['documents']:,} documents, {incr['changes_per_round']:.0f} changes per round; "
@@ -421,15 +486,24 @@ def _notes_section(raw: J, targets: Sequence[TargetResult]) -> str:
             f"Parquet.  Results identical to the recompute and the reference in every round: "
             f"{'yes' if incr.get('identical') else 'NO'} ({incr.get('derived_cells')} derived "
             "cells).\n\n"
-            + md_table(["round", "incremental by", "incremental s", "recompute s",
-                        "recompute / incremental"], rows)
+            + md_table(
+                [
+                    "round",
+                    "incremental by",
+                    "incremental s",
+                    "recompute s",
+                    "recompute / incremental",
+                ],
+                rows,
+            )
             + "\n"
         )
     if spark is not None and spark.get("load"):
         load = spark["load"]
-        rows = [[i + 1, fmt_rate(a), fmt_rate(b), f"{b / a:.3f}x"]
-                for i, (a, b) in enumerate(zip(load["raw_runs"], load["backfill_runs"],
-                                               strict=True))]
+        rows = [
+            [i + 1, fmt_rate(a), fmt_rate(b), f"{b / a:.3f}x"]
+            for i, (a, b) in enumerate(zip(load["raw_runs"], load["backfill_runs"], strict=True))
+        ]
         parts.append(
             "### P8 backfill\n\n"
             f"{load['rows']:,} rows of two values, {load['batch']} rows per batch (raw: one "
@@ -445,19 +519,35 @@ def _notes_section(raw: J, targets: Sequence[TargetResult]) -> str:
         rows = []
         for case, c in lock["cases"].items():
             read = Fig.from_spread(c["read_s"])
-            rows.append([
-                case, fsec(read), f"{Fig.from_spread(c['must_wait_s']).median:.3f}",
-                f"{Fig.from_spread(c['excess_s']).median:.3f}", f"{c['round_trips']:.0f}",
-                f"{c['bound_s']:.1f}", PASS if c["pass"] else MISS,
-            ])
+            rows.append(
+                [
+                    case,
+                    fsec(read),
+                    f"{Fig.from_spread(c['must_wait_s']).median:.3f}",
+                    f"{Fig.from_spread(c['excess_s']).median:.3f}",
+                    f"{c['round_trips']:.0f}",
+                    f"{c['bound_s']:.1f}",
+                    PASS if c["pass"] else MISS,
+                ]
+            )
         parts.append(
             f"### P9 lock cleanup ({label})\n\n"
             f"A client writing {lock['cells']} cells (lock TTL {lock['ttl_ms']} ms) is stopped "
             "at a commit step and killed with SIGKILL; a reader then reads every cell.  "
-            "\"must wait\" is what no reader can avoid (the remaining TTL before the commit "
-            "point, nothing after it); \"excess\" is the read's time beyond it.\n\n"
-            + md_table(["case", "read after kill", "must wait s", "excess s", "round trips",
-                        "bound s", "result"], rows)
+            '"must wait" is what no reader can avoid (the remaining TTL before the commit '
+            'point, nothing after it); "excess" is the read\'s time beyond it.\n\n'
+            + md_table(
+                [
+                    "case",
+                    "read after kill",
+                    "must wait s",
+                    "excess s",
+                    "round trips",
+                    "bound s",
+                    "result",
+                ],
+                rows,
+            )
             + "\n"
         )
     p10 = _p10_section(raw, parts)
@@ -508,28 +598,41 @@ def _p10_section(raw: J, earlier: Sequence[str] = ()) -> str:
         batch = run["default_batch_size"]
         measured = {
             "raw_pairs": ("raw get + put pair", run["runs_per_s"]["raw_pairs"]),
-            "observer": (f"worker run (batches of up to {batch})",
-                         run["runs_per_s"][f"observer_block_batch{batch}"]),
+            "observer": (
+                f"worker run (batches of up to {batch})",
+                run["runs_per_s"][f"observer_block_batch{batch}"],
+            ),
         }
         keys = [k for k in measured if k in run["cpu_runs"]]
         cpus = [median_per_key(run["cpu_runs"][k]) for k in keys]
         headers, cpu_rows = cpu_columns(cpus)
-        rows = [[measured[k][0], fmt_rate(statistics.median(measured[k][1])), *extra]
-                for k, extra in zip(keys, cpu_rows, strict=True)]
+        rows = [
+            [measured[k][0], fmt_rate(statistics.median(measured[k][1])), *extra]
+            for k, extra in zip(keys, cpu_rows, strict=True)
+        ]
         parts.append(
             f"### P10 trivial observer ({label})\n\n"
             f"{run['threads']} threads; medians over {run['repeats']} repeats."
             + cpu_note([*earlier, *parts])
-            + "\n\n" + md_table(["one item is", "items/s", *headers], rows) + "\n"
+            + "\n\n"
+            + md_table(["one item is", "items/s", *headers], rows)
+            + "\n"
         )
     return "\n".join(parts)
 
 
 def _step_row(label: str, s: J) -> list[object]:
     kept = s.get("kept_up")
-    return [label, fmt_rate(s["offered"]), fmt_rate(s["achieved"]), fmt_rate(s["run_rate"]),
-            fmt_ms(s["p50_s"] * 1000), fmt_ms(s["p99_s"] * 1000), fmt_ms(s["max_s"] * 1000),
-            "-" if kept is None else ("yes" if kept else "no")]
+    return [
+        label,
+        fmt_rate(s["offered"]),
+        fmt_rate(s["achieved"]),
+        fmt_rate(s["run_rate"]),
+        fmt_ms(s["p50_s"] * 1000),
+        fmt_ms(s["p99_s"] * 1000),
+        fmt_ms(s["max_s"] * 1000),
+        "-" if kept is None else ("yes" if kept else "no"),
+    ]
 
 
 def _scan_table(raw: J) -> str:
@@ -541,15 +644,27 @@ def _scan_table(raw: J) -> str:
     rows = []
     for s in sizes:
         e = emb_sizes.get(s["rows"])
-        rows.append([
-            f"{s['rows']:,}", s["dirty"], fmt_ms(s["notify_scan_s"] * 1000),
-            fmt_ms(s["lock_scan_s"] * 1000),
-            fmt_ms(e["notify_scan_s"] * 1000) if e else "-",
-            fmt_ms(e["lock_scan_s"] * 1000) if e else "-",
-        ])
-    return md_table(["table rows", "dirty", "notify pass ms (HBase)",
-                     "lock-family scan ms (HBase)", "notify pass ms (embedded)",
-                     "lock-family scan ms (embedded)"], rows)
+        rows.append(
+            [
+                f"{s['rows']:,}",
+                s["dirty"],
+                fmt_ms(s["notify_scan_s"] * 1000),
+                fmt_ms(s["lock_scan_s"] * 1000),
+                fmt_ms(e["notify_scan_s"] * 1000) if e else "-",
+                fmt_ms(e["lock_scan_s"] * 1000) if e else "-",
+            ]
+        )
+    return md_table(
+        [
+            "table rows",
+            "dirty",
+            "notify pass ms (HBase)",
+            "lock-family scan ms (HBase)",
+            "notify pass ms (embedded)",
+            "lock-family scan ms (embedded)",
+        ],
+        rows,
+    )
 
 
 def _scan_slopes(raw: J) -> str:
@@ -559,8 +674,9 @@ def _scan_slopes(raw: J) -> str:
     first, last = sizes[0], sizes[-1]
     if last["rows"] <= first["rows"]:
         return ""
-    k_notify = loglog_slope(first["rows"], first["notify_scan_s"], last["rows"],
-                            last["notify_scan_s"])
+    k_notify = loglog_slope(
+        first["rows"], first["notify_scan_s"], last["rows"], last["notify_scan_s"]
+    )
     k_lock = loglog_slope(first["rows"], first["lock_scan_s"], last["rows"], last["lock_scan_s"])
     return (
         f"From {first['rows']:,} to {last['rows']:,} rows ({last['dirty']} dirty cells "
@@ -580,8 +696,10 @@ def _scaling_section(raw: J, plots: dict[str, str]) -> str:
     parts.append(_scaling_value_size(raw, plots))
     obs = run_of(raw, "observers")
     if obs is not None and obs.get("scan"):
-        text = ("### Notification scan vs table size\n\nThe P6 measurement (table in the P6 "
-                "details above).  " + _scan_slopes(raw) + "\n")
+        text = (
+            "### Notification scan vs table size\n\nThe P6 measurement (table in the P6 "
+            "details above).  " + _scan_slopes(raw) + "\n"
+        )
         if "scan" in plots:
             text += f"\n![scan vs table size]({plots['scan']})\n"
         parts.append(text)
@@ -608,12 +726,18 @@ def _scaling_observers(raw: J, plots: dict[str, str]) -> str:
     for r in runs:
         step = r["step"]
         backlog = Fig.of([float(x) for x in r["backlog_runs"]])
-        rows.append([
-            r["workers"], r["threads"], r["workers"] * r["threads"],
-            f"{fmt_rate(backlog.median)} ({fmt_rate(backlog.low)}-{fmt_rate(backlog.high)})",
-            fmt_rate(step["achieved"]), fmt_ms(step["p50_s"] * 1000), fmt_ms(step["p99_s"] * 1000),
-            "yes" if step["kept_up"] else "no",
-        ])
+        rows.append(
+            [
+                r["workers"],
+                r["threads"],
+                r["workers"] * r["threads"],
+                f"{fmt_rate(backlog.median)} ({fmt_rate(backlog.low)}-{fmt_rate(backlog.high)})",
+                fmt_rate(step["achieved"]),
+                fmt_ms(step["p50_s"] * 1000),
+                fmt_ms(step["p99_s"] * 1000),
+                "yes" if step["kept_up"] else "no",
+            ]
+        )
     rate = runs[0]["fixed_rate"]
     text = (
         "### Observer throughput vs worker threads and processes\n\n"
@@ -622,13 +746,27 @@ def _scaling_observers(raw: J, plots: dict[str, str]) -> str:
         f"Latency: commit-to-observer-commit of paced single-row writes at one fixed rate for "
         f"every setting, {fmt_rate(rate)} writes/s (half the backlog throughput of the first "
         "setting), one step each.\n\n"
-        + md_table(["processes", "threads each", "threads total", "backlog runs/s",
-                    "writes/s at fixed rate", "p50 ms", "p99 ms", "kept up"], rows)
+        + md_table(
+            [
+                "processes",
+                "threads each",
+                "threads total",
+                "backlog runs/s",
+                "writes/s at fixed rate",
+                "p50 ms",
+                "p99 ms",
+                "kept up",
+            ],
+            rows,
+        )
         + "\n"
     )
     for workers in sorted({int(r["workers"]) for r in runs}):
-        pts = [(float(r["threads"]), statistics.median(r["backlog_runs"])) for r in runs
-               if int(r["workers"]) == workers]
+        pts = [
+            (float(r["threads"]), statistics.median(r["backlog_runs"]))
+            for r in runs
+            if int(r["workers"]) == workers
+        ]
         if len(pts) < 2:
             continue
         x, best = knee(pts)
@@ -675,18 +813,37 @@ def _scaling_txn_threads(raw: J, plots: dict[str, str]) -> str:
         read, get = _rate_median(t, "txn_read"), _rate_median(t, "raw_get")
         pts_txn.append((threads, txn1))
         pts_raw.append((threads, put))
-        rows.append([
-            f"{threads:g}", fmt_rate(txn1), fmt_rate(put), f"{txn1 / put:.2f}x",
-            fmt_ms(statistics.median(float(x["txn_1cell"]["p50_ms"]) for x in t)),
-            fmt_ms(statistics.median(float(x["txn_1cell"]["p99_ms"]) for x in t)),
-            fmt_rate(read), fmt_rate(get), f"{read / get:.2f}x",
-        ])
+        rows.append(
+            [
+                f"{threads:g}",
+                fmt_rate(txn1),
+                fmt_rate(put),
+                f"{txn1 / put:.2f}x",
+                fmt_ms(statistics.median(float(x["txn_1cell"]["p50_ms"]) for x in t)),
+                fmt_ms(statistics.median(float(x["txn_1cell"]["p99_ms"]) for x in t)),
+                fmt_rate(read),
+                fmt_rate(get),
+                f"{read / get:.2f}x",
+            ]
+        )
     text = (
         "### Transactions vs client threads\n\n"
         "txn_bench on HBase at each thread count (same operations, value size and oracle as "
         "P2-P4; medians over the repeats).\n\n"
-        + md_table(["threads", "1-cell txns/s", "raw puts/s", "txn / put", "txn p50 ms",
-                    "txn p99 ms", "txn reads/s", "raw gets/s", "read / get"], rows)
+        + md_table(
+            [
+                "threads",
+                "1-cell txns/s",
+                "raw puts/s",
+                "txn / put",
+                "txn p50 ms",
+                "txn p99 ms",
+                "txn reads/s",
+                "raw gets/s",
+                "read / get",
+            ],
+            rows,
+        )
         + "\n"
     )
     if len(series) >= 2:
@@ -714,16 +871,32 @@ def _scaling_value_size(raw: J, plots: dict[str, str]) -> str:
         txn1, put = _rate_median(t, "txn_1cell"), _rate_median(t, "raw_put")
         cells10 = _rate_median(t, "txn_10cell")
         pts.append((size, txn1))
-        rows.append([
-            _bytes(size), fmt_rate(txn1), fmt_rate(put), f"{txn1 / put:.2f}x",
-            f"{txn1 * size / 1e6:.2f}", fmt_rate(cells10),
-            fmt_ms(statistics.median(float(x["txn_1cell"]["p50_ms"]) for x in t)),
-        ])
+        rows.append(
+            [
+                _bytes(size),
+                fmt_rate(txn1),
+                fmt_rate(put),
+                f"{txn1 / put:.2f}x",
+                f"{txn1 * size / 1e6:.2f}",
+                fmt_rate(cells10),
+                fmt_ms(statistics.median(float(x["txn_1cell"]["p50_ms"]) for x in t)),
+            ]
+        )
     text = (
         "### Transactions vs value size\n\n"
         f"txn_bench on HBase with {series[0][1].get('threads')} threads at each value size.\n\n"
-        + md_table(["value size", "1-cell txns/s", "raw puts/s", "txn / put",
-                    "txn payload MB/s", "10-cell txn cells/s", "txn p50 ms"], rows)
+        + md_table(
+            [
+                "value size",
+                "1-cell txns/s",
+                "raw puts/s",
+                "txn / put",
+                "txn payload MB/s",
+                "10-cell txn cells/s",
+                "txn p50 ms",
+            ],
+            rows,
+        )
         + "\n"
     )
     if len(pts) >= 2:
@@ -766,8 +939,7 @@ def _scaling_load(raw: J, plots: dict[str, str]) -> str:
         else "it never exceeds twice that within the sweep; "
     )
     text += (
-        f"the saturation point is {fmt_rate(obs['latency']['saturation_writes_per_s'])} "
-        "writes/s.\n"
+        f"the saturation point is {fmt_rate(obs['latency']['saturation_writes_per_s'])} writes/s.\n"
     )
     if "load" in plots:
         text += f"\n![latency vs load]({plots['load']})\n"
@@ -778,20 +950,23 @@ def _scaling_oracle(raw: J, plots: dict[str, str]) -> str:
     oracle = run_of(raw, "oracle")
     if oracle is None:
         return ""
-    pts_r = [(float(w), oracle_ratio(c, "ranged").median
-              * float(c["per-rpc"]["rate"]["median"]))
-             for w, c in oracle["waiters"].items() if "ranged" in c]
-    pts_b = [(float(w), float(c["batched"]["rate"]["median"])) for w, c in
-             oracle["waiters"].items()]
-    pts_p = [(float(w), float(c["per-rpc"]["rate"]["median"])) for w, c in
-             oracle["waiters"].items()]
+    pts_r = [
+        (float(w), oracle_ratio(c, "ranged").median * float(c["per-rpc"]["rate"]["median"]))
+        for w, c in oracle["waiters"].items()
+        if "ranged" in c
+    ]
+    pts_b = [
+        (float(w), float(c["batched"]["rate"]["median"])) for w, c in oracle["waiters"].items()
+    ]
+    pts_p = [
+        (float(w), float(c["per-rpc"]["rate"]["median"])) for w, c in oracle["waiters"].items()
+    ]
     text = (
         "### Oracle throughput vs concurrent waiters\n\n"
         f"Batched: {steps_text(pts_b, 'gain per step of waiters')}.  One timestamp per RPC: "
         f"{steps_text(pts_p, 'gain per step')}.  Knee of the batched curve at "
         f"{knee(pts_b)[0]:g} waiters."
-        + (f"  Ranged allocation: {steps_text(pts_r, 'gain per step')}." if len(pts_r) > 1
-           else "")
+        + (f"  Ranged allocation: {steps_text(pts_r, 'gain per step')}." if len(pts_r) > 1 else "")
         + "\n"
     )
     if "oracle" in plots:
@@ -836,8 +1011,16 @@ def _why_section(raw: J, targets: Sequence[TargetResult]) -> str:
 
 #: keys of a profiled operation that every explanation states in its own words
 _COST_KEYS = {
-    "unit", "count", "ms_per_op", "round_trips_per_op", "timestamps_per_op", "oracle_ms_per_op",
-    "top", "profiled_ops", "profile_clock", "name",
+    "unit",
+    "count",
+    "ms_per_op",
+    "round_trips_per_op",
+    "timestamps_per_op",
+    "oracle_ms_per_op",
+    "top",
+    "profiled_ops",
+    "profile_clock",
+    "name",
 }
 
 
@@ -893,9 +1076,7 @@ def _hot_functions(op: J, n: int = 3) -> str:
     own = sum(float(f["own_ms_per_op"]) for f in top)
     if not own:
         return ""
-    named = ", ".join(
-        f"`{f['function']}` {float(f['own_ms_per_op']) / own:.0%}" for f in top[:n]
-    )
+    named = ", ".join(f"`{f['function']}` {float(f['own_ms_per_op']) / own:.0%}" for f in top[:n])
     return f"Of the own time of its {len(top)} costliest functions, the first take {named}."
 
 
@@ -903,7 +1084,9 @@ def _extra_figures(op: J) -> str:
     figures = [
         f"{key.replace('_', ' ')} {value:,.3g}"
         for key, value in sorted(op.items())
-        if key not in _COST_KEYS and isinstance(value, int | float) and not isinstance(value, bool)
+        if key not in _COST_KEYS
+        and isinstance(value, int | float)
+        and not isinstance(value, bool)
         and key != "process_cpu_us_per_op"
     ]
     return "Also measured: " + "; ".join(figures) + "." if figures else ""
@@ -929,25 +1112,48 @@ def _profile_tables(profile: J, focus: Sequence[str]) -> str:
     names = [n for n in (focus or list(ops)) if n in ops]
     rows = [
         [
-            name, ops[name].get("unit", "operation"), f"{ops[name]['ms_per_op']:.3f}",
-            _rt(ops[name]), f"{ops[name].get('timestamps_per_op', 0):.2f}",
+            name,
+            ops[name].get("unit", "operation"),
+            f"{ops[name]['ms_per_op']:.3f}",
+            _rt(ops[name]),
+            f"{ops[name].get('timestamps_per_op', 0):.2f}",
             f"{ops[name].get('oracle_ms_per_op', 0):.3f}",
         ]
         for name in names
     ]
-    text = md_table(["operation", "one operation is", "ms per op", "store round trips per op",
-                     "timestamps per op", "oracle wait ms per op"], rows) + "\n"
+    text = (
+        md_table(
+            [
+                "operation",
+                "one operation is",
+                "ms per op",
+                "store round trips per op",
+                "timestamps per op",
+                "oracle wait ms per op",
+            ],
+            rows,
+        )
+        + "\n"
+    )
     for name in names:
         top = ops[name].get("top") or []
         if not top:
             continue
         clock = ops[name].get("profile_clock", "wall")
-        trows = [[f"`{f['function']}`", f"{f['calls_per_op']:.2f}", f"{f['own_ms_per_op']:.3f}",
-                  f"{f['cum_ms_per_op']:.3f}"] for f in top]
+        trows = [
+            [
+                f"`{f['function']}`",
+                f"{f['calls_per_op']:.2f}",
+                f"{f['own_ms_per_op']:.3f}",
+                f"{f['cum_ms_per_op']:.3f}",
+            ]
+            for f in top
+        ]
         text += (
             f"\nTop functions of `{name}` by own time ({clock} clock, per operation, "
             f"{ops[name].get('profiled_ops', '?')} operations profiled):\n\n"
-            + md_table(["function", "calls", "own ms", "cumulative ms"], trows) + "\n"
+            + md_table(["function", "calls", "own ms", "cumulative ms"], trows)
+            + "\n"
         )
     return text
 
@@ -968,17 +1174,22 @@ def _baselines_section(raw: J) -> str:
         for op in order:
             s = ops[op]
             rate = Fig.from_spread(s["rate"])
-            rows.append([
-                label, op, fmt_rate(rate.median), f"{fmt_rate(rate.low)}-{fmt_rate(rate.high)}",
-                fmt_rate(s["item_rate"]["median"]) if s["items_per_op"] > 1 else "",
-                fmt_ms(s["p50_ms"]), fmt_ms(s["p99_ms"]),
-            ])
+            rows.append(
+                [
+                    label,
+                    op,
+                    fmt_rate(rate.median),
+                    f"{fmt_rate(rate.low)}-{fmt_rate(rate.high)}",
+                    fmt_rate(s["item_rate"]["median"]) if s["items_per_op"] > 1 else "",
+                    fmt_ms(s["p50_ms"]),
+                    fmt_ms(s["p99_ms"]),
+                ]
+            )
     return (
         "## Raw store baselines\n\n"
         f"store_bench: {store['ops']} calls per operation, {store['threads']} thread(s), "
         f"{store['value_size']}-byte values, batches of {store['batch_cells']} cells.\n\n"
-        + md_table(["store", "operation", "calls/s", "range", "cells/s", "p50 ms", "p99 ms"],
-                   rows)
+        + md_table(["store", "operation", "calls/s", "range", "cells/s", "p50 ms", "p99 ms"], rows)
         + "\n"
     )
 
@@ -986,14 +1197,21 @@ def _baselines_section(raw: J) -> str:
 def _run_log_section(raw: J) -> str:
     rows = []
     cores = raw.get("machine", {}).get("cores") or 0
-    loaded = [s["name"] for s in raw.get("steps", [])
-              if cores and max(s.get("load_before", 0), s.get("load_after", 0)) > cores]
+    loaded = [
+        s["name"]
+        for s in raw.get("steps", [])
+        if cores and max(s.get("load_before", 0), s.get("load_after", 0)) > cores
+    ]
     for s in raw.get("steps", []):
-        rows.append([
-            s["name"], f"{s['seconds']:.0f}", f"{s.get('load_before', 0):.2f}",
-            f"{s.get('load_after', 0):.2f}", s["status"] + (f": {s['error']}" if s.get("error")
-                                                            else ""),
-        ])
+        rows.append(
+            [
+                s["name"],
+                f"{s['seconds']:.0f}",
+                f"{s.get('load_before', 0):.2f}",
+                f"{s.get('load_after', 0):.2f}",
+                s["status"] + (f": {s['error']}" if s.get("error") else ""),
+            ]
+        )
     return (
         "## Run log\n\n"
         "Every step ran as its own process; the commands and their output are in the run's "
@@ -1002,16 +1220,21 @@ def _run_log_section(raw: J) -> str:
         "that warms the servers before the first measurement.\n\n"
         + md_table(["step", "seconds", "load before", "load after", "status"], rows)
         + "\n"
-        + (f"\nSteps that started or ended with a load average above the {cores} cores (other "
-           f"work competing for the CPU): {', '.join(loaded)}.\n" if loaded else "")
+        + (
+            f"\nSteps that started or ended with a load average above the {cores} cores (other "
+            f"work competing for the CPU): {', '.join(loaded)}.\n"
+            if loaded
+            else ""
+        )
     )
 
 
 # --------------------------------------------------------------------------- plots
 
 
-def make_plots(raw: J, targets: Sequence[TargetResult], plot_dir: Path, rel_to: Path
-               ) -> dict[str, str]:
+def make_plots(
+    raw: J, targets: Sequence[TargetResult], plot_dir: Path, rel_to: Path
+) -> dict[str, str]:
     """Write the PNG plots; returns name -> path relative to ``rel_to`` (for the markdown).
     Plots whose data is missing are skipped."""
     import matplotlib
@@ -1034,18 +1257,28 @@ def make_plots(raw: J, targets: Sequence[TargetResult], plot_dir: Path, rel_to: 
         fig, ax = plt.subplots(figsize=(8, 0.45 * len(scored) + 1.5))
         labels = [f"{t.tid} {t.goal}" for t in scored]
         values = [float(t.score or 0) for t in scored]
-        lows = [float(t.score_low if t.score_low is not None else v) for t, v in
-                zip(scored, values, strict=True)]
-        highs = [float(t.score_high if t.score_high is not None else v) for t, v in
-                 zip(scored, values, strict=True)]
+        lows = [
+            float(t.score_low if t.score_low is not None else v)
+            for t, v in zip(scored, values, strict=True)
+        ]
+        highs = [
+            float(t.score_high if t.score_high is not None else v)
+            for t, v in zip(scored, values, strict=True)
+        ]
         colors = ["tab:green" if t.verdict == PASS else "tab:red" for t in scored]
         ys = list(range(len(scored)))[::-1]
         ax.barh(ys, values, color=colors, alpha=0.8)
-        ax.errorbar(values, ys, xerr=[[max(v - lo, 0) for v, lo in zip(values, lows,
-                                                                         strict=True)],
-                                      [max(hi - v, 0) for v, hi in zip(values, highs,
-                                                                        strict=True)]],
-                    fmt="none", ecolor="black", capsize=3)
+        ax.errorbar(
+            values,
+            ys,
+            xerr=[
+                [max(v - lo, 0) for v, lo in zip(values, lows, strict=True)],
+                [max(hi - v, 0) for v, hi in zip(values, highs, strict=True)],
+            ],
+            fmt="none",
+            ecolor="black",
+            capsize=3,
+        )
         ax.axvline(1.0, color="black", linestyle="--", linewidth=1)
         ax.set_xscale("log")
         ax.set_yticks(ys)
@@ -1069,18 +1302,37 @@ def make_plots(raw: J, targets: Sequence[TargetResult], plot_dir: Path, rel_to: 
         palette = ["tab:blue", "tab:orange", "tab:green", "tab:red"]
         for n, workers in enumerate(sorted({int(r["workers"]) for r in runs})):
             color = palette[n % len(palette)]
-            mine = sorted((r for r in runs if int(r["workers"]) == workers),
-                          key=lambda r: int(r["threads"]))
+            mine = sorted(
+                (r for r in runs if int(r["workers"]) == workers), key=lambda r: int(r["threads"])
+            )
             totals = [int(r["threads"]) * workers for r in mine]
             med = [statistics.median(r["backlog_runs"]) for r in mine]
             lo = [m - min(r["backlog_runs"]) for m, r in zip(med, mine, strict=True)]
             hi = [max(r["backlog_runs"]) - m for m, r in zip(med, mine, strict=True)]
-            a1.errorbar(totals, med, yerr=[lo, hi], marker="o", capsize=3, color=color,
-                        label=f"{workers} process(es)")
-            a2.plot(totals, [r["step"]["p50_s"] * 1000 for r in mine], marker="o", color=color,
-                    label=f"p50, {workers} process(es)")
-            a2.plot(totals, [r["step"]["p99_s"] * 1000 for r in mine], marker="x", color=color,
-                    linestyle="--", label=f"p99, {workers} process(es)")
+            a1.errorbar(
+                totals,
+                med,
+                yerr=[lo, hi],
+                marker="o",
+                capsize=3,
+                color=color,
+                label=f"{workers} process(es)",
+            )
+            a2.plot(
+                totals,
+                [r["step"]["p50_s"] * 1000 for r in mine],
+                marker="o",
+                color=color,
+                label=f"p50, {workers} process(es)",
+            )
+            a2.plot(
+                totals,
+                [r["step"]["p99_s"] * 1000 for r in mine],
+                marker="x",
+                color=color,
+                linestyle="--",
+                label=f"p99, {workers} process(es)",
+            )
         all_totals = [int(r["threads"]) * int(r["workers"]) for r in runs]
         a1.set_xscale("log", base=2)
         ticks(a1, all_totals)
@@ -1100,10 +1352,15 @@ def make_plots(raw: J, targets: Sequence[TargetResult], plot_dir: Path, rel_to: 
     if series:
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
         xs = [x for x, _ in series]
-        for op, label in (("txn_1cell", "1-cell txn/s"), ("raw_put", "raw put/s"),
-                          ("txn_read", "txn read/s"), ("raw_get", "raw get/s")):
-            a1.plot(xs, [_rate_median(r["timings"], op) for _, r in series], marker="o",
-                    label=label)
+        for op, label in (
+            ("txn_1cell", "1-cell txn/s"),
+            ("raw_put", "raw put/s"),
+            ("txn_read", "txn read/s"),
+            ("raw_get", "raw get/s"),
+        ):
+            a1.plot(
+                xs, [_rate_median(r["timings"], op) for _, r in series], marker="o", label=label
+            )
         a1.set_xscale("log", base=2)
         ticks(a1, xs)
         a1.set_yscale("log")
@@ -1111,12 +1368,24 @@ def make_plots(raw: J, targets: Sequence[TargetResult], plot_dir: Path, rel_to: 
         a1.set_ylabel("operations/s")
         a1.legend(fontsize=8)
         a1.set_title("Transactions vs threads (HBase)")
-        a2.plot(xs, [_rate_median(r["timings"], "txn_1cell") / _rate_median(r["timings"],
-                                                                              "raw_put")
-                     for _, r in series], marker="o", label="1-cell txn / put (P3)")
-        a2.plot(xs, [_rate_median(r["timings"], "txn_read") / _rate_median(r["timings"],
-                                                                             "raw_get")
-                     for _, r in series], marker="o", label="read / get (P2)")
+        a2.plot(
+            xs,
+            [
+                _rate_median(r["timings"], "txn_1cell") / _rate_median(r["timings"], "raw_put")
+                for _, r in series
+            ],
+            marker="o",
+            label="1-cell txn / put (P3)",
+        )
+        a2.plot(
+            xs,
+            [
+                _rate_median(r["timings"], "txn_read") / _rate_median(r["timings"], "raw_get")
+                for _, r in series
+            ],
+            marker="o",
+            label="read / get (P2)",
+        )
         a2.axhline(0.30, color="tab:blue", linestyle=":", linewidth=1)
         a2.axhline(0.90, color="tab:orange", linestyle=":", linewidth=1)
         a2.set_xscale("log", base=2)
@@ -1132,8 +1401,9 @@ def make_plots(raw: J, targets: Sequence[TargetResult], plot_dir: Path, rel_to: 
         fig, ax = plt.subplots(figsize=(6, 4))
         xs = [x for x, _ in series]
         for op, label in (("txn_1cell", "1-cell txn/s"), ("raw_put", "raw put/s")):
-            ax.plot(xs, [_rate_median(r["timings"], op) for _, r in series], marker="o",
-                    label=label)
+            ax.plot(
+                xs, [_rate_median(r["timings"], op) for _, r in series], marker="o", label=label
+            )
         ax.set_xscale("log", base=2)
         ticks(ax, xs)
         ax.set_yscale("log")
@@ -1148,15 +1418,28 @@ def make_plots(raw: J, targets: Sequence[TargetResult], plot_dir: Path, rel_to: 
         fig, ax = plt.subplots(figsize=(6, 4))
         sizes = obs["scan"]["sizes"]
         rows = [s["rows"] for s in sizes]
-        ax.plot(rows, [s["notify_scan_s"] * 1000 for s in sizes], marker="o",
-                label="notify pass (HBase)")
-        ax.plot(rows, [s["lock_scan_s"] * 1000 for s in sizes], marker="x", linestyle="--",
-                label="lock-family scan (HBase)")
+        ax.plot(
+            rows,
+            [s["notify_scan_s"] * 1000 for s in sizes],
+            marker="o",
+            label="notify pass (HBase)",
+        )
+        ax.plot(
+            rows,
+            [s["lock_scan_s"] * 1000 for s in sizes],
+            marker="x",
+            linestyle="--",
+            label="lock-family scan (HBase)",
+        )
         emb = run_of(raw, "scan_embedded")
         if emb is not None and emb.get("scan"):
             es = emb["scan"]["sizes"]
-            ax.plot([s["rows"] for s in es], [s["notify_scan_s"] * 1000 for s in es],
-                    marker="o", label="notify pass (embedded)")
+            ax.plot(
+                [s["rows"] for s in es],
+                [s["notify_scan_s"] * 1000 for s in es],
+                marker="o",
+                label="notify pass (embedded)",
+            )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("table rows")
@@ -1170,8 +1453,13 @@ def make_plots(raw: J, targets: Sequence[TargetResult], plot_dir: Path, rel_to: 
         xs = [s["achieved"] for s in sweep]
         ax.plot(xs, [s["p50_s"] * 1000 for s in sweep], marker="o", label="p50")
         ax.plot(xs, [s["p99_s"] * 1000 for s in sweep], marker="x", label="p99")
-        ax.axvline(obs["latency"]["saturation_writes_per_s"], color="black", linestyle="--",
-                   linewidth=1, label="saturation point")
+        ax.axvline(
+            obs["latency"]["saturation_writes_per_s"],
+            color="black",
+            linestyle="--",
+            linewidth=1,
+            label="saturation point",
+        )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("writes/s")
@@ -1184,16 +1472,29 @@ def make_plots(raw: J, targets: Sequence[TargetResult], plot_dir: Path, rel_to: 
         items = sorted(oracle["waiters"].items(), key=lambda kv: int(kv[0]))
         fig, ax = plt.subplots(figsize=(6, 4))
         counts = [int(w) for w, _ in items]
-        ax.plot(counts, [c["batched"]["rate"]["median"] for _, c in items], marker="o",
-                label="batched (coalescing client)")
-        ax.plot(counts, [c["per-rpc"]["rate"]["median"] for _, c in items], marker="x",
-                label="one timestamp per RPC")
+        ax.plot(
+            counts,
+            [c["batched"]["rate"]["median"] for _, c in items],
+            marker="o",
+            label="batched (coalescing client)",
+        )
+        ax.plot(
+            counts,
+            [c["per-rpc"]["rate"]["median"] for _, c in items],
+            marker="x",
+            label="one timestamp per RPC",
+        )
         with_range = [(int(w), c) for w, c in items if "ranged" in c]
         if with_range:
-            ax.plot([w for w, _ in with_range],
-                    [oracle_ratio(c, "ranged").median * c["per-rpc"]["rate"]["median"]
-                     for _, c in with_range], marker="s",
-                    label=f"ranged, {with_range[0][1]['ranged']['range']} per RPC")
+            ax.plot(
+                [w for w, _ in with_range],
+                [
+                    oracle_ratio(c, "ranged").median * c["per-rpc"]["rate"]["median"]
+                    for _, c in with_range
+                ],
+                marker="s",
+                label=f"ranged, {with_range[0][1]['ranged']['range']} per RPC",
+            )
         ax.set_xscale("log")
         ticks(ax, counts)
         ax.set_yscale("log")

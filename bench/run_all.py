@@ -206,8 +206,19 @@ FULL = Sizes(
 
 #: step groups, for --only / --skip
 GROUPS = (
-    "store", "txn", "oracle", "observers", "spark", "lock", "cost", "promise", "gc",
-    "watermark", "partition", "scaling", "profiles",
+    "store",
+    "txn",
+    "oracle",
+    "observers",
+    "spark",
+    "lock",
+    "cost",
+    "promise",
+    "gc",
+    "watermark",
+    "partition",
+    "scaling",
+    "profiles",
 )
 
 
@@ -239,8 +250,10 @@ class Namespaces:
 
     def url(self, tag: str) -> str:
         name = f"ra{self.run_id}{tag}"
-        url = f"embedded:{self.root}/{name}" if self.embedded else with_prefix(
-            self.base_url, name + "_"
+        url = (
+            f"embedded:{self.root}/{name}"
+            if self.embedded
+            else with_prefix(self.base_url, name + "_")
         )
         self.urls.append(url)
         return url
@@ -719,20 +732,39 @@ def _run_steps(
     def txn(
         name: str, store: str | None, threads: int, value_size: int, server: bool = True
     ) -> None:
-        runner.run(name, bench_argv(
-            "txn_bench", store=store, oracle=oracle_url if server else None,
-            ops=sizes.txn_ops, threads=threads, repeats=r, value_size=value_size,
-            cpu_of=processes.of(hbase=store is not None, oracle=server),
-        ))
+        runner.run(
+            name,
+            bench_argv(
+                "txn_bench",
+                store=store,
+                oracle=oracle_url if server else None,
+                ops=sizes.txn_ops,
+                threads=threads,
+                repeats=r,
+                value_size=value_size,
+                cpu_of=processes.of(hbase=store is not None, oracle=server),
+            ),
+        )
 
     def raw_store(name: str, ops: int, repeats: int, warmup: int | None = None) -> None:
-        runner.run(name, bench_argv(
-            "store_bench", store=ns.url(name), ops=ops, threads=sizes.txn_threads,
-            repeats=repeats, warmup=warmup,
-        ))
+        runner.run(
+            name,
+            bench_argv(
+                "store_bench",
+                store=ns.url(name),
+                ops=ops,
+                threads=sizes.txn_threads,
+                repeats=repeats,
+                warmup=warmup,
+            ),
+        )
 
-    scan = {"scan_base": sizes.scan_base, "scan_growth": sizes.scan_growth,
-            "dirty": sizes.scan_dirty, "scan_repeats": sizes.scan_repeats}
+    scan = {
+        "scan_base": sizes.scan_base,
+        "scan_growth": sizes.scan_growth,
+        "dirty": sizes.scan_dirty,
+        "scan_repeats": sizes.scan_repeats,
+    }
     # Untimed: warms the HBase server (JIT) and the page cache before anything is measured;
     # the untimed calls before its operations also warm the Thrift-2 gateway, which its
     # timed operations do not reach (bench/workloads.py: raw_warmup).
@@ -742,10 +774,16 @@ def _run_steps(
     # the first 1,000 transactions cost the Thrift-2 gateway 1.8 ms of CPU each, the next
     # 2,000 about 0.6 ms (bench/results.md, the full run at git fbb0b04).
     if "txn" in groups:
-        runner.run("warmup_txn", bench_argv(
-            "txn_bench", store=ns.url("warmup_txn"), ops=sizes.warmup_ops // 2, repeats=1,
-            threads=sizes.txn_threads,
-        ))
+        runner.run(
+            "warmup_txn",
+            bench_argv(
+                "txn_bench",
+                store=ns.url("warmup_txn"),
+                ops=sizes.warmup_ops // 2,
+                repeats=1,
+                threads=sizes.txn_threads,
+            ),
+        )
     if "store" in groups:
         raw_store("store", sizes.store_ops, r)
     if "txn" in groups:
@@ -759,52 +797,86 @@ def _run_steps(
             # its gRPC calls would be most of what this step measured.
             txn("txn_embedded", None, sizes.txn_threads, 64, server=False)
     if "oracle" in groups:
-        runner.run("oracle", bench_argv(
-            "oracle_bench", store=ns.url("orc"), waiters=sizes.oracle_waiters, repeats=r,
-            seconds=sizes.oracle_seconds,
-        ))
+        runner.run(
+            "oracle",
+            bench_argv(
+                "oracle_bench",
+                store=ns.url("orc"),
+                waiters=sizes.oracle_waiters,
+                repeats=r,
+                seconds=sizes.oracle_seconds,
+            ),
+        )
     if "observers" in groups:
-        runner.run("observers", bench_argv(
-            "observer_bench", store=ns.url("obs"), oracle=oracle_url, threads=sizes.obs_threads,
-            flood=sizes.obs_flood, flood_repeats=r, step_seconds=sizes.obs_step_seconds,
-            half_repeats=r, **scan,
-        ))
+        runner.run(
+            "observers",
+            bench_argv(
+                "observer_bench",
+                store=ns.url("obs"),
+                oracle=oracle_url,
+                threads=sizes.obs_threads,
+                flood=sizes.obs_flood,
+                flood_repeats=r,
+                step_seconds=sizes.obs_step_seconds,
+                half_repeats=r,
+                **scan,
+            ),
+        )
         if also_embedded:
-            runner.run("scan_embedded", bench_argv(
-                "observer_bench", only="scan", oracle=oracle_url, **scan
-            ))
+            runner.run(
+                "scan_embedded",
+                bench_argv("observer_bench", only="scan", oracle=oracle_url, **scan),
+            )
     if "spark" in groups:
-        runner.run("spark", bench_argv(
-            "spark_bench", store=ns.url("spark"), rows=sizes.spark_rows, docs=sizes.spark_docs,
-            rounds=sizes.spark_rounds, repeats=r,
-        ))
+        runner.run(
+            "spark",
+            bench_argv(
+                "spark_bench",
+                store=ns.url("spark"),
+                rows=sizes.spark_rows,
+                docs=sizes.spark_docs,
+                rounds=sizes.spark_rounds,
+                repeats=r,
+            ),
+        )
     if "lock" in groups:
-        runner.run("lock_hbase", bench_argv(
-            "lock_bench", repeats=r, cells=sizes.lock_cells, store=ns.url("lock")
-        ))
+        runner.run(
+            "lock_hbase",
+            bench_argv("lock_bench", repeats=r, cells=sizes.lock_cells, store=ns.url("lock")),
+        )
         if also_embedded:
-            runner.run("lock_embedded", bench_argv(
-                "lock_bench", repeats=r, cells=sizes.lock_cells
-            ))
+            runner.run("lock_embedded", bench_argv("lock_bench", repeats=r, cells=sizes.lock_cells))
     if "cost" in groups:
         p10 = {"threads": sizes.txn_threads, "backlog": sizes.p10_backlog, "repeats": r}
-        runner.run("p10_hbase", bench_argv(
-            "cost_bench", "p10", store=ns.url("p10"), cpu_of=processes.of(hbase=True), **p10
-        ))
+        runner.run(
+            "p10_hbase",
+            bench_argv(
+                "cost_bench", "p10", store=ns.url("p10"), cpu_of=processes.of(hbase=True), **p10
+            ),
+        )
         if also_embedded:
-            runner.run("p10_embedded", bench_argv(
-                "cost_bench", "p10", store=ns.embedded_url("p10"), **p10
-            ))
+            runner.run(
+                "p10_embedded", bench_argv("cost_bench", "p10", store=ns.embedded_url("p10"), **p10)
+            )
     if "promise" in groups:
         # On the embedded store only: at 100,000 documents the initial processing alone
         # takes many minutes there, and hours on HBase.
-        runner.run("promise_embedded", bench_argv(
-            "cost_bench", "promise", docs=sizes.promise_docs, fraction=sizes.promise_fraction,
-            rounds=2 * r,
-        ))
+        runner.run(
+            "promise_embedded",
+            bench_argv(
+                "cost_bench",
+                "promise",
+                docs=sizes.promise_docs,
+                fraction=sizes.promise_fraction,
+                rounds=2 * r,
+            ),
+        )
     if "gc" in groups:
-        gc = {"seconds": sizes.gc_seconds, "gc_every": sizes.gc_every_s,
-              "life_time": sizes.gc_life_time_s}
+        gc = {
+            "seconds": sizes.gc_seconds,
+            "gc_every": sizes.gc_every_s,
+            "life_time": sizes.gc_life_time_s,
+        }
         runner.run("gc_hbase", bench_argv("gc_bench", store=ns.url("gc"), **gc))
         if also_embedded:
             runner.run("gc_embedded", bench_argv("gc_bench", **gc))
@@ -816,9 +888,10 @@ def _run_steps(
     if "partition" in groups:
         part = {"workers": sizes.partition_workers, "rows": sizes.partition_rows}
         # partition_bench makes a fresh prefix (HBase) or store (embedded) per run itself.
-        runner.run("partition_hbase", bench_argv(
-            "partition_bench", hbase=None if ns.embedded else ns.url("part"), **part
-        ))
+        runner.run(
+            "partition_hbase",
+            bench_argv("partition_bench", hbase=None if ns.embedded else ns.url("part"), **part),
+        )
         if also_embedded:
             runner.run("partition_embedded", bench_argv("partition_bench", **part))
     if "scaling" in groups:
@@ -861,11 +934,21 @@ def _run_scaling(
     rate = "0.5x"
     for threads, workers in sizes.scaling_observers:
         name = f"obs_t{threads}_w{workers}"
-        result = runner.run(name, bench_argv(
-            "run_all", "observer-scaling", store=ns.url(f"os{threads}w{workers}"),
-            oracle=oracle_url, threads=threads, workers=workers, flood=sizes.scaling_flood,
-            repeats=sizes.repeats, at_rate=rate, step_seconds=sizes.scaling_step_seconds,
-        ))
+        result = runner.run(
+            name,
+            bench_argv(
+                "run_all",
+                "observer-scaling",
+                store=ns.url(f"os{threads}w{workers}"),
+                oracle=oracle_url,
+                threads=threads,
+                workers=workers,
+                flood=sizes.scaling_flood,
+                repeats=sizes.repeats,
+                at_rate=rate,
+                step_seconds=sizes.scaling_step_seconds,
+            ),
+        )
         series["observers"].append(name)
         if result is not None and rate.endswith("x"):
             rate = f"{float(result['fixed_rate']):.3f}"
@@ -880,10 +963,13 @@ def _run_profiles(
     from bench.targets import BY_ID
 
     raw["runs"] = runner.runs
-    kinds = sorted({
-        BY_ID[t.tid].profile for t in evaluate(raw)
-        if BY_ID[t.tid].profile and (profile_all or t.verdict == MISS)
-    })
+    kinds = sorted(
+        {
+            BY_ID[t.tid].profile
+            for t in evaluate(raw)
+            if BY_ID[t.tid].profile and (profile_all or t.verdict == MISS)
+        }
+    )
     load = runner.runs.get("spark", {}).get("load") or {}
     docs = sizes.spark_docs
     # What each kind measures like its benchmark does: the coalescing client as P1b
@@ -891,17 +977,29 @@ def _run_profiles(
     # (what one change costs depends on the corpus) and backfill batch.
     options: dict[str, dict[str, object]] = {
         "oracle": {"waiters": 100},
-        "scan": {"scan_base": sizes.scan_base, "scan_growth": sizes.scan_growth,
-                 "dirty": sizes.scan_dirty},
+        "scan": {
+            "scan_base": sizes.scan_base,
+            "scan_growth": sizes.scan_growth,
+            "dirty": sizes.scan_dirty,
+        },
         "incremental": {"docs": docs, "fraction": f"{max(0.01, 5 / docs):.4f}"},
         "backfill": {"batch": load.get("batch", 200)},
         "lock": {"cells": sizes.lock_cells},
     }
     for kind in kinds:
-        result = runner.run(f"profile_{kind}", bench_argv(
-            "run_all", "profile", kind=kind, store=ns.url(f"prof{kind[:4]}"), oracle=oracle_url,
-            ops=sizes.profile_ops, repeats=sizes.repeats, **options.get(kind, {}),
-        ))
+        result = runner.run(
+            f"profile_{kind}",
+            bench_argv(
+                "run_all",
+                "profile",
+                kind=kind,
+                store=ns.url(f"prof{kind[:4]}"),
+                oracle=oracle_url,
+                ops=sizes.profile_ops,
+                repeats=sizes.repeats,
+                **options.get(kind, {}),
+            ),
+        )
         raw["profiles"][kind] = (
             result
             if result is not None

@@ -143,15 +143,17 @@ def _instantiate(
         table = f"[worker.observers.{name}]"
         if isinstance(target, Observer) or not callable(target):
             raise PluginError(
-                name, f"{where!r} is an observer instance, which cannot take the config "
-                f"table {table}; point at a class or factory with one parameter"
+                name,
+                f"{where!r} is an observer instance, which cannot take the config "
+                f"table {table}; point at a class or factory with one parameter",
             )
         try:
             inspect.signature(target).bind(dict(config))
         except TypeError:
             raise PluginError(
-                name, f"{where!r} takes no configuration, but the config file has {table}; "
-                "give its class or factory one parameter (a dict)"
+                name,
+                f"{where!r} takes no configuration, but the config file has {table}; "
+                "give its class or factory one parameter (a dict)",
             ) from None
         except ValueError:  # no signature to look at (a builtin): the call will tell
             pass

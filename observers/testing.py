@@ -47,9 +47,7 @@ class ObserverBench:
     """Observers on an embedded store; see the module docstring.  A context manager: the
     client is closed (and a temporary store removed) on exit."""
 
-    def __init__(
-        self, observers: Iterable[Observer], directory: str | Path | None = None
-    ) -> None:
+    def __init__(self, observers: Iterable[Observer], directory: str | Path | None = None) -> None:
         self.observers = [check_observer(o) for o in observers]
         self._stack = contextlib.ExitStack()
         if directory is None:

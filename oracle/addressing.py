@@ -54,9 +54,7 @@ def parse_oracle_url(
     for address in addresses:
         host, colon, port = address.rpartition(":")
         if not colon or not host or not port.isdigit() or not 0 < int(port) <= 65535:
-            raise ConfigError(
-                f"oracle {spec!r}: address {address!r} must look like HOST:PORT"
-            )
+            raise ConfigError(f"oracle {spec!r}: address {address!r} must look like HOST:PORT")
     options = dict(parse_qsl(query, keep_blank_values=True))
     unknown = set(options) - _OPTIONS
     if unknown:
@@ -74,8 +72,7 @@ def parse_oracle_url(
             token = Path(options["token_file"]).read_text().strip()
         except OSError as exc:
             raise ConfigError(
-                f"oracle {spec!r}: cannot read token_file {options['token_file']!r}: "
-                f"{exc.strerror}"
+                f"oracle {spec!r}: cannot read token_file {options['token_file']!r}: {exc.strerror}"
             ) from None
         if not token:
             raise ConfigError(f"oracle {spec!r}: token_file {options['token_file']!r} is empty")

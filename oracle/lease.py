@@ -355,8 +355,9 @@ class OracleNode:
         try:
             return self.register.compare_and_set(stored.raw, new)
         except StoreUnavailableError as exc:
-            log.warning("oracle %s: compare-and-set outcome unknown (%s); re-reading",
-                        self.holder_id, exc)
+            log.warning(
+                "oracle %s: compare-and-set outcome unknown (%s); re-reading", self.holder_id, exc
+            )
             current = self.register.read()
             if current.raw == new.encode():
                 return True
@@ -365,8 +366,12 @@ class OracleNode:
             return False
 
     def _fence_locked(self, why: str) -> None:
-        log.error("oracle %s: FENCED at epoch %d: %s; serving nothing, back to standby",
-                  self.holder_id, self._epoch, why)
+        log.error(
+            "oracle %s: FENCED at epoch %d: %s; serving nothing, back to standby",
+            self.holder_id,
+            self._epoch,
+            why,
+        )
         self._role = Role.STANDBY
         self._raw = None
         self._valid_until_mono = -math.inf
@@ -379,9 +384,11 @@ class OracleNode:
             raise OracleUnavailableError(f"oracle {self.holder_id} is shutting down")
         if self._role is Role.STANDBY:
             record = self._record
-            active = f"; lease held by {record.holder!r} (epoch {record.epoch})" if (
-                record is not None and record.leased and record.holder != self.holder_id
-            ) else ""
+            active = (
+                f"; lease held by {record.holder!r} (epoch {record.epoch})"
+                if (record is not None and record.leased and record.holder != self.holder_id)
+                else ""
+            )
             raise OracleUnavailableError(f"oracle {self.holder_id} is a standby{active}")
         if mono >= self._valid_until_mono:
             epoch = self._epoch
@@ -472,8 +479,9 @@ class OracleNode:
             )
             try:
                 if self.register.compare_and_set(raw, released):
-                    log.warning("oracle %s: released the lease of epoch %d",
-                                self.holder_id, record.epoch)
+                    log.warning(
+                        "oracle %s: released the lease of epoch %d", self.holder_id, record.epoch
+                    )
             except StoreError as exc:
                 log.warning("oracle %s: could not release the lease (%s)", self.holder_id, exc)
 

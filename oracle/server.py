@@ -249,8 +249,7 @@ class OracleServer:
         # Unique per process start: a restarted oracle never mistakes its old lease for its own.
         # "oracle:" first: never mistaken for a local oracle ("local:...", see the record).
         holder_id = (
-            f"oracle:{socket.gethostname()}:{os.getpid()}@{host}:{self.port}/"
-            f"{secrets.token_hex(3)}"
+            f"oracle:{socket.gethostname()}:{os.getpid()}@{host}:{self.port}/{secrets.token_hex(3)}"
         )
         self.node = OracleNode(
             OracleRecordRegister(self._store), holder_id, options.lease, self._clock

@@ -207,8 +207,9 @@ def begin_load(
             return Begun(_ensure_table(store, table, renewed), published=False)
         if state is not None and state.state == LOADING:
             lease = (
-                "its lease is live" if state.lease_expires_ms > now_ms() else
-                "its loader is gone (lease expired): re-run that load to finish it, or drop "
+                "its lease is live"
+                if state.lease_expires_ms > now_ms()
+                else "its loader is gone (lease expired): re-run that load to finish it, or drop "
                 "the table"
             )
             raise BulkLoadError(
@@ -229,8 +230,14 @@ def begin_load(
             )
         start_ts = timestamp()
         commit_ts = timestamp()
-        new = LoadState(LOADING, load_id, start_ts, commit_ts, now_ms() + lease_ms,
-                        "no" if existed else "pending")
+        new = LoadState(
+            LOADING,
+            load_id,
+            start_ts,
+            commit_ts,
+            now_ms() + lease_ms,
+            "no" if existed else "pending",
+        )
         if not _cas(store, table, raw, new):
             continue
         # Checked again now that the fence is up: a transaction that wrote between the

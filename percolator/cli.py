@@ -122,9 +122,7 @@ def _register(entry_point: importlib.metadata.EntryPoint, subparsers: Any) -> No
     try:
         register = entry_point.load()
     except Exception as exc:  # any import-time failure of a plugin's code
-        raise CommandPluginError(
-            name, value, f"cannot load: {type(exc).__name__}: {exc}"
-        ) from exc
+        raise CommandPluginError(name, value, f"cannot load: {type(exc).__name__}: {exc}") from exc
     if not callable(register):
         raise CommandPluginError(name, value, f"{register!r} is not a register(subparsers)")
     try:
@@ -170,8 +168,9 @@ def load_commands(
         if path and "--config" not in child._option_string_actions:
             # SUPPRESS: a command's parser must not overwrite a --config given before the
             # command with its own default of None.
-            child.add_argument("--config", metavar="PATH", default=argparse.SUPPRESS,
-                               help=CONFIG_HELP)
+            child.add_argument(
+                "--config", metavar="PATH", default=argparse.SUPPRESS, help=CONFIG_HELP
+            )
         if path and "--log-level" not in child._option_string_actions:
             _add_logging_options(child, default=argparse.SUPPRESS)
     return commands
@@ -181,12 +180,14 @@ def _add_logging_options(parser: argparse.ArgumentParser, *, default: Any) -> No
     """The global logging options; ``default=SUPPRESS`` on the commands' parsers, so that
     an option given before the command is not overwritten by the command's default."""
     parser.add_argument(
-        "--log-level", type=_log_level, choices=LOG_LEVELS, default=default,
-        metavar="LEVEL", help=LOG_LEVEL_HELP,
+        "--log-level",
+        type=_log_level,
+        choices=LOG_LEVELS,
+        default=default,
+        metavar="LEVEL",
+        help=LOG_LEVEL_HELP,
     )
-    parser.add_argument(
-        "--log-format", choices=LOG_FORMATS, default=default, help=LOG_FORMAT_HELP
-    )
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default=default, help=LOG_FORMAT_HELP)
 
 
 def _forget_new_commands(subparsers: Any, before: set[str]) -> None:
@@ -237,7 +238,9 @@ def _explicit_config(argv: Sequence[str]) -> str | None:
 
 #: attributes every LogRecord has; anything else on a record came from ``extra=``
 _RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
-    "message", "asctime", "taskName",
+    "message",
+    "asctime",
+    "taskName",
 }
 
 

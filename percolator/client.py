@@ -261,9 +261,7 @@ class Client:
         that died holding locks, or long transactions in everyone's way (the worker exports
         this as ``percolator_locks_met_age_seconds``).  The listener runs on the thread that
         met the lock and must be quick."""
-        self._ctx.resolver.add_listener(
-            lambda age_s, state: listener(age_s, state.name.lower())
-        )
+        self._ctx.resolver.add_listener(lambda age_s, state: listener(age_s, state.name.lower()))
 
     # ---------------------------------------------------------------- live readers
 

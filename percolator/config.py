@@ -257,8 +257,9 @@ def _file_sections(
                 )
             # Check the value now, whichever command runs, so a bad [worker] entry is
             # caught by `percolator gc` too and not first at a deployment's worker start.
-            _convert(options[key.replace("_", "-")], value, f"config file {path} "
-                     f"[{'.'.join(command)}]")
+            _convert(
+                options[key.replace("_", "-")], value, f"config file {path} [{'.'.join(command)}]"
+            )
     return sections
 
 

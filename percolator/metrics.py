@@ -231,7 +231,8 @@ class MetricsServer:
                     body = registry.render().encode()
                 except Exception as exc:  # a failing gauge must not kill the endpoint
                     return _reply(
-                        start_response, "500 Internal Server Error",
+                        start_response,
+                        "500 Internal Server Error",
                         f"rendering metrics failed: {exc}",
                     )
                 start_response(

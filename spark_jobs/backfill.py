@@ -172,8 +172,9 @@ class InjectedFailure:
 
     def __post_init__(self) -> None:
         if self.action not in ("raise", "kill"):
-            raise InvalidArgumentError(f"injected failure action must be raise or kill, "
-                                       f"got {self.action!r}")
+            raise InvalidArgumentError(
+                f"injected failure action must be raise or kill, got {self.action!r}"
+            )
         if self.after_batches < 0 or self.attempts < 0:
             raise InvalidArgumentError("injected failure counts must be >= 0")
 
@@ -339,9 +340,11 @@ class BackfillReport:
         return "\n".join(lines)
 
     def _bulk_summary(self) -> str:
-        done = (f"{self.rows_written} written and published" if self.rows_written or
-                not self.rows_skipped else
-                f"nothing written: the load was published before ({self.rows_skipped} rows)")
+        done = (
+            f"{self.rows_written} written and published"
+            if self.rows_written or not self.rows_skipped
+            else f"nothing written: the load was published before ({self.rows_skipped} rows)"
+        )
         lines = [
             f"bulk load {self.job_id} into {self.table}: {self.rows_read} rows read, {done}, "
             f"{self.bad_rows} bad; start_ts {self.load_start_ts}, commit_ts "
@@ -350,8 +353,10 @@ class BackfillReport:
         if self.notified_columns:
             lines.append(f"  observers will process columns {self.notified_columns}")
         if self.unnotified_columns:
-            lines.append(f"  NOT notified (by choice): observed columns "
-                         f"{self.unnotified_columns}; observers will not see the loaded rows")
+            lines.append(
+                f"  NOT notified (by choice): observed columns "
+                f"{self.unnotified_columns}; observers will not see the loaded rows"
+            )
         if self.duplicate_keys:
             lines.append(
                 f"  {self.duplicate_keys} rows repeated an earlier key (merged into one row; "
@@ -489,8 +494,9 @@ def load_input(
         if schema is not None and fmt == "parquet":
             _check_parquet_schema(spark, df, schema)
     except PySparkException as exc:
-        raise ConfigError(f"cannot read input {list(inputs)} as {fmt}: "
-                          f"{spark_failure_reason(exc)}") from None
+        raise ConfigError(
+            f"cannot read input {list(inputs)} as {fmt}: {spark_failure_reason(exc)}"
+        ) from None
     return df
 
 
@@ -508,7 +514,8 @@ def _check_parquet_schema(spark: SparkSession, df: DataFrame, schema: str) -> No
             )
     if problems:
         raise ConfigError(
-            "the Parquet input does not match the schema: " + "; ".join(problems)
+            "the Parquet input does not match the schema: "
+            + "; ".join(problems)
             + f" (input schema: {df.schema.simpleString()})"
         )
 
@@ -531,8 +538,16 @@ class MappingPlan:
 
 _RAW_TYPES = ("string", "binary")
 _CAST_TYPES = (
-    "boolean", "tinyint", "smallint", "int", "bigint", "float", "double", "date",
-    "timestamp", "timestamp_ntz",
+    "boolean",
+    "tinyint",
+    "smallint",
+    "int",
+    "bigint",
+    "float",
+    "double",
+    "date",
+    "timestamp",
+    "timestamp_ntz",
 )
 _KEY_CAST_TYPES = ("tinyint", "smallint", "int", "bigint", "date")
 
@@ -566,9 +581,7 @@ def plan_mapping(
             f"key column {key!r} has type {key_type}; a row key must be string, binary, "
             "integer, decimal or date"
         )
-    mappings = list(columns) or [
-        ColumnMapping(n) for n in names if n not in (key, CORRUPT_COLUMN)
-    ]
+    mappings = list(columns) or [ColumnMapping(n) for n in names if n not in (key, CORRUPT_COLUMN)]
     if not mappings:
         raise ConfigError(f"the input has no column to store besides the key {key!r}")
     targets: list[str] = []
@@ -634,12 +647,16 @@ def map_row(values: Sequence[object], plan: MappingPlan) -> tuple[bytes, Cells] 
         return BadRow("malformed-record", "does not parse under the schema", _example(values, plan))
     raw_key = values[0]
     if raw_key is None or raw_key in ("", b"", bytearray()):
-        return BadRow("missing-key", f"key column {plan.key!r} is null or empty",
-                      _example(values, plan))
+        return BadRow(
+            "missing-key", f"key column {plan.key!r} is null or empty", _example(values, plan)
+        )
     key = _as_bytes(raw_key)
     if len(key) > MAX_ROW_LENGTH:
-        return BadRow("key-too-long", f"key is {len(key)} bytes, the limit is {MAX_ROW_LENGTH}",
-                      _example(values, plan))
+        return BadRow(
+            "key-too-long",
+            f"key is {len(key)} bytes, the limit is {MAX_ROW_LENGTH}",
+            _example(values, plan),
+        )
     cells = []
     for target, value in zip(plan.targets, values[1 : 1 + len(plan.targets)], strict=True):
         if value is None:
@@ -743,11 +760,14 @@ def _too_many_bad(options: BackfillOptions, bad: int, rows: int) -> str | None:
     if options.max_bad_rows is None and options.max_bad_fraction is None:
         return f"{bad} of {rows} rows cannot be mapped" if bad else None
     if options.max_bad_rows is not None and bad > options.max_bad_rows:
-        return (f"{bad} of {rows} rows cannot be mapped, more than the allowed "
-                f"{options.max_bad_rows}")
+        return (
+            f"{bad} of {rows} rows cannot be mapped, more than the allowed {options.max_bad_rows}"
+        )
     if options.max_bad_fraction is not None and bad > options.max_bad_fraction * rows:
-        return (f"{bad} of {rows} rows cannot be mapped, more than the allowed fraction "
-                f"{options.max_bad_fraction}")
+        return (
+            f"{bad} of {rows} rows cannot be mapped, more than the allowed fraction "
+            f"{options.max_bad_fraction}"
+        )
     return None
 
 
@@ -893,8 +913,7 @@ def inject_failure(inject: InjectedFailure | None, partition: int, handled: int)
     if inject.action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     raise RuntimeError(
-        f"injected failure in partition {partition}, attempt {attempt}, after "
-        f"{handled} batches"
+        f"injected failure in partition {partition}, attempt {attempt}, after {handled} batches"
     )
 
 
@@ -1069,8 +1088,7 @@ class _ProgressReporter:
         rate = done / elapsed if elapsed > 0 else 0.0
         remaining = max(0, self._total - done)
         eta = f", about {remaining / rate:.0f} s left" if rate > 0 and remaining else ""
-        return (f"{done}/{self._total} rows done ({rate:.0f} rows/s), {remaining} remaining"
-                f"{eta}")
+        return f"{done}/{self._total} rows done ({rate:.0f} rows/s), {remaining} remaining{eta}"
 
     def _loop(self) -> None:
         while not self._stop.wait(self._interval):
@@ -1143,9 +1161,7 @@ def prepare_input(
     try:
         parts = rows.mapPartitions(check).collect()
     except Exception as exc:
-        raise ConfigError(
-            f"cannot read input {read_as}: {spark_failure_reason(exc)}"
-        ) from None
+        raise ConfigError(f"cannot read input {read_as}: {spark_failure_reason(exc)}") from None
     checked = _CheckStats()
     for part in parts:
         checked.merge(part, options.examples)
@@ -1231,8 +1247,10 @@ def run_backfill(
     sorted_rows = rows.flatMap(keyed).repartitionAndSortWithinPartitions(
         numPartitions=buckets, partitionFunc=_bucket_key, keyfunc=lambda k: k
     )
-    emit(f"writing {checked.good} rows into {options.table} as job {job_id} "
-         f"({buckets} buckets, {report.batch_size} rows per transaction)")
+    emit(
+        f"writing {checked.good} rows into {options.table} as job {job_id} "
+        f"({buckets} buckets, {report.batch_size} rows per transaction)"
+    )
     with _ProgressReporter(accumulator, checked.good, options.progress_interval_s, emit):
         try:
             results = sorted_rows.mapPartitionsWithIndex(
@@ -1255,8 +1273,14 @@ def run_backfill(
     if errors:
         raise SparkJobError(f"backfill {job_id} failed: {errors[0]}")
     with percolator.connect(options.store, oracle=options.oracle, **options.client_options) as c:
-        done = json.dumps({"v": 1, "finished_ms": int(time.time() * 1000),
-                           "rows": report.rows_good, "bad_rows": report.bad_rows}).encode()
+        done = json.dumps(
+            {
+                "v": 1,
+                "finished_ms": int(time.time() * 1000),
+                "rows": report.rows_good,
+                "bad_rows": report.bad_rows,
+            }
+        ).encode()
         c.run(lambda txn: txn.set(options.progress_table, job_row(job_id), DONE_COLUMN, done))
         report.done = True
         report.markers_removed = remove_batch_markers(c, job_id, options.progress_table)

@@ -146,8 +146,7 @@ def _bulk_partition(
         by_version: dict[int, list[Put]] = {}
         for put in puts:
             by_version.setdefault(put.version, []).append(put)
-        pending.extend(pool.submit(store.put, plan.table, group)
-                       for group in by_version.values())
+        pending.extend(pool.submit(store.put, plan.table, group) for group in by_version.values())
 
     try:
         inject_failure(plan.inject, partition, 0)
@@ -244,7 +243,8 @@ def _load(
             client.store, client.oracle.get_timestamp, options.table, load_id, lease_ms=lease_ms
         )
         observed = {
-            column for table, column in load_observed_columns(client.store)
+            column
+            for table, column in load_observed_columns(client.store)
             if table == options.table
         }
     state = begun.state
@@ -287,10 +287,13 @@ def _load(
     sorted_rows = rows.flatMap(keyed).repartitionAndSortWithinPartitions(
         numPartitions=buckets, partitionFunc=lambda k: k[0], keyfunc=lambda k: k
     )
-    emit(f"bulk-loading {checked.good} rows into {options.table} as load {load_id} "
-         f"({buckets} buckets, {batch_size} rows per put)")
-    with _LeaseRenewer(prepared.store, options.table, load_id, lease_ms), _ProgressReporter(
-        accumulator, checked.good, options.progress_interval_s, emit
+    emit(
+        f"bulk-loading {checked.good} rows into {options.table} as load {load_id} "
+        f"({buckets} buckets, {batch_size} rows per put)"
+    )
+    with (
+        _LeaseRenewer(prepared.store, options.table, load_id, lease_ms),
+        _ProgressReporter(accumulator, checked.good, options.progress_interval_s, emit),
     ):
         try:
             results = sorted_rows.mapPartitionsWithIndex(
@@ -341,8 +344,7 @@ def backfill(
         raise ConfigError("notify=False applies to the bulk mode only (transactions notify)")
     from pyspark.sql import DataFrame as SparkDataFrame
 
-    mappings = tuple(c if isinstance(c, ColumnMapping) else ColumnMapping.parse(c)
-                     for c in columns)
+    mappings = tuple(c if isinstance(c, ColumnMapping) else ColumnMapping.parse(c) for c in columns)
     df: DataFrame | None = None
     if isinstance(source, SparkDataFrame):
         df = source
@@ -358,8 +360,9 @@ def backfill(
         spark = Session.getActiveSession()
         if spark is None:
             raise ConfigError("no active SparkSession: pass spark=")
-    opts = BackfillOptions(store=store, table=table, inputs=inputs, key=key,
-                           columns=mappings, **options)
+    opts = BackfillOptions(
+        store=store, table=table, inputs=inputs, key=key, columns=mappings, **options
+    )
     if mode == "bulk":
         return run_bulk_load(spark, opts, progress=progress, df=df, notify=notify)
     return run_backfill(spark, opts, progress=progress, df=df)

@@ -24,10 +24,16 @@ from percolator.errors import ConfigError, PercolatorError
 
 
 def _add_spark_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--master", default=None,
-                        help="Spark master URL (default local[*], or spark-submit's)")
-    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
-                        help="a Spark setting, passed through (repeatable)")
+    parser.add_argument(
+        "--master", default=None, help="Spark master URL (default local[*], or spark-submit's)"
+    )
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting, passed through (repeatable)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -51,45 +57,84 @@ def register_backfill(subparsers: Any) -> None:
         "and each cell's committed state is put directly at the load's timestamps, then "
         "published at once.  The whole input is checked before anything is written.",
     )
-    backfill.add_argument("inputs", nargs="+", metavar="INPUT",
-                          help="files, directories or URLs Spark can read")
+    backfill.add_argument(
+        "inputs", nargs="+", metavar="INPUT", help="files, directories or URLs Spark can read"
+    )
     add_store_option(backfill)
     add_oracle_option(backfill)
     backfill.add_argument("--table", required=True, help="target table (created if missing)")
     backfill.add_argument("--key", required=True, help="input column holding the row key")
-    backfill.add_argument("--column", action="append", default=[], metavar="SRC[=TARGET]",
-                          help="value column to store, optionally renamed (repeatable; "
-                          "default: every column but the key)")
-    backfill.add_argument("--format", choices=("parquet", "csv", "json"),
-                          help="input format (default: from the file extension)")
-    backfill.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                          help="Spark reader option, e.g. sep=; (repeatable)")
+    backfill.add_argument(
+        "--column",
+        action="append",
+        default=[],
+        metavar="SRC[=TARGET]",
+        help="value column to store, optionally renamed (repeatable; "
+        "default: every column but the key)",
+    )
+    backfill.add_argument(
+        "--format",
+        choices=("parquet", "csv", "json"),
+        help="input format (default: from the file extension)",
+    )
+    backfill.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Spark reader option, e.g. sep=; (repeatable)",
+    )
     backfill.add_argument("--schema", help="input schema as DDL, e.g. 'id STRING, n INT'")
-    backfill.add_argument("--job-id", help="names the job's progress (default: derived from "
-                          "input, table and mapping)")
-    backfill.add_argument("--progress-table", default="backfill_progress",
-                          help="table of progress markers (default %(default)s)")
+    backfill.add_argument(
+        "--job-id", help="names the job's progress (default: derived from input, table and mapping)"
+    )
+    backfill.add_argument(
+        "--progress-table",
+        default="backfill_progress",
+        help="table of progress markers (default %(default)s)",
+    )
     backfill.add_argument("--batch-size", type=int, help="rows per transaction (default 200)")
-    backfill.add_argument("--buckets", type=int, help="number of write tasks (default: from "
-                          "the row count)")
-    backfill.add_argument("--max-bad-rows", type=int,
-                          help="fail if more rows than this cannot be mapped (default 0)")
-    backfill.add_argument("--max-bad-fraction", type=float,
-                          help="fail if more than this fraction of rows cannot be mapped")
-    backfill.add_argument("--max-value-bytes", type=int,
-                          help="larger values make their row bad (default 64 MiB)")
-    backfill.add_argument("--progress-interval", type=float, default=5.0, metavar="SECONDS",
-                          help="how often progress is printed (default %(default)s)")
-    backfill.add_argument("--mode", choices=("transactional", "bulk"), default="transactional",
-                          help="transactional (default; live tables: one transaction per "
-                          "batch) or bulk (a new or empty table, fenced until the load is "
-                          "published, at the speed of batched puts)")
-    backfill.add_argument("--no-notify", action="store_true",
-                          help="bulk mode: leave no notifications (observers will not "
-                          "process the loaded rows; the report says so)")
-    backfill.add_argument("--forget", action="store_true",
-                          help="delete the progress of --job-id instead of loading (a later "
-                          "run then writes every row again)")
+    backfill.add_argument(
+        "--buckets", type=int, help="number of write tasks (default: from the row count)"
+    )
+    backfill.add_argument(
+        "--max-bad-rows", type=int, help="fail if more rows than this cannot be mapped (default 0)"
+    )
+    backfill.add_argument(
+        "--max-bad-fraction",
+        type=float,
+        help="fail if more than this fraction of rows cannot be mapped",
+    )
+    backfill.add_argument(
+        "--max-value-bytes", type=int, help="larger values make their row bad (default 64 MiB)"
+    )
+    backfill.add_argument(
+        "--progress-interval",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="how often progress is printed (default %(default)s)",
+    )
+    backfill.add_argument(
+        "--mode",
+        choices=("transactional", "bulk"),
+        default="transactional",
+        help="transactional (default; live tables: one transaction per "
+        "batch) or bulk (a new or empty table, fenced until the load is "
+        "published, at the speed of batched puts)",
+    )
+    backfill.add_argument(
+        "--no-notify",
+        action="store_true",
+        help="bulk mode: leave no notifications (observers will not "
+        "process the loaded rows; the report says so)",
+    )
+    backfill.add_argument(
+        "--forget",
+        action="store_true",
+        help="delete the progress of --job-id instead of loading (a later "
+        "run then writes every row again)",
+    )
     _add_spark_options(backfill)
     backfill.set_defaults(func=run_backfill_command)
 
@@ -105,16 +150,29 @@ def register_export(subparsers: Any) -> None:
     add_oracle_option(export)
     export.add_argument("--table", required=True, help="table to export")
     export.add_argument("--output", required=True, help="Parquet output path or URL")
-    export.add_argument("--column", action="append", default=[], metavar="COLUMN",
-                        help="column to export (repeatable; default: every cell)")
-    export.add_argument("--layout", choices=("wide", "cells"),
-                        help="one row per table row (wide, needs --column) or one per cell")
+    export.add_argument(
+        "--column",
+        action="append",
+        default=[],
+        metavar="COLUMN",
+        help="column to export (repeatable; default: every cell)",
+    )
+    export.add_argument(
+        "--layout",
+        choices=("wide", "cells"),
+        help="one row per table row (wide, needs --column) or one per cell",
+    )
     export.add_argument("--read-ts", type=int, help="snapshot timestamp (default: now)")
     export.add_argument("--splits", type=int, help="row ranges (default: four per core)")
-    export.add_argument("--strings", action="store_true",
-                        help="decode rows and values as UTF-8 strings")
-    export.add_argument("--mode", choices=("error", "overwrite"), default="error",
-                        help="if the output exists: fail (default) or overwrite")
+    export.add_argument(
+        "--strings", action="store_true", help="decode rows and values as UTF-8 strings"
+    )
+    export.add_argument(
+        "--mode",
+        choices=("error", "overwrite"),
+        default="error",
+        help="if the output exists: fail (default) or overwrite",
+    )
     _add_spark_options(export)
     export.set_defaults(func=run_export_command)
 

@@ -204,11 +204,15 @@ def _read_range(plan: _ReadPlan, bounds: tuple[bytes, bytes | None]) -> Iterator
             key = _decode(row, plan.strings, f"row key {row[:40]!r}")
             if plan.layout == "wide":
                 assert plan.columns is not None
-                yield (key, *(
-                    _decode(cells[c], plan.strings, f"{plan.table}/{row!r}/{c}")
-                    if c in cells else None
-                    for c in plan.columns
-                ))
+                yield (
+                    key,
+                    *(
+                        _decode(cells[c], plan.strings, f"{plan.table}/{row!r}/{c}")
+                        if c in cells
+                        else None
+                        for c in plan.columns
+                    ),
+                )
             else:
                 for column in sorted(cells):
                     value = _decode(cells[column], plan.strings, f"{plan.table}/{row!r}/{column}")
@@ -294,8 +298,10 @@ class ExportReport:
     seconds: float
 
     def summary(self) -> str:
-        return (f"exported {self.rows} rows of {self.table} at read_ts {self.read_ts} "
-                f"({self.ranges} ranges) to {self.output} in {self.seconds:.1f} s")
+        return (
+            f"exported {self.rows} rows of {self.table} at read_ts {self.read_ts} "
+            f"({self.ranges} ranges) to {self.output} in {self.seconds:.1f} s"
+        )
 
 
 def write_export(

@@ -24,8 +24,11 @@ def _p10(ratios: list[float]) -> J:
         "threads": 4,
         "backlog": 100,
         "default_batch_size": 32,
-        "median_per_s": {"observer_block_batch32": 400.0, "raw_pairs": 1000.0,
-                         "observer_block": 100.0},
+        "median_per_s": {
+            "observer_block_batch32": 400.0,
+            "raw_pairs": 1000.0,
+            "observer_block": 100.0,
+        },
         "runs_per_s": {"raw_pairs": pairs},
         "p10_default_runs": ratios,
     }
@@ -34,12 +37,18 @@ def _p10(ratios: list[float]) -> J:
 def test_p10_needs_both_stores_goals_on_an_hbase_run() -> None:
     target = BY_ID["P10"]
     # HBase 0.35x meets its 0.3x goal; embedded 0.4x misses its own 0.5x goal.
-    result = judge(target, _raw("hbase://h:1", p10_hbase=_p10([0.35, 0.36, 0.34]),
-                                p10_embedded=_p10([0.4, 0.4, 0.4])))
+    result = judge(
+        target,
+        _raw("hbase://h:1", p10_hbase=_p10([0.35, 0.36, 0.34]), p10_embedded=_p10([0.4, 0.4, 0.4])),
+    )
     assert result.verdict == MISS
     assert "missed" in result.embedded
-    result = judge(target, _raw("hbase://h:1", p10_hbase=_p10([0.35, 0.36, 0.34]),
-                                p10_embedded=_p10([0.55, 0.6, 0.52])))
+    result = judge(
+        target,
+        _raw(
+            "hbase://h:1", p10_hbase=_p10([0.35, 0.36, 0.34]), p10_embedded=_p10([0.55, 0.6, 0.52])
+        ),
+    )
     assert result.verdict == PASS
     assert result.figure.startswith("0.350x")
 
@@ -85,17 +94,29 @@ def test_p7b_is_never_met_below_the_goals_corpus_size() -> None:
 @pytest.mark.parametrize(("versions", "bytes_", "verdict"), [(1.5, 1.9, PASS), (1.5, 2.5, MISS)])
 def test_p11_judges_the_larger_growth(versions: float, bytes_: float, verdict: str) -> None:
     run = {
-        "cells": 200, "seconds": 60.0, "commits": 5000, "gc_every_s": 2.0, "life_time_s": 5.0,
-        "versions_first": 100.0, "versions_last": 100.0 * versions, "bytes_first": 10.0,
-        "bytes_last": 10.0 * bytes_, "versions_ratio": versions, "bytes_ratio": bytes_,
+        "cells": 200,
+        "seconds": 60.0,
+        "commits": 5000,
+        "gc_every_s": 2.0,
+        "life_time_s": 5.0,
+        "versions_first": 100.0,
+        "versions_last": 100.0 * versions,
+        "bytes_first": 10.0,
+        "bytes_last": 10.0 * bytes_,
+        "versions_ratio": versions,
+        "bytes_ratio": bytes_,
     }
     assert judge(BY_ID["P11"], _raw("hbase://h:1", gc_hbase=run)).verdict == verdict
 
 
 def test_p12_and_p13_are_reported_not_judged() -> None:
     watermark = {
-        "saturation_docs_per_s": 60.0, "rate_docs_per_s": 30.0, "seconds": 20.0, "threads": 4,
-        "stage1_p50_s": 0.4, "stage2_added_p50_s": 0.1,
+        "saturation_docs_per_s": 60.0,
+        "rate_docs_per_s": 30.0,
+        "seconds": 20.0,
+        "threads": 4,
+        "stage1_p50_s": 0.4,
+        "stage2_added_p50_s": 0.1,
         "observers": {
             "doc-clusters": {"stage": 1, "p50_s": 0.4, "p95_s": 0.9},
             "doc-inlinks": {"stage": 1, "p50_s": 0.1, "p95_s": 1.0},
@@ -105,11 +126,21 @@ def test_p12_and_p13_are_reported_not_judged() -> None:
     result = judge(BY_ID["P12"], _raw("hbase://h:1", watermark_hbase=watermark))
     assert (result.verdict, result.score) == (REPORTED, None)
     assert result.figure == "stage 1: 0.40 s, p95 1.00 s / stage 2: 0.50 s, p95 1.10 s"
-    partition = {"results": [
-        {"workers": w, "mode": m, "rows": 400, "seconds": 4.0 / w ** 0.5, "runs": 400,
-         "scanned_per_run": 1.0, "conflicts_per_run": 0.0}
-        for w in (1, 4) for m in ("random", "partitioned")
-    ]}
+    partition = {
+        "results": [
+            {
+                "workers": w,
+                "mode": m,
+                "rows": 400,
+                "seconds": 4.0 / w**0.5,
+                "runs": 400,
+                "scanned_per_run": 1.0,
+                "conflicts_per_run": 0.0,
+            }
+            for w in (1, 4)
+            for m in ("random", "partitioned")
+        ]
+    }
     result = judge(BY_ID["P13"], _raw("hbase://h:1", partition_hbase=partition))
     assert result.verdict == REPORTED
     assert result.figure == "4 / 1 workers: 2.00x runs/s"

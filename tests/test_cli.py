@@ -17,8 +17,19 @@ from percolator import cli
 ROOT = Path(__file__).resolve().parent.parent
 # The engine's own commands and those of the packages installed with it.
 ENGINE_COMMANDS = [
-    "backfill", "catch-up", "export", "gc", "hbase", "inspect", "notifications", "observers",
-    "oracle", "status", "wait", "watermarks", "worker",
+    "backfill",
+    "catch-up",
+    "export",
+    "gc",
+    "hbase",
+    "inspect",
+    "notifications",
+    "observers",
+    "oracle",
+    "status",
+    "wait",
+    "watermarks",
+    "worker",
 ]
 
 
@@ -30,8 +41,12 @@ def run(args: list[str], env: dict[str, str] | None = None) -> subprocess.Comple
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("PERCOLATOR_")}
     full_env.update(env or {})
     return subprocess.run(
-        [sys.executable, "-m", "percolator", *args], cwd=ROOT, env=full_env,
-        capture_output=True, text=True, timeout=120,
+        [sys.executable, "-m", "percolator", *args],
+        cwd=ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -60,23 +75,35 @@ def test_commands_are_listed_alphabetically_whatever_the_order_found() -> None:
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
-        ("broken", "no_such_module_xyz:register",
-         "command plugin 'broken' (no_such_module_xyz:register): cannot load: "
-         "ModuleNotFoundError: No module named 'no_such_module_xyz'"),
-        ("liar", "percolator.commands.status:register",
-         "command plugin 'liar' (percolator.commands.status:register): added no command "
-         "named 'liar'"),
-        ("raises", "json:loads",
-         "command plugin 'raises' (json:loads): failed to add its command: TypeError"),
-        ("value", "percolator:DISTRIBUTION",
-         "command plugin 'value' (percolator:DISTRIBUTION): 'percolator-engine' is not a "
-         "register(subparsers)"),
+        (
+            "broken",
+            "no_such_module_xyz:register",
+            "command plugin 'broken' (no_such_module_xyz:register): cannot load: "
+            "ModuleNotFoundError: No module named 'no_such_module_xyz'",
+        ),
+        (
+            "liar",
+            "percolator.commands.status:register",
+            "command plugin 'liar' (percolator.commands.status:register): added no command "
+            "named 'liar'",
+        ),
+        (
+            "raises",
+            "json:loads",
+            "command plugin 'raises' (json:loads): failed to add its command: TypeError",
+        ),
+        (
+            "value",
+            "percolator:DISTRIBUTION",
+            "command plugin 'value' (percolator:DISTRIBUTION): 'percolator-engine' is not a "
+            "register(subparsers)",
+        ),
     ],
 )
-def test_a_broken_command_plugin_is_an_error_naming_it(name: str, value: str,
-                                                        message: str) -> None:
-    commands = cli.load_commands([entry_point("gc", "percolator.commands.gc:register"),
-                                  entry_point(name, value)])
+def test_a_broken_command_plugin_is_an_error_naming_it(name: str, value: str, message: str) -> None:
+    commands = cli.load_commands(
+        [entry_point("gc", "percolator.commands.gc:register"), entry_point(name, value)]
+    )
     assert [error.plugin for error in commands.errors] == [name]
     assert str(commands.errors[0]).startswith(message)
     # The others still load, and a failed plugin leaves no command behind.
@@ -86,13 +113,17 @@ def test_a_broken_command_plugin_is_an_error_naming_it(name: str, value: str,
 def test_main_reports_a_broken_plugin_in_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    points = [entry_point("gc", "percolator.commands.gc:register"),
-              entry_point("broken", "no_such_module_xyz:register")]
+    points = [
+        entry_point("gc", "percolator.commands.gc:register"),
+        entry_point("broken", "no_such_module_xyz:register"),
+    ]
     monkeypatch.setattr(cli, "find_commands", lambda entry_points=None: points)
     assert cli.main(["broken", "--anything"]) == 2
     err = capsys.readouterr().err
-    assert err == ("percolator: error: command plugin 'broken' (no_such_module_xyz:register): "
-                   "cannot load: ModuleNotFoundError: No module named 'no_such_module_xyz'\n")
+    assert err == (
+        "percolator: error: command plugin 'broken' (no_such_module_xyz:register): "
+        "cannot load: ModuleNotFoundError: No module named 'no_such_module_xyz'\n"
+    )
     # Other commands still run; the broken one is named in one warning line.
     percolator.connect(f"embedded:{tmp_path / 's'}").close()
     assert cli.main(["gc", "--store", f"embedded:{tmp_path / 's'}", "--json"]) == 0
@@ -111,8 +142,9 @@ def test_a_broken_plugin_of_another_distribution(tmp_path: Path) -> None:
     (info / "entry_points.txt").write_text(
         "[percolator.commands]\nbroken = no_such_module_xyz:register\n"
     )
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path),
-                                                       os.environ.get("PYTHONPATH")]))}
+    env = {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    }
     result = run(["broken"], env)
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
@@ -155,13 +187,26 @@ def test_config_option_is_found_before_and_after_the_command() -> None:
 
 def test_shell_completion_through_argcomplete(tmp_path: Path) -> None:
     import argcomplete  # noqa: F401 - the dev extra installs it
+
     out = tmp_path / "completions"
 
     def complete(line: str) -> list[str]:
-        env = dict(os.environ, _ARGCOMPLETE="1", COMP_LINE=line, COMP_POINT=str(len(line)),
-                   _ARGCOMPLETE_STDOUT_FILENAME=str(out), _ARGCOMPLETE_IFS="\n")
-        result = subprocess.run([sys.executable, "-m", "percolator"], env=env, cwd=tmp_path,
-                                capture_output=True, text=True, timeout=60)
+        env = dict(
+            os.environ,
+            _ARGCOMPLETE="1",
+            COMP_LINE=line,
+            COMP_POINT=str(len(line)),
+            _ARGCOMPLETE_STDOUT_FILENAME=str(out),
+            _ARGCOMPLETE_IFS="\n",
+        )
+        result = subprocess.run(
+            [sys.executable, "-m", "percolator"],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert result.returncode == 0, result.stderr
         return [word.strip() for word in out.read_text().split("\n")]
 

@@ -18,7 +18,10 @@ from percolator.errors import ConfigError
 
 
 def parse(
-    argv: list[str], *, environ: Mapping[str, str] | None = None, file_text: str | None = None,
+    argv: list[str],
+    *,
+    environ: Mapping[str, str] | None = None,
+    file_text: str | None = None,
     tmp_path: Path | None = None,
 ) -> argparse.Namespace:
     """What ``percolator ARGV`` would hand to its command, without running it."""
@@ -50,7 +53,10 @@ def test_file_sets_shared_and_command_options(tmp_path: Path) -> None:
     )
     args = parse(["worker"], file_text=text, tmp_path=tmp_path)
     assert (args.store, args.oracle, args.threads, args.observer) == (
-        "hbase://db:9090", "grpc://o:7070", 8, ["doc-index"]
+        "hbase://db:9090",
+        "grpc://o:7070",
+        8,
+        ["doc-index"],
     )
     # The shared store applies to other commands too; the worker table does not.
     gc = parse(["gc"], file_text=text, tmp_path=tmp_path)
@@ -64,7 +70,9 @@ def test_environment_beats_file_and_flag_beats_environment(tmp_path: Path) -> No
     args = parse(["worker"], environ=env, file_text=text, tmp_path=tmp_path)
     assert (args.store, args.threads) == ("hbase://env:2", 6)
     args = parse(
-        ["worker", "--threads", "2", "--store", "memory:"], environ=env, file_text=text,
+        ["worker", "--threads", "2", "--store", "memory:"],
+        environ=env,
+        file_text=text,
         tmp_path=tmp_path,
     )
     assert (args.store, args.threads) == ("memory:", 2)
@@ -106,14 +114,14 @@ def test_boolean_from_environment() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('[wroker]\nthreads = 2\n', r"unknown command table \[wroker\]"),
-        ('[worker]\nthread = 2\n', r"\[worker\] has no option 'thread'"),
-        ('threads = 2\n', "'threads' outside a table; shared settings go in"),
-        ('[defaults]\nthreads = 2\n', r"\[defaults\] has no option 'threads'"),
+        ("[wroker]\nthreads = 2\n", r"unknown command table \[wroker\]"),
+        ("[worker]\nthread = 2\n", r"\[worker\] has no option 'thread'"),
+        ("threads = 2\n", "'threads' outside a table; shared settings go in"),
+        ("[defaults]\nthreads = 2\n", r"\[defaults\] has no option 'threads'"),
         ('[worker]\nthreads = "many"\n', r"\[worker\]: bad value 'many' for --threads"),
-        ('[worker]\nthreads = [1, 2]\n', "expected a single value"),
+        ("[worker]\nthreads = [1, 2]\n", "expected a single value"),
         ('[oracle]\nlisten = "x"\n', r"\[oracle\] is a group of commands"),
-        ('store = \n', "not valid TOML"),
+        ("store = \n", "not valid TOML"),
     ],
 )
 def test_bad_file_is_one_clear_error(tmp_path: Path, text: str, message: str) -> None:
@@ -129,7 +137,8 @@ def test_bad_environment_value_names_the_variable() -> None:
 def test_command_path_skips_option_values() -> None:
     parser = build_parser()
     assert config.command_path(parser, ["--config", "x.toml", "oracle", "serve"]) == (
-        "oracle", "serve"
+        "oracle",
+        "serve",
     )
     assert config.command_path(parser, ["worker", "--threads", "3"]) == ("worker",)
     assert config.command_path(parser, ["nonsense"]) == ()
@@ -139,8 +148,12 @@ def run_cli(args: list[str], cwd: Path, env: Mapping[str, str]) -> subprocess.Co
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("PERCOLATOR_")}
     full_env.update(env)
     return subprocess.run(
-        [sys.executable, "-m", "percolator", *args], cwd=cwd, env=full_env,
-        capture_output=True, text=True, timeout=120,
+        [sys.executable, "-m", "percolator", *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -192,8 +205,9 @@ def test_config_after_the_command(tmp_path: Path) -> None:
     assert result.stdout.lstrip().startswith("{")  # --json came from the file
     result = run_cli(["--config", "bad.toml", "gc", "--config=after.toml"], tmp_path, {})
     assert result.returncode == 0, result.stderr
-    result = run_cli(["oracle", "--config", "bad.toml", "info", "--oracle", "grpc://h:1"],
-                     tmp_path, {})
+    result = run_cli(
+        ["oracle", "--config", "bad.toml", "info", "--oracle", "grpc://h:1"], tmp_path, {}
+    )
     assert result.returncode == 2 and "has no option 'thread'" in result.stderr
 
 

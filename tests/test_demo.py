@@ -25,7 +25,11 @@ def demo(*args: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedPro
     env = {k: v for k, v in os.environ.items() if not k.startswith("PERCOLATOR_")}
     return subprocess.run(
         [sys.executable, "-m", "percolator", "demo", *args],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -41,8 +45,13 @@ def check_run(result: subprocess.CompletedProcess[str], store_url: str | None) -
     assert "break-even change fraction" in result.stderr
     steps = [step["name"] for step in summary["steps"]]
     assert steps == [
-        "oracle", "generate corpus", "Spark backfill", "observers to quiescence",
-        "incremental update", "Spark full recompute", "compare",
+        "oracle",
+        "generate corpus",
+        "Spark backfill",
+        "observers to quiescence",
+        "incremental update",
+        "Spark full recompute",
+        "compare",
     ]
     assert "summary" in result.stderr and "result: OK" in result.stderr
     # Independently of what the demo says: the stored derived tables equal the reference
@@ -57,8 +66,7 @@ def check_run(result: subprocess.CompletedProcess[str], store_url: str | None) -
 
 @pytest.mark.spark
 def test_demo_on_the_embedded_default(tmp_path: Path) -> None:
-    result = demo("--documents", "200", "--json", "--work-dir", str(tmp_path / "out"),
-                  cwd=tmp_path)
+    result = demo("--documents", "200", "--json", "--work-dir", str(tmp_path / "out"), cwd=tmp_path)
     summary = check_run(result, None)
     chart = Path(summary["chart"])
     assert chart.read_bytes()[:8] == PNG_MAGIC and chart.stat().st_size > 10_000
@@ -72,8 +80,18 @@ def test_demo_on_the_embedded_default(tmp_path: Path) -> None:
 @pytest.mark.hbase
 def test_demo_on_hbase(tmp_path: Path, hbase_url: str) -> None:
     store = with_table_prefix(hbase_url, f"demo{uuid.uuid4().hex[:8]}_")
-    result = demo("--documents", "200", "--json", "--store", store, "--work-dir",
-                  str(tmp_path / "out"), "--chart", str(tmp_path / "chart.png"), cwd=tmp_path)
+    result = demo(
+        "--documents",
+        "200",
+        "--json",
+        "--store",
+        store,
+        "--work-dir",
+        str(tmp_path / "out"),
+        "--chart",
+        str(tmp_path / "chart.png"),
+        cwd=tmp_path,
+    )
     try:
         summary = check_run(result, store)
         assert summary["store"] == store

@@ -28,8 +28,9 @@ def restore_root_logger() -> Iterator[None]:
 
 
 def record(message: str = "hello %s", *args: object, **extra: object) -> logging.LogRecord:
-    made = logging.LogRecord("percolator.committer", logging.WARNING, __file__, 1, message,
-                             args or ("world",), None)
+    made = logging.LogRecord(
+        "percolator.committer", logging.WARNING, __file__, 1, message, args or ("world",), None
+    )
     for key, value in extra.items():
         setattr(made, key, value)
     return made
@@ -162,8 +163,11 @@ def test_engine_warnings_in_json_name_their_transaction(
 
 def test_a_worker_logs_json_lines(tmp_path: Path) -> None:
     worker = WorkerProcess(
-        f"embedded:{tmp_path / 'store'}", ["doc-index"], tmp_path / "worker.log",
-        plugin_dir=None, extra_args=["--create", "--log-format", "json", "--log-level", "info"],
+        f"embedded:{tmp_path / 'store'}",
+        ["doc-index"],
+        tmp_path / "worker.log",
+        plugin_dir=None,
+        extra_args=["--create", "--log-format", "json", "--log-level", "info"],
     ).wait_ready()
     assert worker.terminate() == 0
     logged = [line for line in worker.output().splitlines() if line.startswith("{")]

@@ -40,7 +40,7 @@ def metric_names(expr: str) -> set[str]:
     text = re.sub(r"\$\w+", "", text)  # Grafana variables elsewhere
     names = set()
     for match in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", text):
-        following = text[match.end():].lstrip()
+        following = text[match.end() :].lstrip()
         if following.startswith("("):
             continue  # a function or an aggregation
         before = text[: match.start()]
@@ -55,7 +55,7 @@ def test_the_expression_reader() -> None:
     assert metric_names(
         'histogram_quantile(0.99, sum by (observer, le) (rate(a_bucket{job="x"}[5m]))) > 5'
     ) == {"a_bucket"}
-    assert metric_names("sum(up{job=~\"p-.*\"}) < 1 or absent(up)") == {"up"}
+    assert metric_names('sum(up{job=~"p-.*"}) < 1 or absent(up)') == {"up"}
     assert metric_names("x - y and on (instance) z == 1") == {"x", "y", "z"}
     assert metric_names("rate(c_total[$__rate_interval]) * 60") == {"c_total"}
 
@@ -89,9 +89,7 @@ def test_every_dashboard_query_names_an_exported_metric(exported: set[str]) -> N
     dashboard = json.loads(DASHBOARD.read_text())
     panels = _panels(dashboard["panels"])
     queries = [
-        (panel["title"], target["expr"])
-        for panel in panels
-        for target in panel.get("targets", [])
+        (panel["title"], target["expr"]) for panel in panels for target in panel.get("targets", [])
     ]
     queries += [(a["name"], a["expr"]) for a in dashboard["annotations"]["list"] if "expr" in a]
     assert len(queries) >= 20
@@ -107,8 +105,10 @@ def test_every_dashboard_query_names_an_exported_metric(exported: set[str]) -> N
     ours = {n for n in exported if n.startswith("percolator_")}
     histograms = {n.removesuffix("_bucket") for n in ours if n.endswith("_bucket")}
     missing = {
-        n for n in ours
-        if n not in shown and not n.endswith("_created")
+        n
+        for n in ours
+        if n not in shown
+        and not n.endswith("_created")
         and not any(n.startswith(h) for h in histograms if h + "_bucket" in shown)
     }
     assert missing == set()
@@ -134,8 +134,9 @@ _DURATION = re.compile(r"\d+[smhdwy]")
 
 
 def test_every_alert_rule_names_an_exported_metric(exported: set[str]) -> None:
-    rules = [rule for group in yaml.safe_load(ALERTS.read_text())["groups"]
-             for rule in group["rules"]]
+    rules = [
+        rule for group in yaml.safe_load(ALERTS.read_text())["groups"] for rule in group["rules"]
+    ]
     names = [rule["alert"] for rule in rules]
     assert len(names) == len(set(names))
     for rule in rules:
@@ -148,8 +149,13 @@ def test_every_alert_rule_names_an_exported_metric(exported: set[str]) -> None:
             assert _DURATION.fullmatch(rule["for"]), rule["alert"]
     # What the issue asks to alert on: backlog, parked, fail-over, worker liveness.
     covered = set().union(*(metric_names(rule["expr"]) for rule in rules))
-    assert {"percolator_observer_backlog", "percolator_observer_parked",
-            "percolator_oracle_epoch", "percolator_oracle_active", "up"} <= covered
+    assert {
+        "percolator_observer_backlog",
+        "percolator_observer_parked",
+        "percolator_oracle_epoch",
+        "percolator_oracle_active",
+        "up",
+    } <= covered
 
 
 def test_prometheus_config_scrapes_the_jobs_the_rules_select() -> None:
@@ -171,8 +177,7 @@ PROMTOOL = shutil.which("promtool")
 def promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     if PROMTOOL is None:
         pytest.fail("promtool is not installed: `make test` installs Debian's package prometheus")
-    return subprocess.run([PROMTOOL, *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run([PROMTOOL, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
 def test_promtool_accepts_the_rules_and_their_unit_tests_pass() -> None:
@@ -190,11 +195,16 @@ def test_promtool_accepts_the_config_and_every_dashboard_query(tmp_path: Path) -
     assert checked.returncode == 0, checked.stdout + checked.stderr
     # Each dashboard query as a recording rule: promtool parses every expression.
     dashboard = json.loads(DASHBOARD.read_text())
-    exprs = [target["expr"] for panel in _panels(dashboard["panels"])
-             for target in panel.get("targets", [])]
+    exprs = [
+        target["expr"]
+        for panel in _panels(dashboard["panels"])
+        for target in panel.get("targets", [])
+    ]
     exprs += [a["expr"] for a in dashboard["annotations"]["list"] if "expr" in a]
-    rules = [{"record": f"dashboard:query{i}", "expr": expr.replace("$__rate_interval", "5m")}
-             for i, expr in enumerate(exprs)]
+    rules = [
+        {"record": f"dashboard:query{i}", "expr": expr.replace("$__rate_interval", "5m")}
+        for i, expr in enumerate(exprs)
+    ]
     (tmp_path / "dashboard.yml").write_text(
         yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]})
     )

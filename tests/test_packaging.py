@@ -32,8 +32,20 @@ DIST = PYPROJECT["project"]["name"].replace("-", "_")
 DIST_INFO = f"{DIST}-{VERSION}.dist-info"
 #: what the source tree holds besides the product (never copied into the build)
 SKIP = shutil.ignore_patterns(
-    ".venv", ".git", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "tests",
-    "bench", "examples", "docker", "percolator-data", ".hbase-local", "demo-out",
+    ".venv",
+    ".git",
+    "build",
+    "dist",
+    "*.egg-info",
+    "__pycache__",
+    ".*_cache",
+    "tests",
+    "bench",
+    "examples",
+    "docker",
+    "percolator-data",
+    ".hbase-local",
+    "demo-out",
 )
 
 
@@ -43,9 +55,21 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copytree(ROOT, source, ignore=SKIP)
     out = tmp_path_factory.mktemp("wheel")
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(out), str(source)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr
     (built,) = out.glob("*.whl")
@@ -58,8 +82,13 @@ def test_one_top_level_package_typed_everywhere(wheel: Path) -> None:
     top_level = zipfile.ZipFile(wheel).read(f"{DIST_INFO}/top_level.txt").decode().split()
     assert top_level == ["percolator"]
     packages = {name.rsplit("/", 1)[0] for name in names if name.endswith("/__init__.py")}
-    assert {"percolator", "percolator/oracle", "percolator/observers", "percolator/spark_jobs",
-            "percolator/testing"} <= packages
+    assert {
+        "percolator",
+        "percolator/oracle",
+        "percolator/observers",
+        "percolator/spark_jobs",
+        "percolator/testing",
+    } <= packages
     untyped = sorted(p for p in packages if f"{p}/py.typed" not in names)
     assert untyped == []
     # The generated gRPC modules' stubs ship too, or the types of oracle_pb2 are Any.
@@ -85,20 +114,25 @@ def test_the_engine_registers_no_observer(wheel: Path) -> None:
     assert "status" in entry_points["percolator.commands"]
 
 
-def test_installs_into_a_plain_venv_and_ignores_local_folders(
-    wheel: Path, tmp_path: Path
-) -> None:
+def test_installs_into_a_plain_venv_and_ignores_local_folders(wheel: Path, tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
     # Isolated: the engine must not be importable before its wheel is installed.
-    assert subprocess.run([python, "-c", "import percolator"], capture_output=True,
-                          cwd=tmp_path).returncode != 0
+    assert (
+        subprocess.run(
+            [python, "-c", "import percolator"], capture_output=True, cwd=tmp_path
+        ).returncode
+        != 0
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
     installed = subprocess.run(
         [python, "-m", "pip", "install", "-q", str(wheel)],
-        capture_output=True, text=True, timeout=600, env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
     )
     assert installed.returncode == 0, installed.stderr
     # A working directory with folders named like the repository's (issue 12): the
@@ -112,12 +146,19 @@ def test_installs_into_a_plain_venv_and_ignores_local_folders(
         "print(percolator.__version__)\n"
         "print(percolator.oracle.__file__)\n"
     )
-    result = subprocess.run([python, "-c", code], cwd=work, capture_output=True, text=True,
-                            timeout=120, env=env)
+    result = subprocess.run(
+        [python, "-c", code], cwd=work, capture_output=True, text=True, timeout=120, env=env
+    )
     assert result.returncode == 0, result.stderr
     version, oracle_file = result.stdout.split()
     assert version == VERSION  # from the installed metadata
     assert Path(oracle_file).is_relative_to(venv)
-    cli = subprocess.run([venv / "bin" / "percolator", "--version"], cwd=work,
-                         capture_output=True, text=True, timeout=120, env=env)
+    cli = subprocess.run(
+        [venv / "bin" / "percolator", "--version"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert cli.stdout.strip() == f"percolator {VERSION}", cli.stderr

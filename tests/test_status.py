@@ -41,7 +41,11 @@ def status(store_url: str, *extra: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PERCOLATOR_")}
     return subprocess.run(
         [sys.executable, "-m", "percolator", "status", "--store", store_url, *extra],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -64,9 +68,7 @@ def make_scenario(store_url: str) -> dict[str, Any]:
         committer.prewrite_all()
         committer._stop_heartbeat()  # the client "dies": nothing extends the lock any more
         # One notification parked after repeated failures, one on a column nobody watches.
-        ParkingLot(client).park(
-            "status-watcher", Notification("docs", b"d0", "body", 0), 5, "boom"
-        )
+        ParkingLot(client).park("status-watcher", Notification("docs", b"d0", "body", 0), 5, "boom")
         client.store.put("other", [Put(b"x", NOTIFY, b"c", 1, b"1")])
         client.close()
     finally:
@@ -84,8 +86,12 @@ def check_report(report: dict[str, Any], expected: dict[str, Any]) -> None:
     assert sum(locks["by_age"].values()) == 1
     (observed,) = report["notifications"]["observers"]
     assert observed == {
-        "observer": "status-watcher", "table": "docs", "column": "body", "pending": 2,
-        "parked": 1, "live_workers": 0,
+        "observer": "status-watcher",
+        "table": "docs",
+        "column": "body",
+        "pending": 2,
+        "parked": 1,
+        "live_workers": 0,
     }
     assert report["notifications"]["unobserved"] == [
         {"table": "other", "column": "c", "pending": 1}

@@ -147,16 +147,17 @@ def check_compose(document: Mapping[str, Any], root: Path = ROOT) -> list[str]:
         ports: set[int] = set()
         if getattr(args, "command", None) == "hbase" and getattr(args, "port", None):
             if getattr(args, "bind", "127.0.0.1") != "0.0.0.0":
-                problems.append(f"{name}: HBase's Thrift gateway must bind 0.0.0.0 to be "
-                                "reachable from other containers")
+                problems.append(
+                    f"{name}: HBase's Thrift gateway must bind 0.0.0.0 to be "
+                    "reachable from other containers"
+                )
             ports.add(int(args.port))
             if getattr(args, "thrift2_port", None):
                 ports.add(int(args.thrift2_port))
         found = _listen_port(args)
         if found is not None:
             if found[0] != "0.0.0.0":
-                problems.append(f"{name}: listens on {found[0]}, unreachable from other "
-                                "containers")
+                problems.append(f"{name}: listens on {found[0]}, unreachable from other containers")
             ports.add(found[1])
         if getattr(args, "metrics_port", None):
             ports.add(int(args.metrics_port))
@@ -181,8 +182,10 @@ def check_compose(document: Mapping[str, Any], root: Path = ROOT) -> list[str]:
                     )
         needs_oracle = getattr(args, "command", None) in ("worker", "backfill", "gc", "export")
         if needs_oracle and not getattr(args, "oracle", None):
-            problems.append(f"{name}: no oracle configured (would use the in-process "
-                            "oracle, refused while the oracle service holds its lease)")
+            problems.append(
+                f"{name}: no oracle configured (would use the in-process "
+                "oracle, refused while the oracle service holds its lease)"
+            )
     for name, service in services.items():
         # One-off jobs run and exit; everything else (optional profiles too) keeps running.
         job = name in parsed and parsed[name].command in ("backfill", "gc", "export")
@@ -218,22 +221,28 @@ def check_compose(document: Mapping[str, Any], root: Path = ROOT) -> list[str]:
         for target in depends:
             if target not in services:
                 problems.append(f"{name}: depends on unknown service {target!r}")
-            elif isinstance(depends, dict) and depends[target].get("condition") == (
-                "service_healthy"
-            ) and "healthcheck" not in services[target]:
-                problems.append(f"{name}: waits for {target} to be healthy, which has no "
-                                "healthcheck")
+            elif (
+                isinstance(depends, dict)
+                and depends[target].get("condition") == ("service_healthy")
+                and "healthcheck" not in services[target]
+            ):
+                problems.append(
+                    f"{name}: waits for {target} to be healthy, which has no healthcheck"
+                )
         build = service.get("build")
         if build and name in ours:
             context = root / build.get("context", ".")
             dockerfile = context / build.get("dockerfile", "Dockerfile")
             if not dockerfile.is_file():
                 problems.append(f"{name}: {dockerfile.relative_to(root)} does not exist")
-            elif "ENTRYPOINT [\"percolator\"]" not in dockerfile.read_text():
+            elif 'ENTRYPOINT ["percolator"]' not in dockerfile.read_text():
                 problems.append(f"{name}: {dockerfile.name} does not run percolator")
     # Slim images per role: Java and PySpark only where Spark runs.
-    targets = {s.get("image"): (s.get("build") or {}).get("target")
-               for s in services.values() if s.get("build")}
+    targets = {
+        s.get("image"): (s.get("build") or {}).get("target")
+        for s in services.values()
+        if s.get("build")
+    }
     for name, args in parsed.items():
         target = targets.get(services[name].get("image"))
         spark_job = getattr(args, "command", None) in ("backfill", "export")

@@ -52,8 +52,12 @@ PROJECT = "pcheck"
 LOCAL_BASE = "localhost/bookworm-min:latest"
 PROMETHEUS_IMAGE = "localhost/prometheus-debian:latest"
 CHECK_SCRIPT = ROOT / "tests/deploy/stack_check.py"
-PACKAGES = {"podman": "podman", "runc": "runc", "podman-compose": "podman-compose",
-            "debootstrap": "debootstrap"}
+PACKAGES = {
+    "podman": "podman",
+    "runc": "runc",
+    "podman-compose": "podman-compose",
+    "debootstrap": "debootstrap",
+}
 
 timings: list[tuple[str, float]] = []
 checks: list[str] = []
@@ -78,17 +82,30 @@ def passed(what: str) -> None:
     log(f"   ok: {what}")
 
 
-def run(argv: Sequence[str], *, env: dict[str, str] | None = None, check: bool = True,
-        capture: bool = False, stdin: str | None = None,
-        timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+def run(
+    argv: Sequence[str],
+    *,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+    capture: bool = False,
+    stdin: str | None = None,
+    timeout: float | None = None,
+) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
-        list(argv), cwd=ROOT, env=env, text=True, input=stdin, timeout=timeout,
+        list(argv),
+        cwd=ROOT,
+        env=env,
+        text=True,
+        input=stdin,
+        timeout=timeout,
         stdout=subprocess.PIPE if capture else subprocess.DEVNULL,
         stderr=subprocess.PIPE if capture else subprocess.DEVNULL,
     )
     if check and result.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} exited {result.returncode}:\n"
-                           f"{(result.stdout or '')[-2000:]}{(result.stderr or '')[-2000:]}")
+        raise RuntimeError(
+            f"{' '.join(argv)} exited {result.returncode}:\n"
+            f"{(result.stdout or '')[-2000:]}{(result.stderr or '')[-2000:]}"
+        )
     return result
 
 
@@ -102,17 +119,34 @@ class Stack:
         self.env.pop("PERCOLATOR_STORE", None)  # the compose file's default store
         self.env.pop("PERCOLATOR_ORACLE", None)
 
-    def podman(self, *args: str, check: bool = True, capture: bool = True,
-               stdin: str | None = None,
-               timeout: float | None = None) -> subprocess.CompletedProcess[str]:
-        return run(["podman", *args], env=self.env, check=check, capture=capture,
-                   stdin=stdin, timeout=timeout)
+    def podman(
+        self,
+        *args: str,
+        check: bool = True,
+        capture: bool = True,
+        stdin: str | None = None,
+        timeout: float | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        return run(
+            ["podman", *args],
+            env=self.env,
+            check=check,
+            capture=capture,
+            stdin=stdin,
+            timeout=timeout,
+        )
 
-    def compose(self, *args: str, replicas: int = 1, check: bool = True,
-                timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+    def compose(
+        self, *args: str, replicas: int = 1, check: bool = True, timeout: float | None = None
+    ) -> subprocess.CompletedProcess[str]:
         env = dict(self.env, WORKER_REPLICAS=str(replicas))
-        return run(["podman-compose", "-p", PROJECT, *args], env=env, check=check,
-                   capture=True, timeout=timeout)
+        return run(
+            ["podman-compose", "-p", PROJECT, *args],
+            env=env,
+            check=check,
+            capture=True,
+            timeout=timeout,
+        )
 
     @staticmethod
     def container(service: str, number: int = 1) -> str:
@@ -133,21 +167,30 @@ class Stack:
         """Runs the container's own health check until it passes; seconds waited."""
         started = time.monotonic()
         while True:
-            if self.podman("healthcheck", "run", name, check=False,
-                           timeout=120).returncode == 0:
+            if self.podman("healthcheck", "run", name, check=False, timeout=120).returncode == 0:
                 return time.monotonic() - started
             state = self.state(name)
             if state not in ("running", "created", "configured"):
                 raise RuntimeError(f"{name} is {state}:\n{self.logs(name)}")
             if time.monotonic() - started > timeout_s:
-                raise RuntimeError(f"{name} not healthy after {timeout_s:.0f} s:\n"
-                                   f"{self.logs(name)}")
+                raise RuntimeError(
+                    f"{name} not healthy after {timeout_s:.0f} s:\n{self.logs(name)}"
+                )
             time.sleep(2)
 
     def stack_check(self, *args: str, timeout_s: float = 600) -> dict[str, object]:
         """tests/deploy/stack_check.py ACTION inside the first worker container."""
-        result = self.podman("exec", "-i", self.container("worker"), "python", "-", *args,
-                             check=False, stdin=CHECK_SCRIPT.read_text(), timeout=timeout_s)
+        result = self.podman(
+            "exec",
+            "-i",
+            self.container("worker"),
+            "python",
+            "-",
+            *args,
+            check=False,
+            stdin=CHECK_SCRIPT.read_text(),
+            timeout=timeout_s,
+        )
         if result.returncode != 0:
             raise RuntimeError(f"stack_check {' '.join(args)} failed:\n{result.stderr[-3000:]}")
         found: dict[str, object] = json.loads(result.stdout.strip().splitlines()[-1])
@@ -155,8 +198,10 @@ class Stack:
 
     def roles(self) -> dict[str, str]:
         found = self.stack_check("roles", timeout_s=60)
-        return {address: str(info.get("role")) if isinstance(info, dict) else "?"
-                for address, info in found.items()}
+        return {
+            address: str(info.get("role")) if isinstance(info, dict) else "?"
+            for address, info in found.items()
+        }
 
     def kill_container(self, name: str) -> None:
         self.podman("kill", "--signal", "KILL", name)
@@ -169,39 +214,47 @@ class Stack:
     def wait_restarted(self, name: str, timeout_s: float) -> int:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            found = self.podman("inspect", "--format", "{{.RestartCount}} {{.State.Status}}",
-                                name, check=False).stdout.split()
+            found = self.podman(
+                "inspect", "--format", "{{.RestartCount}} {{.State.Status}}", name, check=False
+            ).stdout.split()
             if len(found) == 2 and int(found[0]) > 0 and found[1] == "running":
                 return int(found[0])
             time.sleep(1)
-        raise RuntimeError(f"{name} was not restarted by its restart policy:\n"
-                           f"{self.logs(name)}")
+        raise RuntimeError(f"{name} was not restarted by its restart policy:\n{self.logs(name)}")
 
     def active_oracle(self) -> tuple[str, int] | None:
         """The single active oracle's address and lease epoch, or None."""
         roles = self.stack_check("roles", timeout_s=60)
-        active = [(address, int(info.get("epoch", 0))) for address, info in roles.items()
-                  if isinstance(info, dict) and info.get("role") == "active"]
+        active = [
+            (address, int(info.get("epoch", 0)))
+            for address, info in roles.items()
+            if isinstance(info, dict) and info.get("role") == "active"
+        ]
         return active[0] if len(active) == 1 else None
 
     def diagnose(self) -> None:
         """Every container of the project: its state and the end of its log."""
-        names = self.podman("ps", "-a", "--format", "{{.Names}}", "--filter",
-                            f"label=io.podman.compose.project={PROJECT}", check=False)
+        names = self.podman(
+            "ps",
+            "-a",
+            "--format",
+            "{{.Names}}",
+            "--filter",
+            f"label=io.podman.compose.project={PROJECT}",
+            check=False,
+        )
         for name in names.stdout.split():
             print(f"--- {name}: {self.state(name)}\n{self.logs(name, 25)}", file=sys.stderr)
 
     def down(self) -> None:
         # WORKER_REPLICAS=3: down also knows the scaled workers.
-        self.compose("down", "-v", "-t", "45", replicas=3,
-                     check=False, timeout=600)
+        self.compose("down", "-v", "-t", "45", replicas=3, check=False, timeout=600)
         # podman-compose 1.0.x ignores profiles: also remove what it may have left.
         label = f"label=io.podman.compose.project={PROJECT}"
         leftovers = self.podman("ps", "-aq", "--filter", label, check=False).stdout.split()
         if leftovers:
             self.podman("rm", "-f", "-t", "10", *leftovers, check=False)
-        volumes = self.podman("volume", "ls", "-q", "--filter", label,
-                              check=False).stdout.split()
+        volumes = self.podman("volume", "ls", "-q", "--filter", label, check=False).stdout.split()
         if volumes:
             self.podman("volume", "rm", "-f", *volumes, check=False)
         self.podman("network", "rm", "-f", f"{PROJECT}_default", check=False)
@@ -256,27 +309,53 @@ def scenario(stack: Stack, backfill: bool, monitoring: bool) -> None:
     with step("build images (podman-compose build)"):
         stack.compose("--podman-build-args", "--network host", "build", timeout=3600)
         images = stack.podman("images", "--format", "{{.Repository}}:{{.Tag}} {{.Size}}").stdout
-        wanted = ["percolator-hbase", "percolator:", "percolator-example", "percolator-spark",
-                  "percolator-note-words"]
+        wanted = [
+            "percolator-hbase",
+            "percolator:",
+            "percolator-example",
+            "percolator-spark",
+            "percolator-note-words",
+        ]
         for name in wanted:
             if name not in images:
                 raise RuntimeError(f"image {name} was not built:\n{images}")
-        sizes = {line.split()[0].removeprefix("localhost/"): " ".join(line.split()[1:])
-                 for line in images.splitlines() if "percolator" in line}
+        sizes = {
+            line.split()[0].removeprefix("localhost/"): " ".join(line.split()[1:])
+            for line in images.splitlines()
+            if "percolator" in line
+        }
         passed(f"5 images built: {sizes}")
-        for image in ("percolator:latest", "percolator-example:latest",
-                      "percolator-note-words:latest"):
-            probe = stack.podman("run", "--rm", "--entrypoint", "sh", image, "-c",
-                                 "id -un; command -v java || echo no-java; "
-                                 "python -c 'import pyspark' 2>/dev/null && echo pyspark "
-                                 "|| echo no-pyspark").stdout.split()
+        for image in (
+            "percolator:latest",
+            "percolator-example:latest",
+            "percolator-note-words:latest",
+        ):
+            probe = stack.podman(
+                "run",
+                "--rm",
+                "--entrypoint",
+                "sh",
+                image,
+                "-c",
+                "id -un; command -v java || echo no-java; "
+                "python -c 'import pyspark' 2>/dev/null && echo pyspark "
+                "|| echo no-pyspark",
+            ).stdout.split()
             if probe != ["percolator", "no-java", "no-pyspark"]:
-                raise RuntimeError(f"{image}: expected a non-root user without Java and "
-                                   f"PySpark, found {probe}")
+                raise RuntimeError(
+                    f"{image}: expected a non-root user without Java and PySpark, found {probe}"
+                )
         passed("engine, example and note-words images: user percolator, no Java, no PySpark")
-        spark = stack.podman("run", "--rm", "--entrypoint", "sh", "percolator-spark:latest",
-                             "-c", "id -un; java -version 2>&1 | head -1; "
-                             "python -c 'import pyspark; print(pyspark.__version__)'").stdout
+        spark = stack.podman(
+            "run",
+            "--rm",
+            "--entrypoint",
+            "sh",
+            "percolator-spark:latest",
+            "-c",
+            "id -un; java -version 2>&1 | head -1; "
+            "python -c 'import pyspark; print(pyspark.__version__)'",
+        ).stdout
         lines = spark.strip().splitlines()
         if len(lines) != 3 or lines[0] != "percolator" or "openjdk" not in lines[1]:
             raise RuntimeError(f"spark image: expected user percolator, Java and PySpark: {lines}")
@@ -307,11 +386,13 @@ def scenario(stack: Stack, backfill: bool, monitoring: bool) -> None:
 
     if backfill:
         with step("backfill job (Spark, docker/backfill/documents.jsonl)"):
-            result = stack.compose("run", "-T", "--rm", "--no-deps", "backfill", check=False,
-                                   timeout=1200)
+            result = stack.compose(
+                "run", "-T", "--rm", "--no-deps", "backfill", check=False, timeout=1200
+            )
             if result.returncode != 0:
-                raise RuntimeError(f"backfill failed:\n{result.stdout[-3000:]}"
-                                   f"{result.stderr[-3000:]}")
+                raise RuntimeError(
+                    f"backfill failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+                )
             checked = stack.stack_check("check", "600")
             if checked.get("documents") != 60:
                 raise RuntimeError(f"expected the 60 backfilled documents: {checked}")
@@ -323,8 +404,10 @@ def scenario(stack: Stack, backfill: bool, monitoring: bool) -> None:
 
     with step("kill the active oracle container, standby takes over"):
         victim, takeover_s, after = fail_over(stack, stack.kill_container)
-        passed(f"podman kill -s KILL {victim} (the active oracle); {after} active after "
-               f"{takeover_s:.1f} s")
+        passed(
+            f"podman kill -s KILL {victim} (the active oracle); {after} active after "
+            f"{takeover_s:.1f} s"
+        )
         written, checked = write_and_check(stack, 2)
         passed(f"round 2 after fail-over: wrote {written}; after quiescence {checked}")
         # A killed container stays down (podman kill is an operator's stop): start it again.
@@ -334,8 +417,9 @@ def scenario(stack: Stack, backfill: bool, monitoring: bool) -> None:
 
     with step("crash the active oracle's process: restart policy, a new epoch"):
         victim, takeover_s, after = fail_over(stack, stack.crash_process)
-        passed(f"every process of {victim} killed (exit 137); {after} active after "
-               f"{takeover_s:.1f} s")
+        passed(
+            f"every process of {victim} killed (exit 137); {after} active after {takeover_s:.1f} s"
+        )
         restarted = stack.wait_restarted(victim, timeout_s=120)
         stack.wait_healthy(victim, timeout_s=180)
         passed(f"restart policy restarted {victim} ({restarted} restart); roles {stack.roles()}")
@@ -344,45 +428,73 @@ def scenario(stack: Stack, backfill: bool, monitoring: bool) -> None:
         stack.up("worker", replicas=3)
         for number in (2, 3):
             stack.wait_healthy(stack.container("worker", number), timeout_s=300)
-        running = stack.podman("ps", "--filter", "label=com.docker.compose.service=worker",
-                               "--filter", f"label=io.podman.compose.project={PROJECT}",
-                               "--format", "{{.Names}}").stdout.split()
+        running = stack.podman(
+            "ps",
+            "--filter",
+            "label=com.docker.compose.service=worker",
+            "--filter",
+            f"label=io.podman.compose.project={PROJECT}",
+            "--format",
+            "{{.Names}}",
+        ).stdout.split()
         if len(running) != 3:
             raise RuntimeError(f"expected 3 worker containers, found {running}")
         written, checked = write_and_check(stack, 3)
-        passed(f"3 workers ({', '.join(sorted(running))}); round 3: wrote {written}; "
-               f"after quiescence {checked}")
+        passed(
+            f"3 workers ({', '.join(sorted(running))}); round 3: wrote {written}; "
+            f"after quiescence {checked}"
+        )
 
     with step("percolator status lists the running workers"):
         # Exit code 1 only means the report lists problems; the roster is what is checked.
-        result = stack.podman("exec", stack.container("worker"), "percolator", "status",
-                              "--json", check=False)
+        result = stack.podman(
+            "exec", stack.container("worker"), "percolator", "status", "--json", check=False
+        )
         workers = json.loads(result.stdout)["workers"]
         live = [w for w in workers if w["live"]]
         threads = sorted(w["threads"] for w in live)
         if len(live) != 4 or threads != [2, 4, 4, 4]:
-            raise RuntimeError(f"expected 3 workers of 4 threads and note-words of 2 live "
-                               f"in the roster: {workers}")
-        passed(f"{len(live)} live workers in the roster: "
-               + "; ".join(f"{w['worker_id']} threads {w['threads']} batch {w['batch_size']}"
-                           for w in live))
+            raise RuntimeError(
+                f"expected 3 workers of 4 threads and note-words of 2 live in the roster: {workers}"
+            )
+        passed(
+            f"{len(live)} live workers in the roster: "
+            + "; ".join(
+                f"{w['worker_id']} threads {w['threads']} batch {w['batch_size']}" for w in live
+            )
+        )
 
     if monitoring:
         with step("monitoring: Prometheus scrapes every oracle and worker"):
-            stack.podman("build", "--network", "host", "--build-arg",
-                         f"BASE_IMAGE={stack.env['BASE_IMAGE']}", "-f",
-                         "docker/local/prometheus.Dockerfile", "-t", PROMETHEUS_IMAGE,
-                         "docker/local", timeout=1200)
+            stack.podman(
+                "build",
+                "--network",
+                "host",
+                "--build-arg",
+                f"BASE_IMAGE={stack.env['BASE_IMAGE']}",
+                "-f",
+                "docker/local/prometheus.Dockerfile",
+                "-t",
+                PROMETHEUS_IMAGE,
+                "docker/local",
+                timeout=1200,
+            )
             stack.up("prometheus")
             stack.wait_healthy(stack.container("prometheus"), timeout_s=120)
             expected = {"percolator-oracle": 2, "percolator-worker": 4}  # 3 workers + note-words
             deadline = time.monotonic() + 120
             while True:
-                reply = stack.podman("exec", stack.container("prometheus"), "wget", "-q",
-                                     "-O", "-", "http://127.0.0.1:9090/api/v1/targets",
-                                     check=False)
-                targets = json.loads(reply.stdout or "{}").get("data", {}).get(
-                    "activeTargets", [])
+                reply = stack.podman(
+                    "exec",
+                    stack.container("prometheus"),
+                    "wget",
+                    "-q",
+                    "-O",
+                    "-",
+                    "http://127.0.0.1:9090/api/v1/targets",
+                    check=False,
+                )
+                targets = json.loads(reply.stdout or "{}").get("data", {}).get("activeTargets", [])
                 up: dict[str, int] = {}
                 for target in targets:
                     if target.get("health") == "up":
@@ -405,23 +517,34 @@ def scenario(stack: Stack, backfill: bool, monitoring: bool) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keep", action="store_true", help="leave the stack running")
-    parser.add_argument("--no-backfill", dest="backfill", action="store_false",
-                        help="skip the Spark backfill job")
-    parser.add_argument("--no-monitoring", dest="monitoring", action="store_false",
-                        help="skip Prometheus (built from Debian's package: "
-                        "docker/local/prometheus.Dockerfile)")
-    parser.add_argument("--base-image", default=LOCAL_BASE,
-                        help="BASE_IMAGE of the builds (default: the local debootstrap image "
-                        f"{LOCAL_BASE}, made when missing; python:3.11-slim-bookworm where a "
-                        "registry can be reached)")
+    parser.add_argument(
+        "--no-backfill", dest="backfill", action="store_false", help="skip the Spark backfill job"
+    )
+    parser.add_argument(
+        "--no-monitoring",
+        dest="monitoring",
+        action="store_false",
+        help="skip Prometheus (built from Debian's package: docker/local/prometheus.Dockerfile)",
+    )
+    parser.add_argument(
+        "--base-image",
+        default=LOCAL_BASE,
+        help="BASE_IMAGE of the builds (default: the local debootstrap image "
+        f"{LOCAL_BASE}, made when missing; python:3.11-slim-bookworm where a "
+        "registry can be reached)",
+    )
     args = parser.parse_args(argv)
     total_started = time.monotonic()
     ensure_packages()
     stack = Stack(args.base_image)
     if args.base_image == LOCAL_BASE:
         with step("local base image (debootstrap, cached)"):
-            result = run(["sh", str(ROOT / "docker/local/make-base-image.sh"), LOCAL_BASE],
-                         env=stack.env, capture=True, timeout=1800)
+            result = run(
+                ["sh", str(ROOT / "docker/local/make-base-image.sh"), LOCAL_BASE],
+                env=stack.env,
+                capture=True,
+                timeout=1800,
+            )
             passed(result.stdout.strip().splitlines()[-1])
     stack.down()  # what an interrupted earlier run left
     failed: BaseException | None = None
@@ -434,8 +557,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.keep:
             with step("tear down (containers, network, volumes)"):
                 stack.down()
-                left = stack.podman("ps", "-aq", "--filter",
-                                    f"label=io.podman.compose.project={PROJECT}").stdout.split()
+                left = stack.podman(
+                    "ps", "-aq", "--filter", f"label=io.podman.compose.project={PROJECT}"
+                ).stdout.split()
                 if left:
                     raise RuntimeError(f"containers left after teardown: {left}")
                 passed("no container, volume or network of the project left")

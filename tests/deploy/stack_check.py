@@ -31,13 +31,18 @@ from percolator.observers.parking import pending
 import percolator
 
 NOTES, STATS = "notes", "note_stats"
-OBSERVED = [("documents", "body"), ("documents", "links"), ("doc_clusters", "canonical"),
-            (NOTES, "text")]
+OBSERVED = [
+    ("documents", "body"),
+    ("documents", "links"),
+    ("doc_clusters", "canonical"),
+    (NOTES, "text"),
+]
 
 
 def connect() -> percolator.Client:
-    return percolator.connect(os.environ["PERCOLATOR_STORE"],
-                              oracle=os.environ["PERCOLATOR_ORACLE"])
+    return percolator.connect(
+        os.environ["PERCOLATOR_STORE"], oracle=os.environ["PERCOLATOR_ORACLE"]
+    )
 
 
 def roles() -> dict[str, object]:
@@ -52,8 +57,10 @@ def roles() -> dict[str, object]:
         for address in addresses:
             try:
                 info = client.info(address)
-                found[address] = {"role": oracle_pb2.Role.Name(info.role).removeprefix(
-                    "ROLE_").lower(), "epoch": info.epoch}
+                found[address] = {
+                    "role": oracle_pb2.Role.Name(info.role).removeprefix("ROLE_").lower(),
+                    "epoch": info.epoch,
+                }
             except Exception as exc:
                 found[address] = {"role": "unreachable", "error": type(exc).__name__}
     finally:
@@ -84,8 +91,11 @@ def write(round_: int) -> dict[str, object]:
                 txn.set(NOTES, f"note-{index:02d}", "text", _note_text(index, round_))
 
         client.run(put)
-        return {"documents_written": written, "notes_written": len(notes),
-                "seconds": round(time.monotonic() - started, 1)}
+        return {
+            "documents_written": written,
+            "notes_written": len(notes),
+            "seconds": round(time.monotonic() - started, 1),
+        }
     finally:
         client.close()
 
@@ -97,8 +107,9 @@ def check(timeout_s: float) -> dict[str, object]:
         deadline = started + timeout_s
         tables = set(client.list_tables())
         while True:
-            waiting = [f"{t}:{c}" for t, c in OBSERVED
-                       if t in tables and pending(client, t, [c], limit=1)]
+            waiting = [
+                f"{t}:{c}" for t, c in OBSERVED if t in tables and pending(client, t, [c], limit=1)
+            ]
             if not waiting:
                 break
             if time.monotonic() > deadline:
@@ -112,12 +123,19 @@ def check(timeout_s: float) -> dict[str, object]:
             stats = dict(snap.scan(STATS, columns=["words"])) if STATS in tables else {}
         if problems:
             raise SystemExit("derived tables differ from the reference:\n" + "\n".join(problems))
-        wrong = [row.decode() for row, cells in notes.items()
-                 if stats.get(row, {}).get("words") != str(len(cells["text"].split())).encode()]
+        wrong = [
+            row.decode()
+            for row, cells in notes.items()
+            if stats.get(row, {}).get("words") != str(len(cells["text"].split())).encode()
+        ]
         if wrong:
             raise SystemExit(f"note_stats:words wrong for {wrong}")
-        return {"quiet_after_s": round(quiet_s, 1), "documents": len(documents),
-                "derived_equal_reference": True, "notes_counted": len(notes)}
+        return {
+            "quiet_after_s": round(quiet_s, 1),
+            "documents": len(documents),
+            "derived_equal_reference": True,
+            "notes_counted": len(notes),
+        }
     finally:
         client.close()
 

@@ -37,7 +37,14 @@ def test_the_compose_file_has_the_expected_services() -> None:
     assert services["note-words"]["build"]["context"] == "docker/custom-observer"
     assert services["prometheus"]["profiles"] == services["grafana"]["profiles"] == ["monitoring"]
     assert percolator_services(load_compose()) == {
-        "hbase", "oracle", "oracle-standby", "worker", "note-words", "backfill", "gc"}
+        "hbase",
+        "oracle",
+        "oracle-standby",
+        "worker",
+        "note-words",
+        "backfill",
+        "gc",
+    }
 
 
 def test_the_store_and_oracle_come_from_the_environment() -> None:
@@ -45,7 +52,8 @@ def test_the_store_and_oracle_come_from_the_environment() -> None:
     assert default["PERCOLATOR_STORE"] == "hbase://hbase:9090?thrift2_port=9095"
     cluster = load_compose(environ={"PERCOLATOR_STORE": "hbase://thrift.example:9090"})
     assert cluster["services"]["oracle"]["environment"]["PERCOLATOR_STORE"] == (
-        "hbase://thrift.example:9090")
+        "hbase://thrift.example:9090"
+    )
     # An empty value takes the default too (":-"), as compose does; "$$" is a dollar.
     assert interpolate("${X:-a}|${X-b}|$${X}", {"X": ""}) == "a||${X}"
 
@@ -69,6 +77,7 @@ def _set(path: list[Any], value: Any) -> Callable[[dict[str, Any]], None]:
         for key in path[:-1]:
             target = target[key]
         target[path[-1]] = value
+
     return mutate
 
 
@@ -78,6 +87,7 @@ def _delete(path: list[Any]) -> Callable[[dict[str, Any]], None]:
         for key in path[:-1]:
             target = target[key]
         del target[path[-1]]
+
     return mutate
 
 
@@ -86,64 +96,104 @@ def _env(service: str, key: str, value: str) -> Callable[[dict[str, Any]], None]
         env = dict(document["services"][service]["environment"])
         env[key] = value
         document["services"][service]["environment"] = env
+
     return mutate
 
 
 MUTATIONS = {
-    "unknown flag": (_set(["services", "worker", "command"], ["worker", "--bogus", "4"]),
-                     "worker: command is not a valid percolator invocation"),
-    "unknown command": (_set(["services", "gc", "command"], ["collect"]),
-                        "gc: command is not a valid percolator invocation"),
-    "bad value": (_set(["services", "worker", "command"], ["worker", "--threads", "many"]),
-                  "invalid int value"),
-    "wrong store port": (_env("worker", "PERCOLATOR_STORE", "hbase://hbase:9091"),
-                         "expects hbase:9091, but hbase listens on [9090, 9095]"),
+    "unknown flag": (
+        _set(["services", "worker", "command"], ["worker", "--bogus", "4"]),
+        "worker: command is not a valid percolator invocation",
+    ),
+    "unknown command": (
+        _set(["services", "gc", "command"], ["collect"]),
+        "gc: command is not a valid percolator invocation",
+    ),
+    "bad value": (
+        _set(["services", "worker", "command"], ["worker", "--threads", "many"]),
+        "invalid int value",
+    ),
+    "wrong store port": (
+        _env("worker", "PERCOLATOR_STORE", "hbase://hbase:9091"),
+        "expects hbase:9091, but hbase listens on [9090, 9095]",
+    ),
     "wrong Thrift-2 port": (
         _env("worker", "PERCOLATOR_STORE", "hbase://hbase:9090?thrift2_port=9096"),
-        "expects hbase:9096, but hbase listens on [9090, 9095]"),
-    "unknown host": (_env("worker", "PERCOLATOR_ORACLE", "grpc://oracle:7070,tso:7070"),
-                     "names 'tso', not a service"),
+        "expects hbase:9096, but hbase listens on [9090, 9095]",
+    ),
+    "unknown host": (
+        _env("worker", "PERCOLATOR_ORACLE", "grpc://oracle:7070,tso:7070"),
+        "names 'tso', not a service",
+    ),
     "oracle on loopback": (
-        _set(["services", "oracle", "command"], ["oracle", "serve", "--listen",
-                                                 "127.0.0.1:7070"]),
-        "oracle: listens on 127.0.0.1"),
+        _set(["services", "oracle", "command"], ["oracle", "serve", "--listen", "127.0.0.1:7070"]),
+        "oracle: listens on 127.0.0.1",
+    ),
     "hbase on loopback": (
-        _set(["services", "hbase", "command"], ["hbase", "start", "--foreground", "--port",
-                                                "9090"]),
-        "must bind 0.0.0.0"),
-    "port not exposed": (_set(["services", "oracle", "expose"], ["9464"]),
-                         "oracle: listens on [7070, 9464] but exposes [9464]"),
-    "worker pinned": (_set(["services", "worker", "container_name"], "worker-1"),
-                      "prevents --scale"),
-    "job without profile": (_delete(["services", "backfill", "profiles"]),
-                            "backfill: a one-off job must sit under a profile"),
-    "no healthcheck": (_delete(["services", "worker", "healthcheck"]),
-                       "worker: a long-running service needs a healthcheck"),
-    "missing dependency": (_set(["services", "worker", "depends_on"],
-                                {"tso": {"condition": "service_healthy"}}),
-                           "depends on unknown service 'tso'"),
+        _set(
+            ["services", "hbase", "command"], ["hbase", "start", "--foreground", "--port", "9090"]
+        ),
+        "must bind 0.0.0.0",
+    ),
+    "port not exposed": (
+        _set(["services", "oracle", "expose"], ["9464"]),
+        "oracle: listens on [7070, 9464] but exposes [9464]",
+    ),
+    "worker pinned": (
+        _set(["services", "worker", "container_name"], "worker-1"),
+        "prevents --scale",
+    ),
+    "job without profile": (
+        _delete(["services", "backfill", "profiles"]),
+        "backfill: a one-off job must sit under a profile",
+    ),
+    "no healthcheck": (
+        _delete(["services", "worker", "healthcheck"]),
+        "worker: a long-running service needs a healthcheck",
+    ),
+    "missing dependency": (
+        _set(["services", "worker", "depends_on"], {"tso": {"condition": "service_healthy"}}),
+        "depends on unknown service 'tso'",
+    ),
     "no oracle": (_env("worker", "PERCOLATOR_ORACLE", ""), "worker: no oracle configured"),
-    "missing dockerfile": (_set(["services", "hbase", "build"],
-                                {"context": ".", "dockerfile": "docker/nope/Dockerfile"}),
-                           "docker/nope/Dockerfile does not exist"),
+    "missing dockerfile": (
+        _set(
+            ["services", "hbase", "build"], {"context": ".", "dockerfile": "docker/nope/Dockerfile"}
+        ),
+        "docker/nope/Dockerfile does not exist",
+    ),
     "no init": (_delete(["services", "oracle", "init"]), "oracle: needs `init: true`"),
-    "no restart policy": (_delete(["services", "worker", "restart"]),
-                          "worker: a long-running service needs a restart policy"),
-    "job restarts": (_set(["services", "gc", "restart"], "always"),
-                     "gc: a one-off job must not restart"),
-    "missing backfill input": (_set(["services", "backfill", "volumes"],
-                                    ["./docker/nope:/input:ro"]),
-                               "backfill: mounts ./docker/nope, which does not exist"),
-    "spark image for gc": (_set(["services", "gc", "image"], "percolator-spark:latest"),
-                           "gc: does not run Spark but uses the spark image"),
-    "backfill without spark": (_set(["services", "backfill", "build", "target"], "engine"),
-                               "backfill: runs Spark but its image is not the spark target"),
-    "healthcheck as CMD list": (_set(["services", "worker", "healthcheck", "test"],
-                                     ["CMD", "percolator-healthz", "http://127.0.0.1:9108"]),
-                                "worker: healthcheck as a CMD list"),
-    "bad percolator healthcheck": (_set(["services", "hbase", "healthcheck", "test"],
-                                        ["CMD-SHELL", "percolator hbase state"]),
-                                   "hbase: healthcheck is not a valid invocation"),
+    "no restart policy": (
+        _delete(["services", "worker", "restart"]),
+        "worker: a long-running service needs a restart policy",
+    ),
+    "job restarts": (
+        _set(["services", "gc", "restart"], "always"),
+        "gc: a one-off job must not restart",
+    ),
+    "missing backfill input": (
+        _set(["services", "backfill", "volumes"], ["./docker/nope:/input:ro"]),
+        "backfill: mounts ./docker/nope, which does not exist",
+    ),
+    "spark image for gc": (
+        _set(["services", "gc", "image"], "percolator-spark:latest"),
+        "gc: does not run Spark but uses the spark image",
+    ),
+    "backfill without spark": (
+        _set(["services", "backfill", "build", "target"], "engine"),
+        "backfill: runs Spark but its image is not the spark target",
+    ),
+    "healthcheck as CMD list": (
+        _set(
+            ["services", "worker", "healthcheck", "test"],
+            ["CMD", "percolator-healthz", "http://127.0.0.1:9108"],
+        ),
+        "worker: healthcheck as a CMD list",
+    ),
+    "bad percolator healthcheck": (
+        _set(["services", "hbase", "healthcheck", "test"], ["CMD-SHELL", "percolator hbase state"]),
+        "hbase: healthcheck is not a valid invocation",
+    ),
 }
 
 
@@ -183,10 +233,12 @@ def test_the_images_are_slim_per_role_and_cache_dependencies() -> None:
         assert users and users[-1] == "percolator", name
     observer = (ROOT / "docker/custom-observer/Dockerfile").read_text()
     assert "ARG ENGINE_IMAGE" in observer and re.findall(r"^USER (\S+)", observer, re.M)[-1] == (
-        "percolator")
+        "percolator"
+    )
     hbase = (ROOT / "docker/hbase/Dockerfile").read_text()
     assert "ARG BASE_IMAGE" in hbase and re.findall(r"^USER (\S+)", hbase, re.M)[-1] == (
-        "percolator")
+        "percolator"
+    )
     # The jars are resolved from the pom before any source is copied.
     assert hbase.index("dependency:build-classpath") < hbase.index("COPY percolator ")
     # The HBase image resolves the same pom the tests use.

@@ -73,8 +73,12 @@ class Service:
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("PERCOLATOR_")}
         full_env.update(env)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "percolator", *argv], cwd=ROOT, env=full_env,
-            stdout=self._log, stderr=subprocess.STDOUT, text=True,
+            [sys.executable, "-m", "percolator", *argv],
+            cwd=ROOT,
+            env=full_env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
 
     def wait_for(self, text: str, timeout_s: float = 120) -> None:
@@ -85,8 +89,10 @@ class Service:
             if self.proc.poll() is not None:
                 break
             time.sleep(0.1)
-        raise AssertionError(f"{self.name} ({' '.join(self.argv)}) did not print {text!r}:\n"
-                             + self.log_path.read_text()[-3000:])
+        raise AssertionError(
+            f"{self.name} ({' '.join(self.argv)}) did not print {text!r}:\n"
+            + self.log_path.read_text()[-3000:]
+        )
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 60) -> int:
         if self.proc.poll() is None:
@@ -144,16 +150,21 @@ def test_compose_services_run_as_local_processes(prefix_store: str, tmp_path: Pa
 
     def start(name: str, replacements: Mapping[str, str], log_name: str) -> Service:
         argv = localize(service_command(services[name]), replacements)
-        service = Service(log_name, argv, {**service_env(services[name]), **local_env},
-                          tmp_path / f"{log_name}.log")
+        service = Service(
+            log_name,
+            argv,
+            {**service_env(services[name]), **local_env},
+            tmp_path / f"{log_name}.log",
+        )
         running.append(service)
         return service
 
     try:
         oracle = start("oracle", {"0.0.0.0:7070": f"127.0.0.1:{ports['oracle']}"}, "oracle")
         oracle.wait_for("oracle: listening on")
-        standby = start("oracle-standby",
-                        {"0.0.0.0:7070": f"127.0.0.1:{ports['oracle-standby']}"}, "standby")
+        standby = start(
+            "oracle-standby", {"0.0.0.0:7070": f"127.0.0.1:{ports['oracle-standby']}"}, "standby"
+        )
         standby.wait_for("oracle: listening on")
         workers = [start("worker", {}, f"worker-{i}") for i in range(2)]  # --scale worker=2
         for worker in workers:
@@ -163,8 +174,16 @@ def test_compose_services_run_as_local_processes(prefix_store: str, tmp_path: Pa
         with (input_dir / "documents.jsonl").open("w", encoding="utf-8") as out:
             for doc in documents:
                 links = doc.links_value()
-                out.write(json.dumps({"url": doc.url, "body": doc.body,
-                                      "links": links.decode() if links else None}) + "\n")
+                out.write(
+                    json.dumps(
+                        {
+                            "url": doc.url,
+                            "body": doc.body,
+                            "links": links.decode() if links else None,
+                        }
+                    )
+                    + "\n"
+                )
         backfill = start("backfill", {"/input": str(input_dir)}, "backfill")
         assert backfill.proc.wait(600) == 0, backfill.log_path.read_text()[-3000:]
 

@@ -52,7 +52,9 @@ class Shout(Observer):
 def test_the_decorator_makes_an_observer_that_stays_callable() -> None:
     assert isinstance(doc_length, FunctionObserver) and isinstance(doc_length, Observer)
     assert (doc_length.name, doc_length.table, doc_length.columns) == (
-        "doc-length", "docs", ("body",)
+        "doc-length",
+        "docs",
+        ("body",),
     )
     assert doc_length.weak is False
     assert doc_length.__doc__ == "Keeps lengths/n = the body's length in bytes."
@@ -112,7 +114,7 @@ def test_the_bench_reports_failed_runs_and_cleans_up_its_temporary_store() -> No
 
 
 MODULE = textwrap.dedent(
-    '''
+    """
     from percolator.observers.api import Observer, observer
 
     def _tables(client):
@@ -147,7 +149,7 @@ MODULE = textwrap.dedent(
 
     ALL = [doc_length, Other]
     NOT_AN_OBSERVER = 42
-    '''
+    """
 )
 
 
@@ -188,9 +190,22 @@ def run_worker_until(
     log = module_dir / "worker.log"
     with log.open("wb") as out:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "percolator", "worker", "--store", url, "--create",
-             "--threads", "1", *extra],
-            cwd=module_dir, env=env, stdout=out, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "percolator",
+                "worker",
+                "--store",
+                url,
+                "--create",
+                "--threads",
+                "1",
+                *extra,
+            ],
+            cwd=module_dir,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
     try:
@@ -218,8 +233,10 @@ def run_worker_until(
 def test_a_worker_runs_observers_from_a_module_path(module_dir: Path) -> None:
     name = (module_dir / "name").read_text()
     output = run_worker_until(
-        module_dir, ["--observers-from", f"{name}:doc_length"],
-        write=("body", "", b"four"), want=("lengths", "n", b"4"),
+        module_dir,
+        ["--observers-from", f"{name}:doc_length"],
+        write=("body", "", b"four"),
+        want=("lengths", "n", b"4"),
     )
     assert "observers=doc-length" in output
 
@@ -228,11 +245,13 @@ def test_a_worker_hands_each_observer_its_config_table(module_dir: Path) -> None
     name = (module_dir / "name").read_text()
     (module_dir / "worker.toml").write_text(
         '[worker]\nthreads = 1\n\n[worker.observers.suffixer]\nsuffix = "!?"\n\n'
-        '[worker.observers.typo]\nx = 1\n'
+        "[worker.observers.typo]\nx = 1\n"
     )
     output = run_worker_until(
-        module_dir, ["--config", "worker.toml", "--observers-from", f"{name}:Suffixer"],
-        write=("title", "", b"hi"), want=("lengths", "title", b"hi!?"),
+        module_dir,
+        ["--config", "worker.toml", "--observers-from", f"{name}:Suffixer"],
+        write=("title", "", b"hi"),
+        want=("lengths", "title", b"hi!?"),
     )
     assert "observers=suffixer" in output
     assert "[worker.observers.typo] configures no observer this worker runs" in output
@@ -257,8 +276,16 @@ def test_one_observer_given_twice_is_refused(
 
     name = (module_dir / "name").read_text()
     url = f"embedded:{module_dir / 'store'}"
-    argv = ["worker", "--store", url, "--create", "--observers-from", f"{name}:doc_length",
-            "--observers-from", f"{name}:ALL"]
+    argv = [
+        "worker",
+        "--store",
+        url,
+        "--create",
+        "--observers-from",
+        f"{name}:doc_length",
+        "--observers-from",
+        f"{name}:ALL",
+    ]
     assert main(argv) == 2
     assert "observer name(s) ['doc-length'] given twice" in capsys.readouterr().err
 
@@ -314,7 +341,7 @@ def test_the_config_file_accepts_observer_tables_and_checks_their_shape(tmp_path
     from percolator.errors import ConfigError
     from tests.test_config import parse
 
-    text = '[worker]\nthreads = 2\n[worker.observers.word-count]\nmin = 3\n'
+    text = "[worker]\nthreads = 2\n[worker.observers.word-count]\nmin = 3\n"
     assert parse(["worker"], file_text=text, tmp_path=tmp_path).threads == 2
     assert parse(["gc"], file_text=text, tmp_path=tmp_path)  # the whole file is checked
     assert config.observer_tables(tmp_path / "percolator.toml") == {"word-count": {"min": 3}}

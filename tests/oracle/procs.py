@@ -26,7 +26,9 @@ REPO = Path(__file__).resolve().parents[2]
 # leaving renewals (every ~280 ms) room on a loaded machine.
 FAST_LEASE = ["--lease-ms", "1000", "--margin-ms", "150", "--window-ms", "1000"]
 
-_READY = re.compile(r"oracle: listening on (\S+):(\d+) .*?(?:metrics on http://\S+:(\d+)/metrics)?$")
+_READY = re.compile(
+    r"oracle: listening on (\S+):(\d+) .*?(?:metrics on http://\S+:(\d+)/metrics)?$"
+)
 
 
 def free_port() -> int:
@@ -64,17 +66,21 @@ class OracleProcess:
 
     def start(self, timeout_s: float = 30.0) -> OracleProcess:
         cmd = [
-            sys.executable, "-m", "percolator", "oracle", "serve",
-            "--store", self.store_url,
-            "--listen", f"127.0.0.1:{self.port}",
+            sys.executable,
+            "-m",
+            "percolator",
+            "oracle",
+            "serve",
+            "--store",
+            self.store_url,
+            "--listen",
+            f"127.0.0.1:{self.port}",
             *self.args,
         ]
         env = dict(os.environ)
         env.update(self.env or {})
         log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=log, env=env
-        )
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=log, env=env)
         log.close()
         try:
             line = self._read_line(timeout_s)

@@ -72,8 +72,9 @@ class RunCounter(Observer):
         client.create_table(RUNS)
 
     def process(self, txn: Transaction, row: bytes, column: str) -> None:
-        txn.set(RUNS, row + b"|" + b"%020d" % txn.start_ts, "seen", txn.get(ITEMS, row, column)
-                or b"")
+        txn.set(
+            RUNS, row + b"|" + b"%020d" % txn.start_ts, "seen", txn.get(ITEMS, row, column) or b""
+        )
 
 
 def runs_per_row(client: percolator.Client) -> Counter[bytes]:

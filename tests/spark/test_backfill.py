@@ -156,8 +156,7 @@ def test_rerun_after_failed_job_writes_each_row_once_and_observers_run_once(
         try:
             # Partition 0 fails on every attempt Spark allows: the job fails, the batches
             # committed by the other tasks (and by partition 0's attempts) stay committed.
-            inject = InjectedFailure(after_batches=1, action="raise", attempts=4,
-                                     partitions=(0,))
+            inject = InjectedFailure(after_batches=1, action="raise", attempts=4, partitions=(0,))
             with pytest.raises(SparkJobError, match="injected failure in partition 0"):
                 run_backfill(spark, options(shared_store_url, path, inject_failure=inject))
             partial = rows_after_failed_job(client, ITEMS)
@@ -205,7 +204,8 @@ def test_changed_input_under_the_same_job_id_fails_before_writing(
     run_backfill(spark, options(embedded_url, path, job_id="same"))
     changed = [(k, v + "!", r) for k, v, r in rows]
     (tmp_path / "in" / "part-000.json").write_text(
-        "".join(json.dumps({"id": k, "value": v, "rank": r}) + "\n" for k, v, r in changed))
+        "".join(json.dumps({"id": k, "value": v, "rank": r}) + "\n" for k, v, r in changed)
+    )
     with pytest.raises(Exception, match="ran before on different input"):
         run_backfill(spark, options(embedded_url, path, job_id="same"))
     check_written_once(embedded_url, rows)  # untouched
@@ -225,8 +225,9 @@ def test_csv_and_json_inputs(spark: Any, embedded_url: str, tmp_path: Path) -> N
     report = run_backfill(spark, options(embedded_url, str(csv), buckets=None))
     assert report.rows_written == 2
     json_path = tmp_path / "in.jsonl"
-    json_path.write_text("\n".join(json.dumps({"id": f"j{i}", "value": f"w{i}", "rank": i})
-                                   for i in range(5)))
+    json_path.write_text(
+        "\n".join(json.dumps({"id": f"j{i}", "value": f"w{i}", "rank": i}) for i in range(5))
+    )
     report = run_backfill(spark, options(embedded_url, str(json_path), buckets=None))
     assert report.rows_written == 5
     with connect(embedded_url) as client:

@@ -38,8 +38,9 @@ def one_line(exc: pytest.ExceptionInfo[BaseException]) -> str:
     return text
 
 
-def test_missing_input_fails_before_spark_reads(spark: Any, embedded_url: str,
-                                                tmp_path: Path) -> None:
+def test_missing_input_fails_before_spark_reads(
+    spark: Any, embedded_url: str, tmp_path: Path
+) -> None:
     missing = tmp_path / "nope.parquet"
     with pytest.raises(ConfigError) as exc:
         run_backfill(spark, options(embedded_url, str(missing)))
@@ -58,8 +59,11 @@ def test_bad_key_and_value_columns_fail_with_the_column_named(
         [("a", 1.5, [1, 2], "x")], "id STRING, score DOUBLE, tags ARRAY<INT>, value STRING"
     ).write.parquet(str(path))
     cases: list[tuple[dict[str, Any], str]] = [
-        ({"key": "ident"}, "key column 'ident' is not in the input; input columns: "
-                           "['id', 'score', 'tags', 'value']"),
+        (
+            {"key": "ident"},
+            "key column 'ident' is not in the input; input columns: "
+            "['id', 'score', 'tags', 'value']",
+        ),
         ({"key": "score"}, "key column 'score' has type double; a row key must be string"),
         ({"columns": (ColumnMapping("tags"),)}, "value column 'tags' has type array<int>"),
         ({"columns": (ColumnMapping("valu"),)}, "value column 'valu' is not in the input"),
@@ -81,7 +85,8 @@ def test_schema_mismatch_fails_fast(spark: Any, embedded_url: str, tmp_path: Pat
     # Files that disagree with each other: Spark fails reading them; so does the job,
     # before writing anything.
     spark.createDataFrame([("b", "x")], "id STRING, rank STRING").write.mode("append").parquet(
-        str(path))
+        str(path)
+    )
     with pytest.raises(ConfigError) as exc:
         run_backfill(spark, options(embedded_url, str(path)))
     assert one_line(exc).startswith(f"cannot read input ['{path}'] as parquet: ")
@@ -111,7 +116,10 @@ def test_bad_rows_are_counted_shown_and_fail_the_job(
         run_backfill(spark, options(embedded_url, str(path), max_value_bytes=50))
     report = exc.value.report
     assert report.bad_by_reason == {
-        "missing-key": 2, "value-too-large": 1, "no-values": 1, "malformed-record": 1,
+        "missing-key": 2,
+        "value-too-large": 1,
+        "no-values": 1,
+        "malformed-record": 1,
     }
     assert (report.rows_read, report.rows_good, report.bad_rows) == (15, 10, 5)
     message = str(exc.value)
@@ -122,15 +130,15 @@ def test_bad_rows_are_counted_shown_and_fail_the_job(
     assert nothing_written(embedded_url)
 
     # Within an explicit threshold the good rows are written and the bad ones reported.
-    done = run_backfill(spark, options(embedded_url, str(path), max_value_bytes=50,
-                                       max_bad_rows=5))
+    done = run_backfill(spark, options(embedded_url, str(path), max_value_bytes=50, max_bad_rows=5))
     assert (done.rows_written, done.bad_rows) == (10, 5)
     assert "bad rows: 1 malformed-record, 2 missing-key" in done.summary()
     with connect(embedded_url) as client:
         assert sorted(table_rows(client, ITEMS)) == sorted(f"k{i}".encode() for i in range(10))
     with pytest.raises(BadRowsError, match=r"more than the allowed fraction 0\.1"):
-        run_backfill(spark, options(embedded_url, str(path), max_value_bytes=50,
-                                    max_bad_fraction=0.1))
+        run_backfill(
+            spark, options(embedded_url, str(path), max_value_bytes=50, max_bad_fraction=0.1)
+        )
 
 
 def test_csv_with_a_schema_counts_records_that_do_not_parse(

@@ -64,8 +64,16 @@ def test_bulk_load_of_a_dataframe_writes_every_cell_once_and_rerun_writes_nothin
     rows = item_rows()
     df = spark.createDataFrame(rows, "id STRING, value STRING, rank INT").repartition(3)
     lines: list[str] = []
-    report = backfill(df, store=shared_store_url, table=ITEMS, key="id", mode="bulk",
-                      batch_size=20, buckets=4, progress=lines.append)
+    report = backfill(
+        df,
+        store=shared_store_url,
+        table=ITEMS,
+        key="id",
+        mode="bulk",
+        batch_size=20,
+        buckets=4,
+        progress=lines.append,
+    )
     assert (report.rows_read, report.rows_written, report.mode) == (ROWS, ROWS, "bulk")
     assert report.load_start_ts < report.load_commit_ts
     check_loaded_once(shared_store_url, rows)
@@ -79,8 +87,16 @@ def test_bulk_load_of_a_dataframe_writes_every_cell_once_and_rerun_writes_nothin
         assert client.snapshot().get(ITEMS, b"item00001", "value") == b"new"
         client.run(lambda txn: txn.set(ITEMS, b"item00001", "value", b"v1"))
 
-    again = backfill(df, store=shared_store_url, table=ITEMS, key="id", mode="bulk",
-                     batch_size=20, buckets=4, progress=lines.append)
+    again = backfill(
+        df,
+        store=shared_store_url,
+        table=ITEMS,
+        key="id",
+        mode="bulk",
+        batch_size=20,
+        buckets=4,
+        progress=lines.append,
+    )
     assert (again.rows_written, again.rows_skipped, again.job_id) == (0, ROWS, report.job_id)
     assert "published before: nothing written" in "\n".join(lines)
 
@@ -158,7 +174,10 @@ def test_killed_driver_then_rerun_leaves_each_row_once(
     try:
         proc = subprocess.run(
             [sys.executable, str(script), embedded_url, path],
-            capture_output=True, text=True, timeout=300, env={**os.environ, JOB_MARKER: marker},
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, JOB_MARKER: marker},
         )
     finally:
         kill_marked(marker)  # the dead driver's JVM and Python workers, if any are left
@@ -243,8 +262,22 @@ def test_cli_bulk_mode_loads_and_no_notify_needs_it(
     path = write_json(tmp_path / "in", rows, files=1)
     parser = argparse.ArgumentParser()
     register_backfill(parser.add_subparsers())
-    base = [path, "--store", embedded_url, "--table", ITEMS, "--key", "id", "--format", "json",
-            "--column", "value", "--column", "rank", "--json"]
+    base = [
+        path,
+        "--store",
+        embedded_url,
+        "--table",
+        ITEMS,
+        "--key",
+        "id",
+        "--format",
+        "json",
+        "--column",
+        "value",
+        "--column",
+        "rank",
+        "--json",
+    ]
     with pytest.raises(ConfigError, match="--no-notify applies to --mode bulk only"):
         run_backfill_command(parser.parse_args(["backfill", *base, "--no-notify"]))
     args = parser.parse_args(["backfill", *base, "--mode", "bulk", "--no-notify"])

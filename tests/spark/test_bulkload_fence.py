@@ -82,10 +82,12 @@ def test_take_over_publish_and_rerun(embedded_url: str) -> None:
         publish_load(store, ITEMS, "load-1")
         publish_load(store, ITEMS, "load-1")  # idempotent
         assert dict(client.snapshot().scan(ITEMS)) == {
-            b"r1": {"value": b"a"}, b"r2": {"value": b"b"}
+            b"r1": {"value": b"a"},
+            b"r2": {"value": b"b"},
         }
-        versions = store.read_rows(ITEMS, [b"r1"], columns=[(DATA, b"value"), (WRITE, b"value")],
-                                   max_versions=10)[b"r1"]
+        versions = store.read_rows(
+            ITEMS, [b"r1"], columns=[(DATA, b"value"), (WRITE, b"value")], max_versions=10
+        )[b"r1"]
         assert [len(v) for v in versions.values()] == [1, 1]
         assert begin_load(store, ts, ITEMS, "load-1").published
         # The reservation that held GC back is gone after the publish (clients' own reader

@@ -25,9 +25,9 @@ JOB_MARKER = "PERCOLATOR_TEST_JOB"
 
 
 def write_items(path: Path, count: int) -> None:
-    path.write_text("".join(
-        json.dumps({"id": f"item{i:05d}", "value": f"v{i}"}) + "\n" for i in range(count)
-    ))
+    path.write_text(
+        "".join(json.dumps({"id": f"item{i:05d}", "value": f"v{i}"}) + "\n" for i in range(count))
+    )
 
 
 def kill_marked(marker: str) -> None:
@@ -53,9 +53,23 @@ def test_missing_input_fails_before_spark_starts(tmp_path: Path) -> None:
     missing = tmp_path / "missing.parquet"
     started = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "percolator", "backfill", str(missing),
-         "--store", f"embedded:{tmp_path / 'store'}", "--table", ITEMS, "--key", "id"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "percolator",
+            "backfill",
+            str(missing),
+            "--store",
+            f"embedded:{tmp_path / 'store'}",
+            "--table",
+            ITEMS,
+            "--key",
+            "id",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 2
     assert result.stderr.strip() == f"percolator: error: input path(s) not found: {missing}"
@@ -69,8 +83,20 @@ def test_register_adds_both_commands() -> None:
     subparsers = parser.add_subparsers()
     register_backfill(subparsers)
     register_export(subparsers)
-    args = parser.parse_args(["backfill", "in.json", "--table", "t", "--key", "k",
-                              "--column", "a=b", "--conf", "spark.x=1"])
+    args = parser.parse_args(
+        [
+            "backfill",
+            "in.json",
+            "--table",
+            "t",
+            "--key",
+            "k",
+            "--column",
+            "a=b",
+            "--conf",
+            "spark.x=1",
+        ]
+    )
     assert args.func.__name__ == "run_backfill_command"
     assert args.column == ["a=b"] and args.conf == ["spark.x=1"]
     args = parser.parse_args(["export", "--table", "t", "--output", "o"])
@@ -83,9 +109,27 @@ def test_backfill_then_export_on_the_command_line(
 ) -> None:
     source = tmp_path / "in.json"
     write_items(source, 30)
-    code = main(["backfill", str(source), "--store", embedded_url, "--table", ITEMS,
-                 "--key", "id", "--column", "value=text", "--batch-size", "7", "--json",
-                 "--master", "local[2,4]", "--job-id", "cli-job"])
+    code = main(
+        [
+            "backfill",
+            str(source),
+            "--store",
+            embedded_url,
+            "--table",
+            ITEMS,
+            "--key",
+            "id",
+            "--column",
+            "value=text",
+            "--batch-size",
+            "7",
+            "--json",
+            "--master",
+            "local[2,4]",
+            "--job-id",
+            "cli-job",
+        ]
+    )
     out = capsys.readouterr()
     assert code == 0, out.err
     report = json.loads(out.out)
@@ -93,8 +137,20 @@ def test_backfill_then_export_on_the_command_line(
     assert "backfill: writing 30 rows into items as job cli-job" in out.err
 
     output = tmp_path / "out.parquet"
-    code = main(["export", "--store", embedded_url, "--table", ITEMS, "--column", "text",
-                 "--strings", "--output", str(output)])
+    code = main(
+        [
+            "export",
+            "--store",
+            embedded_url,
+            "--table",
+            ITEMS,
+            "--column",
+            "text",
+            "--strings",
+            "--output",
+            str(output),
+        ]
+    )
     out = capsys.readouterr()
     assert code == 0, out.err
     assert out.out.startswith("exported 30 rows of items at read_ts ")
@@ -105,11 +161,26 @@ def test_backfill_then_export_on_the_command_line(
     code = main(["export", "--store", embedded_url, "--table", ITEMS, "--output", str(output)])
     err = capsys.readouterr().err.strip()
     assert code == 2
-    assert err == f"percolator: error: export output {output} already exists; remove it or " \
+    assert (
+        err == f"percolator: error: export output {output} already exists; remove it or "
         "overwrite it"
+    )
 
-    code = main(["backfill", "--forget", "--job-id", "cli-job", "--store", embedded_url,
-                 "--table", ITEMS, "--key", "id", str(source)])
+    code = main(
+        [
+            "backfill",
+            "--forget",
+            "--job-id",
+            "cli-job",
+            "--store",
+            embedded_url,
+            "--table",
+            ITEMS,
+            "--key",
+            "id",
+            str(source),
+        ]
+    )
     assert code == 0
     assert "removed" in capsys.readouterr().out
 
@@ -123,15 +194,35 @@ def test_killed_driver_then_rerun_writes_each_row_once(
     source = tmp_path / "in.json"
     write_items(source, count)
     command = [
-        sys.executable, "-m", "percolator", "backfill", str(source),
-        "--store", embedded_url, "--table", ITEMS, "--key", "id", "--job-id", "crash",
-        "--batch-size", "20", "--buckets", "12", "--progress-interval", "0.5",
-        "--master", "local[2]", "--conf", "spark.ui.enabled=false",
+        sys.executable,
+        "-m",
+        "percolator",
+        "backfill",
+        str(source),
+        "--store",
+        embedded_url,
+        "--table",
+        ITEMS,
+        "--key",
+        "id",
+        "--job-id",
+        "crash",
+        "--batch-size",
+        "20",
+        "--buckets",
+        "12",
+        "--progress-interval",
+        "0.5",
+        "--master",
+        "local[2]",
+        "--conf",
+        "spark.ui.enabled=false",
     ]
     marker = uuid.uuid4().hex
     env = {**os.environ, "PYTHONPATH": str(REPO), JOB_MARKER: marker}
-    proc = subprocess.Popen(command, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        command, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     assert proc.stderr is not None
     try:
         for line in proc.stderr:
@@ -150,10 +241,17 @@ def test_killed_driver_then_rerun_writes_each_row_once(
 
     from percolator.spark_jobs.backfill import BackfillOptions, run_backfill
 
-    report = run_backfill(spark, BackfillOptions(
-        store=embedded_url, table=ITEMS, inputs=(str(source),), key="id", job_id="crash",
-        client_options={"lock_ttl_ms": 1000},
-    ))
+    report = run_backfill(
+        spark,
+        BackfillOptions(
+            store=embedded_url,
+            table=ITEMS,
+            inputs=(str(source),),
+            key="id",
+            job_id="crash",
+            client_options={"lock_ttl_ms": 1000},
+        ),
+    )
     # A batch whose commit point passed before the kill is visible (rolled forward) and
     # skipped; one that had not passed it was rolled back and is written now.
     assert report.rows_skipped == committed

@@ -99,8 +99,7 @@ def test_exports_during_a_bank_workload_always_sum_to_the_total(
 
 
 @pytest.mark.spark
-def test_layouts_old_snapshots_and_parquet(spark: Any, embedded_url: str,
-                                           tmp_path: Path) -> None:
+def test_layouts_old_snapshots_and_parquet(spark: Any, embedded_url: str, tmp_path: Path) -> None:
     with connect(embedded_url) as client:
         client.create_table("t")
 
@@ -122,8 +121,12 @@ def test_layouts_old_snapshots_and_parquet(spark: Any, embedded_url: str,
         old = dict(client.snapshot(old_ts).scan("t"))
         now = dict(client.snapshot().scan("t"))
 
-    wide = export_table(spark, ExportOptions(embedded_url, "t", columns=("a", "b"),
-                                             read_ts=old_ts, split_keys=(b"r010", b"r033")))
+    wide = export_table(
+        spark,
+        ExportOptions(
+            embedded_url, "t", columns=("a", "b"), read_ts=old_ts, split_keys=(b"r010", b"r033")
+        ),
+    )
     assert wide.ranges == [(b"", b"r010"), (b"r010", b"r033"), (b"r033", None)]
     got = {
         bytes(r["row"]): {c: bytes(r[c]) for c in ("a", "b") if r[c] is not None}
@@ -178,7 +181,9 @@ def test_sampled_split_keys_balance_the_rows() -> None:
         keys = sample_split_keys(client, "t", 4)
         assert keys == sorted(keys) and len(keys) == 3
         rows = [b"k%05d" % i for i in range(1000)]
-        sizes = [sum(1 for r in rows if start <= r and (stop is None or r < stop))
-                 for start, stop in ranges_of(keys)]
+        sizes = [
+            sum(1 for r in rows if start <= r and (stop is None or r < stop))
+            for start, stop in ranges_of(keys)
+        ]
         assert sum(sizes) == 1000 and min(sizes) >= 200, sizes
         assert sample_split_keys(client, "t", 1) == []

@@ -24,11 +24,15 @@ def write_corpus_json(path: Path, docs: list[corpus.Document]) -> None:
     lines = []
     for doc in docs:
         links = doc.links_value()
-        lines.append(json.dumps({
-            "url": doc.url,
-            "body": doc.body,
-            "links": links.decode() if links is not None else None,
-        }))
+        lines.append(
+            json.dumps(
+                {
+                    "url": doc.url,
+                    "body": doc.body,
+                    "links": links.decode() if links is not None else None,
+                }
+            )
+        )
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
@@ -42,16 +46,26 @@ def test_incremental_tables_equal_the_spark_recompute(
     with connect(shared_store_url) as client:
         pipeline.create_tables(client)
         register_observers(client, observers)
-        run_backfill(spark, BackfillOptions(
-            store=shared_store_url, table=reference.DOCUMENTS, inputs=(str(source),), key="url",
-            batch_size=10,
-        ))
+        run_backfill(
+            spark,
+            BackfillOptions(
+                store=shared_store_url,
+                table=reference.DOCUMENTS,
+                inputs=(str(source),),
+                key="url",
+                batch_size=10,
+            ),
+        )
         run_until_quiet(client, observers)
         expected = reference.compute(corpus.as_input(docs))
 
         def spark_tables() -> reference.Tables:
-            export = export_table(spark, ExportOptions(
-                shared_store_url, reference.DOCUMENTS, columns=("body", "links"), splits=3))
+            export = export_table(
+                spark,
+                ExportOptions(
+                    shared_store_url, reference.DOCUMENTS, columns=("body", "links"), splits=3
+                ),
+            )
             return collect_tables(recompute(spark, export.df))
 
         incremental = reference.read_derived(client.snapshot())

@@ -58,11 +58,16 @@ def gateway(request: pytest.FixtureRequest) -> Iterator[tuple[int, str, str]]:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     server = make_server(
-        Hbase, _Tables(), "127.0.0.1", port,
-        proto_factory=(TCompactProtocolFactory if protocol == "compact"
-                       else TBinaryProtocolFactory)(),
-        trans_factory=(TFramedTransportFactory if transport == "framed"
-                       else TBufferedTransportFactory)(),
+        Hbase,
+        _Tables(),
+        "127.0.0.1",
+        port,
+        proto_factory=(
+            TCompactProtocolFactory if protocol == "compact" else TBinaryProtocolFactory
+        )(),
+        trans_factory=(
+            TFramedTransportFactory if transport == "framed" else TBufferedTransportFactory
+        )(),
     )
     server.daemon = True
     thread = threading.Thread(target=server.serve, daemon=True)

@@ -53,9 +53,7 @@ def test_an_oracle_object_is_used_as_it_is() -> None:
 def test_a_scheme_is_opened_by_the_entry_point_of_that_name() -> None:
     store = MemoryStore()
     _OPENED.clear()
-    oracle = open_oracle(
-        "Fake://somewhere", store, [plugin("fake", f"{__name__}:open_fake")]
-    )
+    oracle = open_oracle("Fake://somewhere", store, [plugin("fake", f"{__name__}:open_fake")])
     assert isinstance(oracle, FakeOracle)
     assert [("Fake://somewhere", store)] == _OPENED
 

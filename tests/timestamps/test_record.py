@@ -35,8 +35,13 @@ def test_round_trip_of_extremes() -> None:
     top = (1 << 64) - 1
     for record in (
         OracleRecord(epoch=0, high_water=0, holder=""),
-        OracleRecord(epoch=top, high_water=top, holder="x" * 1024, lease_expiry_ms=top,
-                     lease_ms=(1 << 32) - 1),
+        OracleRecord(
+            epoch=top,
+            high_water=top,
+            holder="x" * 1024,
+            lease_expiry_ms=top,
+            lease_ms=(1 << 32) - 1,
+        ),
     ):
         assert OracleRecord.decode(record.encode()) == record
 

@@ -104,9 +104,11 @@ def _trial(n: int, counts: Callable[[Call], bool] = _is_write_put) -> bool:
         store.after(
             "compare_and_set",
             lambda call, applied: point.append(bool(applied)),
-            when=lambda call: (call["table"], call["row"]) == cells[0][:2]
-            and call["qualifier"] == b"x"
-            and LockCell.decode(call["new"]).lock is None,
+            when=lambda call: (
+                (call["table"], call["row"]) == cells[0][:2]
+                and call["qualifier"] == b"x"
+                and LockCell.decode(call["new"]).lock is None
+            ),
         )
         died = _die_after(store, n, counts)
         with contextlib.suppress(Died):
@@ -188,8 +190,11 @@ def test_a_committed_transaction_that_lost_a_secondary_says_so_loudly(
             "compare_and_set",
             roll_back_secondary,
             times=1,
-            when=lambda call: call["table"] == "ub" and call["row"] == b"b"
-            and LockCell.decode(call["new"]).lock is None,
+            when=lambda call: (
+                call["table"] == "ub"
+                and call["row"] == b"b"
+                and LockCell.decode(call["new"]).lock is None
+            ),
         )
         txn.commit()
         errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]

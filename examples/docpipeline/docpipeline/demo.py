@@ -85,9 +85,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--seed", type=int, default=7, help="corpus seed (%(default)s)")
     parser.add_argument("--threads", type=int, default=4, help="worker threads (%(default)s)")
-    parser.add_argument(
-        "--master", default="local[2]", help="Spark master (%(default)s)"
-    )
+    parser.add_argument("--master", default="local[2]", help="Spark master (%(default)s)")
     parser.add_argument(
         "--work-dir",
         default=DEFAULT_WORK_DIR,
@@ -128,8 +126,17 @@ class OracleServer:
         self.log_path = log_path
         self._log = log_path.open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "percolator", "oracle", "serve", "--store", store_url,
-             "--listen", "127.0.0.1:0"],
+            [
+                sys.executable,
+                "-m",
+                "percolator",
+                "oracle",
+                "serve",
+                "--store",
+                store_url,
+                "--listen",
+                "127.0.0.1:0",
+            ],
             stdout=subprocess.PIPE,
             stderr=self._log,
             text=True,
@@ -234,16 +241,21 @@ def _wait_quiet(client: percolator.Client, progress: Any, timeout_s: float = 180
             return
         if progress is not None:
             left = _pending(client)
-            progress.update(max(0, progress.total - left) if progress.total else 0,
-                            extra=f"({left} pending)")
+            progress.update(
+                max(0, progress.total - left) if progress.total else 0, extra=f"({left} pending)"
+            )
 
 
 def _write_corpus(path: Path, documents: list[Any]) -> None:
     with path.open("w", encoding="utf-8") as out:
         for doc in documents:
             links = doc.links_value()
-            out.write(json.dumps({"url": doc.url, "body": doc.body,
-                                  "links": links.decode() if links else None}) + "\n")
+            out.write(
+                json.dumps(
+                    {"url": doc.url, "body": doc.body, "links": links.decode() if links else None}
+                )
+                + "\n"
+            )
 
 
 def _refuse_existing_tables(client: percolator.Client) -> None:
@@ -326,8 +338,9 @@ def _run_pipeline(
     source = run_dir / "corpus.jsonl"
     _write_corpus(source, documents)
     print(f"  wrote {source} (duplicates, near-duplicates and links included)", file=out)
-    report.steps.append(Step("generate corpus", time.monotonic() - started,
-                             str(args.documents), str(source)))
+    report.steps.append(
+        Step("generate corpus", time.monotonic() - started, str(args.documents), str(source))
+    )
 
     live_queue: queue.Queue[LiveRun] = queue.Queue()
     counting = {"runs": 0}
@@ -350,19 +363,37 @@ def _run_pipeline(
         observers = pipeline.observers()
         register_observers(client, observers)
 
-        backfill = run_backfill(spark, BackfillOptions(
-            store=store_url, table=reference.DOCUMENTS, inputs=(str(source),), key="url",
-            oracle=oracle_url, progress_interval_s=3.0,
-        ))
-        report.steps.append(Step("Spark backfill", time.monotonic() - started,
-                                 str(backfill.rows_written), f"{backfill.rate:.0f} rows/s"))
+        backfill = run_backfill(
+            spark,
+            BackfillOptions(
+                store=store_url,
+                table=reference.DOCUMENTS,
+                inputs=(str(source),),
+                key="url",
+                oracle=oracle_url,
+                progress_interval_s=3.0,
+            ),
+        )
+        report.steps.append(
+            Step(
+                "Spark backfill",
+                time.monotonic() - started,
+                str(backfill.rows_written),
+                f"{backfill.rate:.0f} rows/s",
+            )
+        )
         print(f"  {backfill.summary()}", file=out, flush=True)
 
-        _header(out, 4, "observers catch up (a worker with "
-                f"{args.threads} threads runs until no notification is left)")
+        _header(
+            out,
+            4,
+            "observers catch up (a worker with "
+            f"{args.threads} threads runs until no notification is left)",
+        )
         started = time.monotonic()
-        options = WorkerOptions(threads=args.threads, idle_sleep_s=0.01, backoff_base_s=0.05,
-                                on_commit=on_commit)
+        options = WorkerOptions(
+            threads=args.threads, idle_sleep_s=0.01, backoff_base_s=0.05, on_commit=on_commit
+        )
         worker = Worker(client, observers, options)
         worker.start()
         try:
@@ -370,18 +401,20 @@ def _run_pipeline(
             bar = Progress("  notifications", backlog, stream=out)
             _wait_quiet(client, bar)
             elapsed = bar.close(extra=f"{counting['runs']} observer runs committed")
-            report.steps.append(Step("observers to quiescence", elapsed,
-                                     f"{counting['runs']} runs", "quiet"))
+            report.steps.append(
+                Step("observers to quiescence", elapsed, f"{counting['runs']} runs", "quiet")
+            )
 
             _header(out, 5, f"change {args.change_fraction:.1%} of the documents, live")
-            changes = corpus.mutate(documents, fraction=args.change_fraction,
-                                    seed=args.seed + 1)
+            changes = corpus.mutate(documents, fraction=args.change_fraction, seed=args.seed + 1)
             current = corpus.apply_changes(documents, changes)
             report.changes = len(changes)
             watched.update(c.url.encode() for c in changes)
             started = time.monotonic()
             writer = threading.Thread(
-                target=corpus.write_documents, args=(client, changes), kwargs={"batch": 1},
+                target=corpus.write_documents,
+                args=(client, changes),
+                kwargs={"batch": 1},
                 daemon=True,
             )
             writer.start()
@@ -393,8 +426,12 @@ def _run_pipeline(
                     continue
                 report.live.append(item)
                 if printed < LIVE_LINES:
-                    print(f"  {item.observer:13} {item.row[:60]:60} updated "
-                          f"{item.latency_ms:6.0f} ms after its change", file=out, flush=True)
+                    print(
+                        f"  {item.observer:13} {item.row[:60]:60} updated "
+                        f"{item.latency_ms:6.0f} ms after its change",
+                        file=out,
+                        flush=True,
+                    )
                     printed += 1
             writer.join()
             _wait_quiet(client, None)
@@ -403,24 +440,41 @@ def _run_pipeline(
             report.incremental_s = time.monotonic() - started
             if len(report.live) > printed:
                 print(f"  ... and {len(report.live) - printed} more updates", file=out)
-            print(f"  {len(changes)} changes processed incrementally in "
-                  f"{report.incremental_s:.2f} s ({len(report.live)} observer runs)", file=out)
-            report.steps.append(Step("incremental update", report.incremental_s,
-                                     f"{len(changes)} changes", f"{len(report.live)} runs"))
+            print(
+                f"  {len(changes)} changes processed incrementally in "
+                f"{report.incremental_s:.2f} s ({len(report.live)} observer runs)",
+                file=out,
+            )
+            report.steps.append(
+                Step(
+                    "incremental update",
+                    report.incremental_s,
+                    f"{len(changes)} changes",
+                    f"{len(report.live)} runs",
+                )
+            )
         finally:
             worker.stop()
 
         _header(out, 6, "full recompute with Spark (export at one snapshot, recompute all)")
         started = time.monotonic()
-        export = export_table(spark, ExportOptions(store_url, reference.DOCUMENTS,
-                                                   columns=("body", "links"), oracle=oracle_url))
+        export = export_table(
+            spark,
+            ExportOptions(
+                store_url, reference.DOCUMENTS, columns=("body", "links"), oracle=oracle_url
+            ),
+        )
         recomputed = collect_tables(recompute(spark, export.df).collect())
         report.recompute_s = time.monotonic() - started
         cells = sum(len(c) for t in recomputed.values() for c in t.values())
-        print(f"  recomputed {cells} derived cells from {args.documents} documents in "
-              f"{report.recompute_s:.2f} s", file=out)
-        report.steps.append(Step("Spark full recompute", report.recompute_s,
-                                 f"{cells} cells", "from an export"))
+        print(
+            f"  recomputed {cells} derived cells from {args.documents} documents in "
+            f"{report.recompute_s:.2f} s",
+            file=out,
+        )
+        report.steps.append(
+            Step("Spark full recompute", report.recompute_s, f"{cells} cells", "from an export")
+        )
 
         _header(out, 7, "compare")
         started = time.monotonic()
@@ -432,12 +486,14 @@ def _run_pipeline(
         report.matches_reference = not reference.diff(expected, incremental)
         report.problems = problems[:10]
         verdict = "identical" if report.identical else f"{len(problems)} differences"
-        print(f"  incremental vs recompute: {verdict}; vs the Python reference: "
-              f"{'identical' if report.matches_reference else 'DIFFERENT'}", file=out)
+        print(
+            f"  incremental vs recompute: {verdict}; vs the Python reference: "
+            f"{'identical' if report.matches_reference else 'DIFFERENT'}",
+            file=out,
+        )
         for line in problems[:10]:
             print(f"    {line}", file=out)
-        report.steps.append(Step("compare", time.monotonic() - started, f"{cells} cells",
-                                 verdict))
+        report.steps.append(Step("compare", time.monotonic() - started, f"{cells} cells", verdict))
     chart = Path(args.chart) if args.chart else run_dir / "latency.png"
     report.chart = str(_write_chart(report, chart))
 
@@ -463,8 +519,11 @@ def _write_chart(report: DemoReport, path: Path) -> Path:
     left.grid(alpha=0.3)
     if by_observer:
         left.legend(loc="lower right", fontsize=8)
-    right.bar(["incremental", "Spark recompute"], [report.incremental_s, report.recompute_s],
-              color=["tab:green", "tab:gray"])
+    right.bar(
+        ["incremental", "Spark recompute"],
+        [report.incremental_s, report.recompute_s],
+        color=["tab:green", "tab:gray"],
+    )
     right.set_ylabel("seconds")
     right.set_title(f"{report.changes} changes: {report.speedup:.1f}x faster incrementally")
     figure.tight_layout()
@@ -478,20 +537,26 @@ def _print_summary(report: DemoReport, out: TextIO) -> None:
     width = max(len(s.name) for s in report.steps) if report.steps else 10
     print(f"  {'step':{width}}  {'time':>8}  {'rows':>14}  result", file=out)
     for step in report.steps:
-        print(f"  {step.name:{width}}  {step.seconds:7.2f}s  {step.rows:>14}  {step.result}",
-              file=out)
+        print(
+            f"  {step.name:{width}}  {step.seconds:7.2f}s  {step.rows:>14}  {step.result}", file=out
+        )
     if report.live:
         latencies = sorted(item.latency_ms for item in report.live)
         p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
-        print(f"  observer latency p50 {statistics.median(latencies):.0f} ms, p99 {p99:.0f} ms "
-              f"over {len(latencies)} runs", file=out)
+        print(
+            f"  observer latency p50 {statistics.median(latencies):.0f} ms, p99 {p99:.0f} ms "
+            f"over {len(latencies)} runs",
+            file=out,
+        )
     if report.incremental_s:
-        print(f"  incremental {report.incremental_s:.2f} s vs full recompute "
-              f"{report.recompute_s:.2f} s: {report.speedup:.1f}x; break-even change "
-              f"fraction {report.break_even:.1%} (incremental is cheaper below it)", file=out)
+        print(
+            f"  incremental {report.incremental_s:.2f} s vs full recompute "
+            f"{report.recompute_s:.2f} s: {report.speedup:.1f}x; break-even change "
+            f"fraction {report.break_even:.1%} (incremental is cheaper below it)",
+            file=out,
+        )
     ok = report.identical and report.matches_reference
-    print(f"  result: {'OK - incremental == recompute == reference' if ok else 'FAILED'}",
-          file=out)
+    print(f"  result: {'OK - incremental == recompute == reference' if ok else 'FAILED'}", file=out)
     if report.chart:
         print(f"  chart: {report.chart}", file=out)
     out.flush()

@@ -155,12 +155,14 @@ def recompute_cells(documents: RDD[Document], partitions: int | None = None) -> 
 def _cells_schema() -> Any:
     from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
-    return StructType([
-        StructField("table", StringType(), nullable=False),
-        StructField("row", BinaryType(), nullable=False),
-        StructField("column", StringType(), nullable=False),
-        StructField("value", BinaryType(), nullable=False),
-    ])
+    return StructType(
+        [
+            StructField("table", StringType(), nullable=False),
+            StructField("row", BinaryType(), nullable=False),
+            StructField("column", StringType(), nullable=False),
+            StructField("value", BinaryType(), nullable=False),
+        ]
+    )
 
 
 def recompute(spark: SparkSession, documents: DataFrame) -> DataFrame:
@@ -193,8 +195,10 @@ def register(subparsers: Any) -> None:
     )
     add_store_option(parser)
     add_oracle_option(parser)
-    parser.add_argument("--input", help="Parquet of documents (row, body, links) instead of "
-                        "exporting them from --store")
+    parser.add_argument(
+        "--input",
+        help="Parquet of documents (row, body, links) instead of exporting them from --store",
+    )
     parser.add_argument("--read-ts", type=int, default=None, help="snapshot to read")
     parser.add_argument("--output", required=True, help="Parquet output of the derived cells")
     parser.add_argument("--master", default=None, help="Spark master (default local[*])")
@@ -211,8 +215,13 @@ def run_recompute(args: argparse.Namespace) -> int:
     if args.input:
         documents = spark.read.parquet(args.input)
     else:
-        options = ExportOptions(args.store, DOCUMENTS, columns=("body", "links"),
-                                oracle=args.oracle, read_ts=args.read_ts)
+        options = ExportOptions(
+            args.store,
+            DOCUMENTS,
+            columns=("body", "links"),
+            oracle=args.oracle,
+            read_ts=args.read_ts,
+        )
         documents = export_table(spark, options).df
     try:
         recompute(spark, documents).write.parquet(args.output)
@@ -220,6 +229,5 @@ def run_recompute(args: argparse.Namespace) -> int:
         raise
     except Exception as exc:
         raise SparkJobError(f"recompute failed: {spark_failure_reason(exc)}") from None
-    print(f"recomputed the derived tables into {args.output} in "
-          f"{time.monotonic() - started:.1f} s")
+    print(f"recomputed the derived tables into {args.output} in {time.monotonic() - started:.1f} s")
     return 0
