@@ -82,7 +82,8 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import happybase
@@ -98,7 +99,7 @@ from Hbase_thrift import (
 )
 from Hbase_thrift import IOError as HBaseIOError
 from thriftpy2.protocol.exc import TProtocolException
-from thriftpy2.thrift import TApplicationException, TDecodeException
+from thriftpy2.thrift import TApplicationException, TDecodeException, args_to_kwargs
 from thriftpy2.transport import TTransportException
 
 from percolator.concurrency import run_all
@@ -372,6 +373,31 @@ class _ConnectionPool:
                 if remaining <= 0:
                     raise TimeoutError(f"all {self._size} connections stayed busy")
                 self._cond.wait(remaining)
+        return self._live(conn)
+
+    def try_acquire(self) -> _Connection | None:
+        """A live connection if one is idle or may be opened now, else None: never waits
+        for another thread to release one.  None too if the pool is closed or opening a
+        connection fails (the caller holds one already, which will report the trouble)."""
+        with self._cond:
+            if self._closed:
+                return None
+            if self._idle:
+                conn: _Connection | None = self._idle.pop()
+            elif self._open < self._size:
+                self._open += 1
+                conn = None
+            else:
+                return None
+        try:
+            return self._live(conn)
+        except Exception:
+            return None
+
+    def _live(self, conn: _Connection | None) -> _Connection:
+        """``conn`` (taken from the idle list) if it looks alive, else a new connection in
+        its slot; a new one too if ``conn`` is None (a slot just counted in ``_open``).
+        If opening fails the slot is given back and the error raised."""
         if conn is not None:
             if conn.looks_alive():
                 return conn
@@ -408,6 +434,141 @@ class _ConnectionPool:
             self._cond.notify_all()
         for conn in idle:
             conn.close()
+
+
+# compare_and_set_many sends one connection this many requests before it takes another from
+# the pool for the same call (if one is free): enough that the client's cost per request is
+# a write and a read on a socket, not a thread hand-off; few enough that one call's requests
+# are worked on by several gateway threads at once.
+_PIPELINED_PER_CONNECTION = 4
+# At most this many requests of one connection in flight (see _Pipeline).
+_PIPELINE_DEPTH = 64
+
+
+@dataclass(frozen=True)
+class _CasRequest:
+    """A checked compare-and-set ready to send: its gateway's pool, the exceptions that
+    gateway declares (complete replies), the gateway's address (for errors) and the
+    arguments of its ``checkAndPut``."""
+
+    pool: _ConnectionPool
+    server_errors: tuple[type[BaseException], ...]
+    address: str
+    args: tuple[Any, ...]
+
+    @property
+    def replies(self) -> tuple[type[BaseException], ...]:
+        """Exceptions that are complete replies (the connection's stream stays in sync)."""
+        return (*self.server_errors, TApplicationException)
+
+
+class _Pipeline:
+    """``checkAndPut`` requests sent back to back on one connection, answers read after.
+
+    A Thrift gateway reads a connection's requests in order and answers each before it
+    reads the next, so the answers come back in the order the requests were sent, and the
+    client does not wait for an answer before it sends the next request.  Each request is
+    flushed on its own (a framed transport makes one frame per flush; the non-blocking
+    servers take one request per frame).  At most :data:`_PIPELINE_DEPTH` requests are in
+    flight (a round): the answers waiting unread must stay far below what the socket buffers
+    hold, or the gateway would stop reading and the client's sends wait for it, each side
+    for the other.
+
+    After a transport error the connection is discarded, and every request of it not
+    answered yet gets that error as its outcome (whether it was sent or not: the caller
+    reports the whole call's outcome as unknown).  Not thread-safe.
+    """
+
+    def __init__(self, pool: _ConnectionPool, conn: _Connection, indexes: list[int]) -> None:
+        self._pool = pool
+        self._conn: _Connection | None = conn
+        self._unsent = list(indexes)  # indexes into the call's requests
+        self._in_flight: list[int] = []
+
+    @property
+    def done(self) -> bool:
+        return not self._unsent and not self._in_flight
+
+    def send_round(self, requests: Sequence[_CasRequest], outcomes: dict[int, Any]) -> None:
+        """Send up to :data:`_PIPELINE_DEPTH` requests not sent yet."""
+        if self._conn is None:
+            return
+        client = self._conn.client
+        spec = client._service.checkAndPut_args.thrift_spec
+        batch, self._unsent = self._unsent[:_PIPELINE_DEPTH], self._unsent[_PIPELINE_DEPTH:]
+        # In flight from before its first byte is written: a failure mid-request leaves the
+        # request's outcome unknown.
+        self._in_flight.extend(batch)
+        for i in batch:
+            try:
+                client._send("checkAndPut", **args_to_kwargs(spec, *requests[i].args))
+            except _TRANSPORT_ERRORS as exc:
+                self._break(exc, outcomes)
+                return
+            except BaseException:
+                self.discard()
+                raise
+
+    def receive_round(self, requests: Sequence[_CasRequest], outcomes: dict[int, Any]) -> None:
+        """Read the answer of every request in flight into ``outcomes`` (True or False, or
+        the exception: one the gateway answered, or the transport error)."""
+        while self._in_flight and self._conn is not None:
+            i = self._in_flight[0]
+            try:
+                outcomes[i] = bool(self._conn.client._recv("checkAndPut"))
+            except requests[i].replies as exc:
+                outcomes[i] = exc  # a complete reply: the stream stays in sync
+            except _TRANSPORT_ERRORS as exc:
+                self._break(exc, outcomes)
+                return
+            except BaseException:
+                self.discard()
+                raise
+            self._in_flight.pop(0)
+
+    def _break(self, exc: BaseException, outcomes: dict[int, Any]) -> None:
+        for i in (*self._in_flight, *self._unsent):
+            outcomes[i] = exc
+        self._in_flight, self._unsent = [], []
+        self.discard()
+
+    def discard(self) -> None:
+        if self._conn is not None:
+            self._pool.discard(self._conn)
+            self._conn = None
+
+    def release(self) -> None:
+        """Give the connection back (every request sent has been answered)."""
+        if self._conn is not None:
+            self._pool.release(self._conn)
+            self._conn = None
+
+
+def _finish(
+    pipelines: Sequence[_Pipeline],
+    requests: Sequence[_CasRequest],
+    outcomes: dict[int, Any],
+    *,
+    send_rest: bool,
+) -> None:
+    """Read every answer of ``pipelines`` (sending their later rounds too if
+    ``send_rest``), then give their connections back."""
+    try:
+        while True:
+            active = [p for p in pipelines if p._in_flight or (send_rest and not p.done)]
+            if not active:
+                break
+            for pipeline in active:
+                pipeline.receive_round(requests, outcomes)
+            if send_rest:
+                for pipeline in active:
+                    pipeline.send_round(requests, outcomes)
+    except BaseException:
+        for pipeline in pipelines:
+            pipeline.discard()
+        raise
+    for pipeline in pipelines:
+        pipeline.release()
 
 
 class HBaseStore(Store):
@@ -683,28 +844,33 @@ class HBaseStore(Store):
         return "TableNotFoundException" in message or message == self._hname(table).decode()
 
     def _raise_server_error(self, op: str, table: str | None, exc: BaseException) -> NoReturn:
+        raise self._server_error(op, table, exc) from exc
+
+    def _server_error(self, op: str, table: str | None, exc: BaseException) -> Exception:
+        """The error a server-side failure ``exc`` of ``op`` on ``table`` raises (and the
+        cached families of a table it shows gone, forgotten)."""
         message = _server_message(exc)
         if table is not None and self._table_missing(table, message):
             self._forget_families(table)
-            raise TableNotFoundError(table) from exc
+            return TableNotFoundError(table)
         if table is not None and (
             isinstance(exc, AlreadyExists) or "TableExistsException" in message
         ):
-            raise TableExistsError(table) from exc
+            return TableExistsError(table)
         if "NoSuchColumnFamilyException" in message:
             if table is not None:
                 self._forget_families(table)
-            raise InvalidArgumentError(
+            return InvalidArgumentError(
                 f"{op}{self._on(table)}: unknown column family: {_short(message)}"
-            ) from exc
+            )
         if any(marker in message for marker in _UNAVAILABLE_MARKERS):
-            raise StoreUnavailableError(
+            return StoreUnavailableError(
                 f"HBase behind the Thrift gateway at {self.address} is unavailable "
                 f"({op}{self._on(table)}): {_short(message)}"
-            ) from exc
-        raise StoreError(
+            )
+        return StoreError(
             f"HBase at {self.address} failed {op}{self._on(table)}: {_short(message)}"
-        ) from exc
+        )
 
     # ------------------------------------------------------------------ validation
 
@@ -1218,16 +1384,35 @@ class HBaseStore(Store):
         return self._check_and_put(table, item)
 
     def _check_and_put(self, table: str, item: CompareAndSet) -> bool:
-        """The ``checkAndPut`` of one checked item (see :meth:`compare_and_set`): on the
-        Thrift-1 gateway, or on the Thrift-2 gateway if the item carries ``then_put``
-        (one ``TPut`` of the new cell, stamped by the server as Thrift-1 does, and the
-        riding cells at their own versions: one atomic row operation)."""
+        """The ``checkAndPut`` of one checked item (see :meth:`compare_and_set` and
+        :meth:`_cas_request`)."""
+        request = self._cas_request(self._hname(table), item)
+        pool = request.pool
+        # Failing to get a connection means nothing was sent: that error is definite.
+        conn = self._acquire(pool)
+        try:
+            self._count("compare_and_set")
+            applied = conn.client.checkAndPut(*request.args)
+        except request.replies as exc:
+            pool.release(conn)  # a complete reply: the stream is in sync
+            raise self._cas_failure(table, item, request, exc) from exc
+        except _TRANSPORT_ERRORS as exc:
+            pool.discard(conn)
+            raise self._cas_failure(table, item, request, exc) from exc
+        except BaseException:
+            pool.discard(conn)
+            raise
+        pool.release(conn)
+        return bool(applied)
+
+    def _cas_request(self, hname: bytes, item: CompareAndSet) -> _CasRequest:
+        """Where and how ``item`` is sent: a ``checkAndPut`` on the Thrift-1 gateway, or on
+        the Thrift-2 gateway if the item carries ``then_put`` (one ``TPut`` of the new cell,
+        stamped by the server as Thrift-1 does, and the riding cells at their own versions:
+        one atomic row operation)."""
         row, family, qualifier = item.row, item.family, item.qualifier
-        hname = self._hname(table)
-        send: Callable[[Any], object]
         if item.then_put:
             assert self._pool2 is not None  # checked: conditional_puts
-            pool, server_errors, address = self._pool2, _SERVER_ERRORS_2, self.thrift2_address
             family_bytes = family.encode()
             cells = [thrift2.TColumnValue(family_bytes, qualifier, item.new)]
             cells.extend(
@@ -1235,61 +1420,56 @@ class HBaseStore(Store):
                 for p in item.then_put
             )
             tput = thrift2.TPut(row=row, columnValues=cells)
+            return _CasRequest(
+                self._pool2,
+                _SERVER_ERRORS_2,
+                self.thrift2_address or "",
+                (hname, row, family_bytes, qualifier, item.expected, tput),
+            )
+        spec = self._column_spec(family, qualifier)
+        mutation = Mutation(column=spec, value=item.new, isDelete=False)
+        return _CasRequest(
+            self._pool,
+            _SERVER_ERRORS,
+            self.address,
+            (hname, row, spec, item.expected, mutation, {}),
+        )
 
-            def send(client: Any) -> object:
-                return client.checkAndPut(hname, row, family_bytes, qualifier, item.expected, tput)
-        else:
-            pool, server_errors, address = self._pool, _SERVER_ERRORS, self.address
-            spec = self._column_spec(family, qualifier)
-            mutation = Mutation(column=spec, value=item.new, isDelete=False)
-
-            def send(client: Any) -> object:
-                return client.checkAndPut(hname, row, spec, item.expected, mutation, {})
-
-        where = f"table {table!r}, row {row!r}, column {family}:{qualifier!r}"
-        # Failing to get a connection means nothing was sent: that error is definite.
-        conn = self._acquire(pool)
-        try:
-            self._count("compare_and_set")
-            applied = send(conn.client)
-        except server_errors as exc:
-            pool.release(conn)
+    def _cas_failure(
+        self, table: str, item: CompareAndSet, request: _CasRequest, exc: BaseException
+    ) -> Exception:
+        """The error a failed ``checkAndPut`` of ``item`` raises: definite only if the server
+        says the table or family does not exist, else "outcome unknown"."""
+        where = f"table {table!r}, row {item.row!r}, column {item.family}:{item.qualifier!r}"
+        address = request.address
+        if isinstance(exc, request.server_errors):
             message = _server_message(exc)
             if self._table_missing(table, message) or "NoSuchColumnFamilyException" in message:
-                self._raise_server_error("compare_and_set", table, exc)
-            raise StoreUnavailableError(
+                return self._server_error("compare_and_set", table, exc)
+            return StoreUnavailableError(
                 f"compare-and-set on {where} at {address}: outcome unknown, the server "
                 f"reported {_short(message)}; re-read the cell, do not re-send"
-            ) from exc
-        except TApplicationException as exc:
-            pool.release(conn)
-            raise StoreUnavailableError(
+            )
+        if isinstance(exc, TApplicationException):
+            return StoreUnavailableError(
                 f"compare-and-set on {where} at {address}: outcome unknown, the gateway "
                 f"failed internally ({_short(_server_message(exc))}); re-read the cell, "
                 "do not re-send"
-            ) from exc
-        except _TRANSPORT_ERRORS as exc:
-            pool.discard(conn)
-            raise StoreUnavailableError(
-                f"compare-and-set on {where} at {address}: outcome unknown "
-                f"({_transport_reason(exc, self.timeout_ms)}); re-read the cell, do not "
-                "re-send"
-            ) from exc
-        except BaseException:
-            pool.discard(conn)
-            raise
-        pool.release(conn)
-        return bool(applied)
+            )
+        return StoreUnavailableError(
+            f"compare-and-set on {where} at {address}: outcome unknown "
+            f"({_transport_reason(exc, self.timeout_ms)}); re-read the cell, do not re-send"
+        )
 
     def compare_and_set_many(
         self, table: str, items: Sequence[CompareAndSet], puts: Sequence[Put] = ()
     ) -> list[bool]:
         """One ``checkAndPut`` per item (neither gateway has a batched conditional mutation;
-        an item with ``then_put`` goes to the Thrift-2 gateway), run ``pool_size`` at a
-        time, while the calling thread sends the puts (as :meth:`put`).  Every
-        item and put is checked before anything is sent; if a call fails, the others still
-        finish before the first error is raised (see :meth:`compare_and_set` for what each
-        error means)."""
+        an item with ``then_put`` goes to the Thrift-2 gateway), pipelined: see
+        :class:`_Pipeline`.  The puts are sent (as :meth:`put`) while the gateways work on
+        the compare-and-sets.  Every item and put is checked before anything is sent; if a
+        call fails, the others still finish before the first error is raised (see
+        :meth:`compare_and_set` for what each error means)."""
         check_table_name(table)
 
         def check(known: Mapping[str, object]) -> None:
@@ -1300,21 +1480,58 @@ class HBaseStore(Store):
         self._validate(table, check)
         self._check_row_lengths(table, [*(item.row for item in items), *(p.row for p in puts)])
         self._count("compare_and_set_many")
-        if not puts:
-            executor = self._executor() if len(items) > 1 else None
-            return run_all(executor, lambda item: self._check_and_put(table, item), items)
         if not items:
             self._send_puts(table, puts)
             return []
-        # The compare-and-sets go to the pool and this thread sends the puts meanwhile (a
-        # pool slot for them would queue behind a batch of compare-and-sets).
-        executor = self._executor()
-        futures = [executor.submit(self._check_and_put, table, item) for item in items]
-        try:
+        if len(items) == 1 and not puts:
+            return [self._check_and_put(table, items[0])]
+        with self._stats_lock:
+            self.stats.count("compare_and_set", len(items))
+        hname = self._hname(table)
+        requests = [self._cas_request(hname, item) for item in items]
+        if puts and any(r.pool is self._pool for r in requests):
+            # The puts need a Thrift-1 connection: send them before this call holds some of
+            # that pool's connections, or two calls each holding a share and waiting for
+            # one more could wait for each other.
             self._send_puts(table, puts)
+            puts = ()
+        pipelines: list[_Pipeline] = []
+        outcomes: dict[int, bool | BaseException] = {}
+        failed = True
+        try:
+            for pool in dict.fromkeys(r.pool for r in requests):
+                indexes = [i for i, r in enumerate(requests) if r.pool is pool]
+                pipelines.extend(self._pipelines(pool, indexes))
+            for pipeline in pipelines:
+                pipeline.send_round(requests, outcomes)
+            if puts:
+                self._send_puts(table, puts)
+            failed = False
         finally:
-            wait(futures)  # nothing of this call may still be in flight when it raises
-        return [f.result() for f in futures]
+            # Nothing of this call may still be in flight when it returns or raises; after
+            # a failure here, what was not sent yet is not sent.
+            _finish(pipelines, requests, outcomes, send_rest=not failed)
+        results: list[bool] = []
+        for i, item in enumerate(items):
+            outcome = outcomes[i]
+            if isinstance(outcome, BaseException):
+                raise self._cas_failure(table, item, requests[i], outcome) from outcome
+            results.append(outcome)
+        return results
+
+    def _pipelines(self, pool: _ConnectionPool, indexes: list[int]) -> list[_Pipeline]:
+        """Connections of ``pool`` for the requests at ``indexes``: one taken as any call
+        takes it (waiting for a free one), and one more per
+        :data:`_PIPELINED_PER_CONNECTION` requests if the pool has them free right now,
+        never more than ``pool_size``.  The requests are dealt out among them."""
+        wanted = min(self.pool_size, -(-len(indexes) // _PIPELINED_PER_CONNECTION))
+        conns = [self._acquire(pool)]
+        while len(conns) < wanted:
+            extra = pool.try_acquire()
+            if extra is None:
+                break
+            conns.append(extra)
+        return [_Pipeline(pool, conn, indexes[n :: len(conns)]) for n, conn in enumerate(conns)]
 
     def delete_versions(self, table: str, deletes: Sequence[Delete]) -> None:
         """Delete versions at or below each timestamp: one ``mutateRowsTs`` of delete

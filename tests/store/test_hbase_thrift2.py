@@ -157,6 +157,77 @@ def test_a_cut_connection_leaves_the_outcome_unknown_and_all_or_nothing(
 
 
 @pytest.mark.hbase
+def test_many_compare_and_sets_on_both_gateways_are_answered_each_its_own(
+    hbase_url: str, prefix: str
+) -> None:
+    # More items than one connection keeps in flight, some carrying puts (Thrift-2), some
+    # not (Thrift-1), every third refused: each answer is its own item's, every applied
+    # item landed whole and no refused one did.
+    port, thrift2 = _ports(hbase_url)
+    proxy = FaultyProxy(("127.0.0.1", thrift2))
+    try:
+        with HBaseStore("127.0.0.1", port, prefix=prefix, thrift2_port=proxy.port) as store:
+            store.create_table("t", FAMILIES)
+            rows = [b"r%04d" % i for i in range(400)]
+            taken = rows[::3]
+            assert store.compare_and_set_many("t", [_rides(r) for r in taken]) == [True] * len(
+                taken
+            )
+            items = [
+                _rides(r) if i % 2 else CompareAndSet(r, "l", b"q", None, b"plain")
+                for i, r in enumerate(rows)
+            ]
+            before = dict(store.stats.calls)
+            accepted = proxy.accepted
+            results = store.compare_and_set_many("t", items)
+            assert results == [i % 3 != 0 for i in range(400)]
+            assert store.stats.calls["compare_and_set"] - before["compare_and_set"] == 400
+            # Pipelined: a few connections to the Thrift-2 gateway, not one per item.
+            assert proxy.accepted - accepted <= store.pool_size
+            found = store.read_rows("t", rows)
+            for i, r in enumerate(rows):
+                cells = found.get(r, {})
+                if i % 3 == 0:  # the first call's lock, refused now
+                    assert cells[("l", b"q")][0][1] == b"lock"
+                elif i % 2:
+                    assert set(cells) == {("l", b"q"), ("d", b"q"), ("w", b"q")}
+                    assert cells[("l", b"q")][0][1] == b"lock"
+                else:
+                    assert set(cells) == {("l", b"q")}
+                    assert cells[("l", b"q")][0][1] == b"plain"
+    finally:
+        proxy.close()
+
+
+@pytest.mark.hbase
+def test_a_connection_cut_in_a_pipelined_batch_leaves_each_item_whole_or_absent(
+    hbase_url: str, prefix: str
+) -> None:
+    # One of the connections carrying a batch is cut after its requests went out: the call
+    # raises "outcome unknown" only after the other connections' answers were read; each
+    # item landed whole or not at all; the store works on afterwards.
+    port, thrift2 = _ports(hbase_url)
+    proxy = FaultyProxy(("127.0.0.1", thrift2))
+    try:
+        with HBaseStore(
+            "127.0.0.1", port, prefix=prefix, thrift2_port=proxy.port, timeout_ms=3_000
+        ) as store:
+            store.create_table("t", FAMILIES)
+            rows = [b"c%04d" % i for i in range(100)]
+            proxy.fault = "drop_reply"
+            with pytest.raises(StoreUnavailableError, match="outcome unknown"):
+                store.compare_and_set_many("t", [_rides(r) for r in rows])
+            found = store.read_rows("t", rows)
+            for r in rows:
+                assert set(found.get(r, {})) in (set(), {("l", b"q"), ("d", b"q"), ("w", b"q")})
+            assert len(found) >= 1  # the uncut connections' items were applied
+            more = [_rides(b"after%d" % i) for i in range(10)]
+            assert store.compare_and_set_many("t", more) == [True] * 10
+    finally:
+        proxy.close()
+
+
+@pytest.mark.hbase
 def test_read_cells_of_many_rows_name_exactly_each_rows_cells_and_agree_with_thrift1(
     hbase_url: str, prefix: str
 ) -> None:

@@ -13,9 +13,11 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from happybase.connection import Hbase
+from Hbase_thrift import ColumnDescriptor
 from thriftpy2.protocol import TBinaryProtocolFactory, TCompactProtocolFactory
 from thriftpy2.rpc import make_server
 from thriftpy2.transport import TBufferedTransportFactory, TFramedTransportFactory
@@ -24,6 +26,7 @@ from percolator.errors import ConfigError, InvalidArgumentError, StoreUnavailabl
 from percolator.store import hbase as hbase_module
 from percolator.store import url as url_module
 from percolator.store.backends import with_url_options
+from percolator.store.base import CompareAndSet
 from percolator.store.hbase import HBaseStore
 from percolator.store.url import open_store, parse_store_url
 
@@ -45,21 +48,49 @@ def test_options_are_parsed_and_validated() -> None:
 
 
 class _Tables:
-    """Enough of HBase's Thrift-1 interface for opening a store and listing tables."""
+    """Enough of HBase's Thrift-1 interface for opening a store, listing tables and
+    compare-and-sets on table ``t`` (family ``l``), kept in memory."""
+
+    def __init__(self) -> None:
+        self.cells: dict[tuple[bytes, bytes], bytes] = {}
+        self.calls = 0
 
     def getTableNames(self) -> list[bytes]:
         return [b"p_t", b"other"]
 
+    def getColumnDescriptors(self, tableName: bytes) -> dict[bytes, Any]:
+        return {b"l:": ColumnDescriptor(name=b"l:", maxVersions=1)}
+
+    def checkAndPut(
+        self,
+        tableName: bytes,
+        row: bytes,
+        column: bytes,
+        value: bytes | None,
+        mput: Any,
+        attributes: Any,
+    ) -> bool:
+        self.calls += 1
+        if self.cells.get((row, column)) != value:
+            return False
+        self.cells[(row, column)] = mput.value
+        return True
+
+
+@pytest.fixture
+def tables() -> _Tables:
+    return _Tables()
+
 
 @pytest.fixture(params=[("framed", "compact"), ("framed", "binary"), ("buffered", "compact")])
-def gateway(request: pytest.FixtureRequest) -> Iterator[tuple[int, str, str]]:
+def gateway(request: pytest.FixtureRequest, tables: _Tables) -> Iterator[tuple[int, str, str]]:
     transport, protocol = request.param
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     server = make_server(
         Hbase,
-        _Tables(),
+        tables,
         "127.0.0.1",
         port,
         proto_factory=(
@@ -108,6 +139,29 @@ def test_a_gateway_with_other_settings_is_reached_with_the_url_options(
             store._pool.release(conn)  # type: ignore[attr-defined]
     finally:
         store.close()
+
+
+def test_compare_and_sets_sent_back_to_back_are_answered_in_order(
+    gateway: tuple[int, str, str], tables: _Tables
+) -> None:
+    # compare_and_set_many sends a connection's requests before reading any answer, one
+    # flush per request: a framed transport must still see one request per frame, and each
+    # answer must reach its own request, whatever the transport and protocol.
+    port, transport, protocol = gateway
+    for i in range(0, 300, 3):
+        tables.cells[(b"r%03d" % i, b"l:q")] = b"taken"
+    url = f"hbase://127.0.0.1:{port}?prefix=p_&transport={transport}&protocol={protocol}"
+    store = open_store(url)
+    try:
+        items = [CompareAndSet(b"r%03d" % i, "l", b"q", None, b"v%d" % i) for i in range(300)]
+        assert store.compare_and_set_many("t", items) == [i % 3 != 0 for i in range(300)]
+    finally:
+        store.close()
+    assert tables.calls == 300
+    assert all(
+        tables.cells[(b"r%03d" % i, b"l:q")] == (b"taken" if i % 3 == 0 else b"v%d" % i)
+        for i in range(300)
+    )
 
 
 def test_the_defaults_against_a_framed_compact_gateway_fail_with_a_hint(
