@@ -50,7 +50,8 @@ Atomicity on this backend
   snapshot of the row.  With ``max_versions > 1`` each (row, column) is its own ``Get``
   (Thrift-1 cannot return several versions of several columns in one call): each cell is a
   snapshot of itself, the columns of one row together are not.
-* ``compare_and_set`` is one ``checkAndPut`` (a single-row atomic operation in HBase).
+* ``compare_and_set`` is one ``checkAndPut`` (a single-row atomic operation in HBase);
+  ``compare_and_set_many`` is one per item, pipelined (:class:`_Pipeline`).
 
 Connections, retries and errors
 -------------------------------
