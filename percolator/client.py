@@ -1,7 +1,7 @@
 """The client: the entry point users hold (``percolator.connect(...)``).
 
 A client owns one store connection (pool), one oracle, one lock resolver with its outcome
-cache, and one thread pool for parallel compare-and-sets.  It is thread-safe; transactions
+cache, and one thread pool for parallel rollbacks.  It is thread-safe; transactions
 are not (one thread per transaction).
 """
 

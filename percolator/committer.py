@@ -6,7 +6,8 @@ Order of steps, each marked with its failpoint:
    no secondary may be locked before the primary's lock exists, or a resolver could find
    a secondary whose primary shows no trace of the transaction and wrongly conclude
    "rolled back" while the transaction goes on to commit;
-2. prewrite the secondaries, batched per table, compare-and-sets in parallel
+2. prewrite the secondaries, batched per table (one store call each, whose
+   compare-and-sets the store sends in parallel or pipelined)
    (``prewrite.after_secondaries``);
 3. check the GC safe point (a transaction below it may have prewritten a cell whose history
    garbage collection removed, without seeing a newer commit: SafePointError, rolled back);

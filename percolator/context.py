@@ -21,7 +21,8 @@ class ClientOptions:
     ``lock_ttl_ms``: how long a lock outlives its transaction's last sign of life before
     others may roll it back (a heartbeat extends it while the commit runs).
     ``lock_wait_ms``: the bound on how long a reader backs off on a live lock.
-    ``parallelism``: threads for parallel compare-and-sets of secondaries.
+    ``parallelism``: threads that roll back an aborted transaction's secondaries in parallel
+    (the store sends a call's compare-and-sets itself, in parallel or pipelined).
     ``safe_point_refresh_ms``: how stale the cached GC safe point may be.
     """
 
