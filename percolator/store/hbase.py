@@ -534,6 +534,9 @@ class _Pipeline:
         self.discard()
 
     def discard(self) -> None:
+        """Drop the connection (its stream cannot be trusted) and whatever was left to send
+        or read on it (the caller is raising)."""
+        self._in_flight, self._unsent = [], []
         if self._conn is not None:
             self._pool.discard(self._conn)
             self._conn = None
@@ -1467,10 +1470,10 @@ class HBaseStore(Store):
     ) -> list[bool]:
         """One ``checkAndPut`` per item (neither gateway has a batched conditional mutation;
         an item with ``then_put`` goes to the Thrift-2 gateway), pipelined: see
-        :class:`_Pipeline`.  The puts are sent (as :meth:`put`) while the gateways work on
-        the compare-and-sets.  Every item and put is checked before anything is sent; if a
-        call fails, the others still finish before the first error is raised (see
-        :meth:`compare_and_set` for what each error means)."""
+        :class:`_Pipeline`.  The puts are sent first (as :meth:`put`; if they fail, no
+        compare-and-set is sent).  Every item and put is checked before anything is sent;
+        if a compare-and-set fails, the others still finish before the first error is
+        raised (see :meth:`compare_and_set` for what each error means)."""
         check_table_name(table)
 
         def check(known: Mapping[str, object]) -> None:
@@ -1481,32 +1484,31 @@ class HBaseStore(Store):
         self._validate(table, check)
         self._check_row_lengths(table, [*(item.row for item in items), *(p.row for p in puts)])
         self._count("compare_and_set_many")
-        if not items:
+        if puts:
+            # Sent before this call holds any connection (see below).
             self._send_puts(table, puts)
+        if not items:
             return []
-        if len(items) == 1 and not puts:
+        if len(items) == 1:
             return [self._check_and_put(table, items[0])]
         with self._stats_lock:
             self.stats.count("compare_and_set", len(items))
         hname = self._hname(table)
         requests = [self._cas_request(hname, item) for item in items]
-        if puts and any(r.pool is self._pool for r in requests):
-            # The puts need a Thrift-1 connection: send them before this call holds some of
-            # that pool's connections, or two calls each holding a share and waiting for
-            # one more could wait for each other.
-            self._send_puts(table, puts)
-            puts = ()
         pipelines: list[_Pipeline] = []
         outcomes: dict[int, bool | BaseException] = {}
         failed = True
         try:
-            for pool in dict.fromkeys(r.pool for r in requests):
+            # A call waits for a connection only for the first one of each gateway, and
+            # takes the gateways in this one order; once it holds a gateway's connections
+            # it never waits for the other's.  So a call that holds connections waits only
+            # for calls that wait for nothing (puts were sent first), never in a cycle.
+            for pool in (self._pool, self._pool2):
                 indexes = [i for i, r in enumerate(requests) if r.pool is pool]
-                pipelines.extend(self._pipelines(pool, indexes))
+                if indexes and pool is not None:
+                    pipelines.extend(self._pipelines(pool, indexes))
             for pipeline in pipelines:
                 pipeline.send_round(requests, outcomes)
-            if puts:
-                self._send_puts(table, puts)
             failed = False
         finally:
             # Nothing of this call may still be in flight when it returns or raises; after
@@ -1527,11 +1529,16 @@ class HBaseStore(Store):
         never more than ``pool_size``.  The requests are dealt out among them."""
         wanted = min(self.pool_size, -(-len(indexes) // _PIPELINED_PER_CONNECTION))
         conns = [self._acquire(pool)]
-        while len(conns) < wanted:
-            extra = pool.try_acquire()
-            if extra is None:
-                break
-            conns.append(extra)
+        try:
+            while len(conns) < wanted:
+                extra = pool.try_acquire()
+                if extra is None:
+                    break
+                conns.append(extra)
+        except BaseException:
+            for conn in conns:
+                pool.release(conn)  # nothing was sent on them
+            raise
         return [_Pipeline(pool, conn, indexes[n :: len(conns)]) for n, conn in enumerate(conns)]
 
     def delete_versions(self, table: str, deletes: Sequence[Delete]) -> None:

@@ -9,6 +9,7 @@ test_hbase_specific), the errors of a wrong ``thrift2_port``, and a store on the
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -225,6 +226,41 @@ def test_a_connection_cut_in_a_pipelined_batch_leaves_each_item_whole_or_absent(
             assert store.compare_and_set_many("t", more) == [True] * 10
     finally:
         proxy.close()
+
+
+@pytest.mark.hbase
+@pytest.mark.timeout(300)
+def test_calls_over_both_gateways_never_wait_for_each_other(hbase_url: str, prefix: str) -> None:
+    # Each call wants every connection of both pools (pool_size 2, eight items per
+    # gateway); half the calls list a Thrift-1 item first, half a Thrift-2 one.  A call
+    # holding one gateway's connections while it waits for the other's, in the order its
+    # items happen to come, would wait for a call doing the opposite until the pool's
+    # timeout ("all 2 pooled connections stayed busy").
+    port, thrift2 = _ports(hbase_url)
+    with HBaseStore(
+        "127.0.0.1", port, prefix=prefix, thrift2_port=thrift2, pool_size=2, timeout_ms=5_000
+    ) as store:
+        store.create_table("t", FAMILIES)
+        errors: list[BaseException] = []
+
+        def work(n: int) -> None:
+            try:
+                for k in range(15):
+                    rows = [b"m%d-%02d-%02d" % (n, k, i) for i in range(16)]
+                    items = [
+                        _rides(r) if (i + n) % 2 else CompareAndSet(r, "l", b"q", None, b"p")
+                        for i, r in enumerate(rows)
+                    ]
+                    assert store.compare_and_set_many("t", items) == [True] * 16
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert errors == []
 
 
 @pytest.mark.hbase

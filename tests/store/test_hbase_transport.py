@@ -20,6 +20,7 @@ from happybase.connection import Hbase
 from Hbase_thrift import ColumnDescriptor
 from thriftpy2.protocol import TBinaryProtocolFactory, TCompactProtocolFactory
 from thriftpy2.rpc import make_server
+from thriftpy2.thrift import TClient
 from thriftpy2.transport import TBufferedTransportFactory, TFramedTransportFactory
 
 from percolator.errors import ConfigError, InvalidArgumentError, StoreUnavailableError
@@ -194,3 +195,69 @@ def test_framed_compact_against_the_buffered_binary_hbase_is_one_clear_error(
         framed = with_url_options(hbase_url, transport="framed", protocol="compact")
         open_store(with_url_options(framed, timeout_ms="3000"))
     assert "framed transport and the compact protocol" in str(raised.value)
+
+
+class _Interrupt(BaseException):
+    """Stands for KeyboardInterrupt or SystemExit arriving mid-call."""
+
+
+@pytest.mark.timeout(60)
+def test_an_interrupt_while_sending_leaves_no_connection_behind(
+    gateway: tuple[int, str, str], tables: _Tables, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An interrupt while a pipelined call writes its requests: the call raises it at once,
+    # and the connections it held are dropped, so a pool of two still serves the next call.
+    port, transport, protocol = gateway
+    url = (
+        f"hbase://127.0.0.1:{port}?prefix=p_&transport={transport}&protocol={protocol}"
+        "&pool_size=2&timeout_ms=2000"
+    )
+    store = open_store(url)
+    try:
+        sends = iter(range(10**6))
+        real_send = TClient._send
+
+        def send(self: Any, api: str, **kwargs: Any) -> None:
+            if api == "checkAndPut" and next(sends) == 3:
+                raise _Interrupt
+            real_send(self, api, **kwargs)
+
+        monkeypatch.setattr(TClient, "_send", send)
+        items = [CompareAndSet(b"i%02d" % i, "l", b"q", None, b"v") for i in range(8)]
+        with pytest.raises(_Interrupt):
+            store.compare_and_set_many("t", items)
+        monkeypatch.undo()
+        more = [CompareAndSet(b"j%02d" % i, "l", b"q", None, b"v") for i in range(8)]
+        assert store.compare_and_set_many("t", more) == [True] * 8
+    finally:
+        store.close()
+
+
+@pytest.mark.timeout(60)
+def test_an_interrupt_while_opening_an_extra_connection_leaves_none_behind(
+    gateway: tuple[int, str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port, transport, protocol = gateway
+    url = (
+        f"hbase://127.0.0.1:{port}?prefix=p_&transport={transport}&protocol={protocol}"
+        "&pool_size=2&timeout_ms=2000"
+    )
+    store = open_store(url)  # opens (and keeps idle) one connection
+    try:
+        real_open = hbase_module._thrift1_connection
+
+        def open_connection(*args: Any) -> Any:
+            raise _Interrupt
+
+        monkeypatch.setattr(hbase_module, "_thrift1_connection", open_connection)
+        items = [CompareAndSet(b"k%02d" % i, "l", b"q", None, b"v") for i in range(8)]
+        with pytest.raises(_Interrupt):
+            store.compare_and_set_many("t", items)  # a second connection fails to open
+        # No call is running, so no connection may be lent out: each one the pool counts
+        # as open is idle (a lost one would stay counted, shrinking the pool for good).
+        pool = store._pool  # type: ignore[attr-defined]
+        assert pool._open == len(pool._idle) == 1
+        monkeypatch.setattr(hbase_module, "_thrift1_connection", real_open)
+        assert store.compare_and_set_many("t", items) == [True] * 8
+    finally:
+        store.close()
