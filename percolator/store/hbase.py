@@ -363,12 +363,8 @@ class _ConnectionPool:
             while True:
                 if self._closed:
                     raise RuntimeError("closed")
-                if self._idle:
-                    conn: _Connection | None = self._idle.pop()
-                    break
-                if self._open < self._size:
-                    self._open += 1
-                    conn = None
+                claimed, conn = self._claim()
+                if claimed:
                     break
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -383,17 +379,24 @@ class _ConnectionPool:
         with self._cond:
             if self._closed:
                 return None
-            if self._idle:
-                conn: _Connection | None = self._idle.pop()
-            elif self._open < self._size:
-                self._open += 1
-                conn = None
-            else:
+            claimed, conn = self._claim()
+            if not claimed:
                 return None
         try:
             return self._live(conn)
         except Exception:
             return None
+
+    def _claim(self) -> tuple[bool, _Connection | None]:
+        """Under ``_cond``: an idle connection, or a slot for a new one (counted in
+        ``_open``; the connection None), as ``(True, conn)``; ``(False, None)`` if every
+        connection is lent out."""
+        if self._idle:
+            return True, self._idle.pop()
+        if self._open < self._size:
+            self._open += 1
+            return True, None
+        return False, None
 
     def _live(self, conn: _Connection | None) -> _Connection:
         """``conn`` (taken from the idle list) if it looks alive, else a new connection in
@@ -487,6 +490,11 @@ class _Pipeline:
         self._in_flight: list[int] = []
 
     @property
+    def unread(self) -> bool:
+        """Requests were sent whose answers have not been read."""
+        return bool(self._in_flight)
+
+    @property
     def done(self) -> bool:
         return not self._unsent and not self._in_flight
 
@@ -559,7 +567,7 @@ def _finish(
     ``send_rest``), then give their connections back."""
     try:
         while True:
-            active = [p for p in pipelines if p._in_flight or (send_rest and not p.done)]
+            active = [p for p in pipelines if p.unread or (send_rest and not p.done)]
             if not active:
                 break
             for pipeline in active:
@@ -685,9 +693,9 @@ class HBaseStore(Store):
 
     # ------------------------------------------------------------------ plumbing
 
-    def _count(self, op: str) -> None:
+    def _count(self, op: str, n: int = 1) -> None:
         with self._stats_lock:
-            self.stats.count(op)
+            self.stats.count(op, n)
 
     def _hname(self, table: str) -> bytes:
         return (self.prefix + table).encode("ascii")
@@ -1491,8 +1499,7 @@ class HBaseStore(Store):
             return []
         if len(items) == 1:
             return [self._check_and_put(table, items[0])]
-        with self._stats_lock:
-            self.stats.count("compare_and_set", len(items))
+        self._count("compare_and_set", len(items))
         hname = self._hname(table)
         requests = [self._cas_request(hname, item) for item in items]
         pipelines: list[_Pipeline] = []

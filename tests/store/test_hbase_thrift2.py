@@ -9,7 +9,6 @@ test_hbase_specific), the errors of a wrong ``thrift2_port``, and a store on the
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from percolator.store.hbase import HBaseStore
 from percolator.store.url import open_store, parse_store_url
 from percolator.testing import ManualOracle
 from percolator.testing.localhbase.launcher import free_port
+from tests.store.test_contract import run_threads
 from tests.store.test_hbase_specific import FaultyProxy
 
 FAMILIES = [FamilySpec("d"), FamilySpec("w"), FamilySpec("l", max_versions=1)]
@@ -44,6 +44,15 @@ def prefix(hbase_url: str) -> Iterator[str]:
     with HBaseStore("127.0.0.1", port, prefix=name) as admin:
         for table in admin.list_tables():
             admin.drop_table(table)
+
+
+@pytest.fixture
+def proxy(hbase_url: str) -> Iterator[FaultyProxy]:
+    """A TCP proxy in front of the session HBase's Thrift-2 gateway."""
+    _, thrift2 = _ports(hbase_url)
+    faulty = FaultyProxy(("127.0.0.1", thrift2))
+    yield faulty
+    faulty.close()
 
 
 def _rides(row: bytes) -> CompareAndSet:
@@ -134,98 +143,84 @@ def test_riders_land_with_the_compare_and_set_stamped_by_the_server(
 @pytest.mark.hbase
 @pytest.mark.parametrize("fault", ["drop_request", "drop_reply"])
 def test_a_cut_connection_leaves_the_outcome_unknown_and_all_or_nothing(
-    hbase_url: str, prefix: str, fault: str
+    hbase_url: str, prefix: str, proxy: FaultyProxy, fault: str
 ) -> None:
-    port, thrift2 = _ports(hbase_url)
-    proxy = FaultyProxy(("127.0.0.1", thrift2))
-    try:
-        with HBaseStore(
-            "127.0.0.1", port, prefix=prefix, thrift2_port=proxy.port, timeout_ms=3_000
-        ) as store:
-            store.create_table("t", FAMILIES)
-            proxy.fault = fault
-            with pytest.raises(StoreUnavailableError, match="outcome unknown") as raised:
-                store.compare_and_set_many("t", [_rides(b"r")])
-            assert "do not re-send" in str(raised.value)
-            row = store.read_row("t", b"r")
-            if fault == "drop_request":
-                assert row == {}  # never sent, never re-sent
-            else:
-                # Applied, all of it: the lock and both riders.
-                assert set(row) == {("l", b"q"), ("d", b"q"), ("w", b"q")}
-    finally:
-        proxy.close()
+    port, _ = _ports(hbase_url)
+    with HBaseStore(
+        "127.0.0.1", port, prefix=prefix, thrift2_port=proxy.port, timeout_ms=3_000
+    ) as store:
+        store.create_table("t", FAMILIES)
+        proxy.fault = fault
+        with pytest.raises(StoreUnavailableError, match="outcome unknown") as raised:
+            store.compare_and_set_many("t", [_rides(b"r")])
+        assert "do not re-send" in str(raised.value)
+        row = store.read_row("t", b"r")
+        if fault == "drop_request":
+            assert row == {}  # never sent, never re-sent
+        else:
+            # Applied, all of it: the lock and both riders.
+            assert set(row) == {("l", b"q"), ("d", b"q"), ("w", b"q")}
 
 
 @pytest.mark.hbase
 def test_many_compare_and_sets_on_both_gateways_are_answered_each_its_own(
-    hbase_url: str, prefix: str
+    hbase_url: str, prefix: str, proxy: FaultyProxy
 ) -> None:
     # More items than one connection keeps in flight, some carrying puts (Thrift-2), some
     # not (Thrift-1), every third refused: each answer is its own item's, every applied
     # item landed whole and no refused one did.
-    port, thrift2 = _ports(hbase_url)
-    proxy = FaultyProxy(("127.0.0.1", thrift2))
-    try:
-        with HBaseStore("127.0.0.1", port, prefix=prefix, thrift2_port=proxy.port) as store:
-            store.create_table("t", FAMILIES)
-            rows = [b"r%04d" % i for i in range(400)]
-            taken = rows[::3]
-            assert store.compare_and_set_many("t", [_rides(r) for r in taken]) == [True] * len(
-                taken
-            )
-            items = [
-                _rides(r) if i % 2 else CompareAndSet(r, "l", b"q", None, b"plain")
-                for i, r in enumerate(rows)
-            ]
-            before = dict(store.stats.calls)
-            accepted = proxy.accepted
-            results = store.compare_and_set_many("t", items)
-            assert results == [i % 3 != 0 for i in range(400)]
-            assert store.stats.calls["compare_and_set"] - before["compare_and_set"] == 400
-            # Pipelined: a few connections to the Thrift-2 gateway, not one per item.
-            assert proxy.accepted - accepted <= store.pool_size
-            found = store.read_rows("t", rows)
-            for i, r in enumerate(rows):
-                cells = found.get(r, {})
-                if i % 3 == 0:  # the first call's lock, refused now
-                    assert cells[("l", b"q")][0][1] == b"lock"
-                elif i % 2:
-                    assert set(cells) == {("l", b"q"), ("d", b"q"), ("w", b"q")}
-                    assert cells[("l", b"q")][0][1] == b"lock"
-                else:
-                    assert set(cells) == {("l", b"q")}
-                    assert cells[("l", b"q")][0][1] == b"plain"
-    finally:
-        proxy.close()
+    port, _ = _ports(hbase_url)
+    with HBaseStore("127.0.0.1", port, prefix=prefix, thrift2_port=proxy.port) as store:
+        store.create_table("t", FAMILIES)
+        rows = [b"r%04d" % i for i in range(400)]
+        taken = rows[::3]
+        assert store.compare_and_set_many("t", [_rides(r) for r in taken]) == [True] * len(taken)
+        items = [
+            _rides(r) if i % 2 else CompareAndSet(r, "l", b"q", None, b"plain")
+            for i, r in enumerate(rows)
+        ]
+        before = dict(store.stats.calls)
+        accepted = proxy.accepted
+        results = store.compare_and_set_many("t", items)
+        assert results == [i % 3 != 0 for i in range(400)]
+        assert store.stats.calls["compare_and_set"] - before["compare_and_set"] == 400
+        # Pipelined: a few connections to the Thrift-2 gateway, not one per item.
+        assert proxy.accepted - accepted <= store.pool_size
+        found = store.read_rows("t", rows)
+        for i, r in enumerate(rows):
+            cells = found.get(r, {})
+            if i % 3 == 0:  # the first call's lock, refused now
+                assert cells[("l", b"q")][0][1] == b"lock"
+            elif i % 2:
+                assert set(cells) == {("l", b"q"), ("d", b"q"), ("w", b"q")}
+                assert cells[("l", b"q")][0][1] == b"lock"
+            else:
+                assert set(cells) == {("l", b"q")}
+                assert cells[("l", b"q")][0][1] == b"plain"
 
 
 @pytest.mark.hbase
 def test_a_connection_cut_in_a_pipelined_batch_leaves_each_item_whole_or_absent(
-    hbase_url: str, prefix: str
+    hbase_url: str, prefix: str, proxy: FaultyProxy
 ) -> None:
     # One of the connections carrying a batch is cut after its requests went out: the call
     # raises "outcome unknown" only after the other connections' answers were read; each
     # item landed whole or not at all; the store works on afterwards.
-    port, thrift2 = _ports(hbase_url)
-    proxy = FaultyProxy(("127.0.0.1", thrift2))
-    try:
-        with HBaseStore(
-            "127.0.0.1", port, prefix=prefix, thrift2_port=proxy.port, timeout_ms=3_000
-        ) as store:
-            store.create_table("t", FAMILIES)
-            rows = [b"c%04d" % i for i in range(100)]
-            proxy.fault = "drop_reply"
-            with pytest.raises(StoreUnavailableError, match="outcome unknown"):
-                store.compare_and_set_many("t", [_rides(r) for r in rows])
-            found = store.read_rows("t", rows)
-            for r in rows:
-                assert set(found.get(r, {})) in (set(), {("l", b"q"), ("d", b"q"), ("w", b"q")})
-            assert len(found) >= 1  # the uncut connections' items were applied
-            more = [_rides(b"after%d" % i) for i in range(10)]
-            assert store.compare_and_set_many("t", more) == [True] * 10
-    finally:
-        proxy.close()
+    port, _ = _ports(hbase_url)
+    with HBaseStore(
+        "127.0.0.1", port, prefix=prefix, thrift2_port=proxy.port, timeout_ms=3_000
+    ) as store:
+        store.create_table("t", FAMILIES)
+        rows = [b"c%04d" % i for i in range(100)]
+        proxy.fault = "drop_reply"
+        with pytest.raises(StoreUnavailableError, match="outcome unknown"):
+            store.compare_and_set_many("t", [_rides(r) for r in rows])
+        found = store.read_rows("t", rows)
+        for r in rows:
+            assert set(found.get(r, {})) in (set(), {("l", b"q"), ("d", b"q"), ("w", b"q")})
+        assert len(found) >= 1  # the uncut connections' items were applied
+        more = [_rides(b"after%d" % i) for i in range(10)]
+        assert store.compare_and_set_many("t", more) == [True] * 10
 
 
 @pytest.mark.hbase
@@ -241,26 +236,17 @@ def test_calls_over_both_gateways_never_wait_for_each_other(hbase_url: str, pref
         "127.0.0.1", port, prefix=prefix, thrift2_port=thrift2, pool_size=2, timeout_ms=5_000
     ) as store:
         store.create_table("t", FAMILIES)
-        errors: list[BaseException] = []
 
         def work(n: int) -> None:
-            try:
-                for k in range(15):
-                    rows = [b"m%d-%02d-%02d" % (n, k, i) for i in range(16)]
-                    items = [
-                        _rides(r) if (i + n) % 2 else CompareAndSet(r, "l", b"q", None, b"p")
-                        for i, r in enumerate(rows)
-                    ]
-                    assert store.compare_and_set_many("t", items) == [True] * 16
-            except BaseException as exc:
-                errors.append(exc)
+            for k in range(15):
+                rows = [b"m%d-%02d-%02d" % (n, k, i) for i in range(16)]
+                items = [
+                    _rides(r) if (i + n) % 2 else CompareAndSet(r, "l", b"q", None, b"p")
+                    for i, r in enumerate(rows)
+                ]
+                assert store.compare_and_set_many("t", items) == [True] * 16
 
-        threads = [threading.Thread(target=work, args=(n,)) for n in range(6)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        assert errors == []
+        run_threads(6, work)
 
 
 @pytest.mark.hbase
