@@ -13,6 +13,9 @@ Actions:
 ``unavailable`` raise :class:`~percolator.errors.StoreUnavailableError` (a broken connection)
 ``sleep:MS``    sleep MS milliseconds
 ``count:N:ACT`` perform ACT only on the N-th hit (1-based); the hits before pass
+``every:N:ACT`` perform ACT on every N-th hit (N, 2N, ...); the others pass.  Which thread
+                takes a hit depends on timing, but how many fire does not: tests that need
+                faults spread over a workload use it instead of a timer
 
 :data:`POINTS` lists every failpoint the engine has; enabling an unknown name is an error, so
 a renamed step cannot silently turn a crash test into a no-op.
@@ -77,9 +80,11 @@ def _validate(name: str, action: str) -> None:
     if name not in POINTS:
         raise ConfigError(f"unknown failpoint {name!r}; known: {sorted(POINTS)}")
     base = action.split(":", 2)
-    if base[0] == "count":
-        if len(base) != 3 or not base[1].isdigit():
-            raise ConfigError(f"failpoint action {action!r} must look like count:N:ACTION")
+    if base[0] in ("count", "every"):
+        if len(base) != 3 or not base[1].isdigit() or int(base[1]) < 1:
+            raise ConfigError(
+                f"failpoint action {action!r} must look like {base[0]}:N:ACTION with N >= 1"
+            )
         _validate(name, base[2])
         return
     if base[0] == "sleep":
@@ -151,6 +156,11 @@ def _perform(name: str, action: str, hit: int) -> None:
     if action.startswith("count:"):
         _, n, inner = action.split(":", 2)
         if hit == int(n):
+            _perform(name, inner, hit)
+        return
+    if action.startswith("every:"):
+        _, n, inner = action.split(":", 2)
+        if hit % int(n) == 0:
             _perform(name, inner, hit)
         return
     if action == "crash":
