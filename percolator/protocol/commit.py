@@ -280,12 +280,16 @@ def commit_secondaries(
     Idempotent, like :func:`commit_cell`; a re-sent compare-and-set expects the exact bytes
     of ``start_ts``'s lock, so at most one of two copies applies.
 
-    ``records`` (by table, from :func:`record_puts`) ride in the same store calls, in no
+    ``records`` (by table, from :func:`record_puts`) go in the same store calls, in no
     order relative to the compare-and-sets: a secondary's ``Committed{commit_ts}`` carries
     the commit by itself, and its record is only needed before a later prewrite replaces
-    that state, which puts any missing record first (design notes §3, MUST).  If that call
-    fails they are put again (idempotent); an error there is raised after the secondaries
-    were settled."""
+    that state, which puts any missing record first (design notes §3, MUST).  Where the
+    store has conditional puts, a cell's record rides on its compare-and-set
+    (:func:`~percolator.protocol.lock.commit_locks`), so it lands exactly when the
+    compare-and-set applies; one that does not apply found the cell rolled forward by a
+    resolver, which put the record before it (:func:`commit_cell`).  If that call fails the
+    records are put again (idempotent); an error there is raised after the secondaries were
+    settled."""
     known = [(key, lock_bytes) for key, lock_bytes in locked if lock_bytes]
     records_lost = False
     try:

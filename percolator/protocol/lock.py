@@ -169,12 +169,13 @@ def commit_locks(
 ) -> list[bool]:
     """:func:`commit_lock` for many ``(key, lock_bytes)`` at once: whether each applied.
     ``puts`` (by table) go to the store in the same calls, in no order relative to the
-    compare-and-sets."""
+    compare-and-sets; where the store has conditional puts, a cell's own puts (its write
+    record) ride on its compare-and-set and land only with it."""
     edges = [
         (key, lock_bytes, _held(key, lock_bytes).committed(commit_ts).encode())
         for key, lock_bytes in locked
     ]
-    return _cas_many(store, edges, puts)
+    return _cas_many(store, edges, puts, ride=store.conditional_puts)
 
 
 def roll_back_lock(store: Store, key: CellKey, lock_bytes: bytes) -> bool:

@@ -123,13 +123,14 @@ def test_a_secondaries_batch_broken_half_way_leaves_nothing_locked(
 ) -> None:
     client = connect(faulty)
     try:
-        txn, _ = write_cells(client)
+        txn, cells = write_cells(client)
         rule = faulty.fail("compare_and_set", when=nth_lock_cas(position), applied=applied)
         txn.commit()  # past the commit point: the error is the committer's to settle
         assert rule.hits == 1
         stored = read_all(faulty.inner, TABLES)
         assert not locked_cells(stored), "a secondary was left locked"
-        assert transactions(stored)[txn.start_ts].outcome == COMMITTED
+        # Including the write records that rode on compare-and-sets that never ran.
+        assert_committed_with_records(faulty.inner, client, txn, cells)
     finally:
         client.close()
 
@@ -188,26 +189,22 @@ def test_a_one_cell_commit_makes_two_write_calls_where_puts_are_conditional(
 # so the prewrite aborts (all or nothing: the tests above).
 @pytest.mark.parametrize("call_no", [1, 3, 4, 5])
 def test_puts_lost_by_a_broken_batch_are_put_again(faulty: FaultyStore, call_no: int) -> None:
-    """The ``call_no``-th lock batch carrying puts (1-3: the prewrite's data with the
-    primary's lock, then the secondaries' locks of ``ba`` and ``bb``; 4-5: the write records
-    with the secondaries' commits of ``ba`` and ``bb``) fails after its compare-and-sets
-    applied and before its puts landed, as a call whose puts and compare-and-sets run
-    concurrently (HBase) may.  The prewrite finds the locks its own and puts its data
-    again; the committer puts the records again: committed, every record stored.
-
-    Where puts are conditional the prewrite's data rides on its locks instead, one atomic
-    step that cannot lose half of itself: calls 1-3 carry no loose puts, and calls 4-5 are
-    the first two that do."""
+    """On a store without conditional puts (HBase without its Thrift-2 gateway: the wrapper
+    hides the inner store's), the ``call_no``-th lock batch carrying puts (1-3: the
+    prewrite's data with the primary's lock, then the secondaries' locks of ``ba`` and
+    ``bb``; 4-5: the write records with the secondaries' commits of ``ba`` and ``bb``) fails
+    after its compare-and-sets applied and before its puts landed, as a call whose puts and
+    compare-and-sets run concurrently (HBase) may.  The prewrite finds the locks its own and
+    puts its data again; the committer puts the records again: committed, every record
+    stored."""
+    faulty.conditional_puts = False
     real = faulty.compare_and_set_many
     seen = itertools.count(1)
-    riders: list[int] = []
-    if faulty.conditional_puts:
-        call_no -= 3
 
     def losing_puts(
         table: str, items: Sequence[CompareAndSet], puts: Sequence[Put] = ()
     ) -> list[bool]:
-        riders.extend(len(item.then_put) for item in items if table in TABLES)
+        assert not any(item.then_put for item in items), "a put rode where none can"
         if puts and table in TABLES and next(seen) == call_no:
             real(table, items)  # the compare-and-sets land, the puts do not
             raise StoreUnavailableError("connection lost after the compare-and-sets")
@@ -218,18 +215,56 @@ def test_puts_lost_by_a_broken_batch_are_put_again(faulty: FaultyStore, call_no:
     try:
         txn, cells = write_cells(client)
         txn.commit()
-        if call_no < 1:
-            # Every data put rode on its lock; the commit point carried the primary's record
-            # and index entry.
-            assert sorted(riders) == [0, 0, 0, 1, 1, 1, 1, 2], riders
-        assert next(seen) > max(call_no, 0), "the batch to break was never sent"
-        stored = read_all(faulty.inner, TABLES)
-        assert not locked_cells(stored)
-        assert transactions(stored)[txn.start_ts].outcome == COMMITTED
-        for table, row, column in cells:
-            records = faulty.inner.read_row(table, row, [(WRITE, column.encode())])
-            assert records, f"no write record for {table}/{row!r}/{column}"
-        with client.snapshot() as snap:
-            assert {snap.get(*cell) for cell in cells} == {value_of(txn)}
+        assert next(seen) > call_no, "the batch to break was never sent"
+        assert_committed_with_records(faulty.inner, client, txn, cells)
     finally:
         client.close()
+
+
+def test_every_put_rides_on_a_lock_where_puts_are_conditional(faulty: FaultyStore) -> None:
+    """Where puts are conditional no lock batch carries a loose put: each cell's data rides
+    on its lock, each secondary's write record on its commit, and the primary's record and
+    commit-index entry on the commit point; each lands exactly with its compare-and-set."""
+    assert faulty.conditional_puts, "every test backend has conditional puts"
+    real = faulty.compare_and_set_many
+    riders: list[int] = []
+    loose: list[Put] = []
+
+    def counting(
+        table: str, items: Sequence[CompareAndSet], puts: Sequence[Put] = ()
+    ) -> list[bool]:
+        if table in TABLES:
+            riders.extend(len(item.then_put) for item in items)
+            loose.extend(puts)
+        return real(table, items, puts)
+
+    faulty.compare_and_set_many = counting  # type: ignore[method-assign]
+    client = connect(faulty)
+    try:
+        txn, cells = write_cells(client)
+        before = dict(faulty.stats.calls)
+        txn.commit()
+        calls = {op: n - before.get(op, 0) for op, n in faulty.stats.calls.items()}
+        assert loose == []
+        # Four locks with their data, three secondaries' commits with their records, and
+        # the commit point with two.
+        assert sorted(riders) == [1, 1, 1, 1, 1, 1, 1, 2], riders
+        assert calls.get("put", 0) == 0, calls
+        assert_committed_with_records(faulty.inner, client, txn, cells)
+    finally:
+        client.close()
+
+
+def assert_committed_with_records(
+    store: Store, client: percolator.Client, txn: percolator.Transaction, cells: list[tuple]
+) -> None:
+    """From the raw store: ``txn`` committed, nothing locked, every cell's write record
+    stored; and a snapshot reads its value in every cell."""
+    stored = read_all(store, TABLES)
+    assert not locked_cells(stored)
+    assert transactions(stored)[txn.start_ts].outcome == COMMITTED
+    for table, row, column in cells:
+        records = store.read_row(table, row, [(WRITE, column.encode())])
+        assert records, f"no write record for {table}/{row!r}/{column}"
+    with client.snapshot() as snap:
+        assert {snap.get(*cell) for cell in cells} == {value_of(txn)}

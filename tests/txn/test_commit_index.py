@@ -10,10 +10,11 @@ the two left a committed transaction whose remaining secondaries were later roll
 (the example pipeline's kill test saw an acknowledgement committed while the same run's
 ``links_applied`` was rolled back).
 
-Here the store splits every put per (row, version), as HBase does, and a client "dies" after
-each write-family put in turn: from then on nothing it sends reaches the store.  Then another
-client commits over the primary, and every cell of the dead transaction must read as
-committed.
+Here the store splits every put per (row, version) and has no conditional puts, as HBase
+without its Thrift-2 gateway (where nothing rides on a compare-and-set, so every record and
+entry is a put of its own), and a client "dies" after each write-family put in turn: from
+then on nothing it sends reaches the store.  Then another client commits over the primary,
+and every cell of the dead transaction must read as committed.
 """
 
 from __future__ import annotations
@@ -80,12 +81,16 @@ def _die_after_write_put(store: FaultyStore, n: int) -> list[bool]:
 CELLS = [("ua", "a", "x"), ("ua", "a", "y"), ("ua", "b", "x"), ("ub", "b", "y")]
 
 
-def _trial(n: int, counts: Callable[[Call], bool] = _is_write_put) -> bool:
+def _trial(
+    n: int, counts: Callable[[Call], bool] = _is_write_put, *, conditional_puts: bool = True
+) -> bool:
     """Commit a transaction over :data:`CELLS` with its client dying after its ``n``-th
     call that ``counts``, then check it from another client: all of it or none of it, and
-    all of it if it died after the commit point.  False: it never got that far."""
+    all of it if it died after the commit point.  False: it never got that far.
+    ``conditional_puts=False``: the dying client's store has none (puts ride on nothing)."""
     inner = MemoryStore()
     store = FaultyStore(inner, split_puts=True)
+    store.conditional_puts = conditional_puts
     oracle = ManualOracle()
     dying = percolator.connect(store, oracle=oracle, lock_ttl_ms=200)
     survivor = percolator.connect(inner, oracle=oracle, lock_ttl_ms=200)
@@ -134,18 +139,20 @@ def _trial(n: int, counts: Callable[[Call], bool] = _is_write_put) -> bool:
 
 def test_client_dying_after_any_record_put_leaves_its_transaction_committed() -> None:
     n = 1
-    while _trial(n):
+    while _trial(n, conditional_puts=False):
         n += 1
     # The primary's index, its row's records, the other row's, the other table's.
     assert n > 3, f"only {n - 1} write-family puts: the store no longer splits them"
 
 
 def test_client_dying_after_any_store_call_leaves_all_or_nothing() -> None:
-    """The same at every store call of the commit, reads and compare-and-sets included."""
-    n = 1
-    while _trial(n, lambda call: True):
-        n += 1
-    assert n > 10, f"only {n - 1} store calls: the commit no longer reached the store?"
+    """The same at every store call of the commit, reads and compare-and-sets included,
+    with the records riding on the compare-and-sets and without."""
+    for conditional_puts in (True, False):
+        n = 1
+        while _trial(n, lambda call: True, conditional_puts=conditional_puts):
+            n += 1
+        assert n > 10, f"only {n - 1} store calls: the commit no longer reached the store?"
 
 
 def test_prewrite_dying_while_repairing_history_keeps_the_old_commit_findable() -> None:

@@ -44,7 +44,7 @@ from percolator.errors import (
     TransactionAbortedError,
     UndeterminedCommitError,
 )
-from percolator.layout import WRITE
+from percolator.records import LockCell
 from percolator.store import Store
 from percolator.store.backends import with_url_options
 from percolator.store.memory import MemoryStore
@@ -340,11 +340,12 @@ def test_interrupt_after_commit_point_is_not_reported_as_rollback() -> None:
     try:
         cells = fresh_cells()
         txn = start_commit(client, cells)
-        # Ctrl-C on the first write-record put: the committer writes write records only
-        # after its commit point.
+        # Ctrl-C on the commit of the secondary in table ``ub`` (its write record riding on
+        # it where puts are conditional): secondaries are committed only after the commit
+        # point.
         store.fail(
-            "put",
-            when=lambda call: any(p.family == WRITE for p in call["puts"]),
+            "compare_and_set",
+            when=lambda call: call["table"] == "ub" and LockCell.decode(call["new"]).lock is None,
             error=KeyboardInterrupt,
         )
         with pytest.raises(KeyboardInterrupt):
