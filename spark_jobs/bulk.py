@@ -65,7 +65,7 @@ from percolator.bulkload import (
 )
 from percolator.errors import ConfigError, PercolatorError
 from percolator.notifications import load_observed_columns
-from percolator.store import open_store
+from percolator.store import open_store, parse_store_url
 from percolator.store.base import Put
 
 if TYPE_CHECKING:
@@ -88,8 +88,16 @@ class _BulkPlan:
     batch_size: int
     inject: InjectedFailure | None
     #: put each version of a batch in its own concurrent call (HBase's Thrift-1 takes one
-    #: version per call, so a batch of three versions is three round trips)
+    #: version per call, so a batch of three versions is three round trips; with a Thrift-2
+    #: gateway the store sends them in one)
     split_versions: bool = False
+
+
+def _one_version_per_put_call(store_url: str) -> bool:
+    """Whether the store at ``store_url`` sends each version of a put in a call of its own
+    (HBase without a Thrift-2 gateway: percolator/store/hbase.py ``put``)."""
+    parsed = parse_store_url(store_url)
+    return parsed.scheme == "hbase" and "thrift2_port" not in parsed.options
 
 
 @dataclass
@@ -273,7 +281,7 @@ def _load(
         notify=notify_q,
         batch_size=batch_size,
         inject=options.inject_failure,
-        split_versions=prepared.store.startswith("hbase"),
+        split_versions=_one_version_per_put_call(prepared.store),
     )
 
     def keyed(

@@ -11,6 +11,10 @@ Nor can Thrift-1 name different columns for different rows in one read: its
 takes one ``TGet`` per row, each with its own columns and time range, which is what
 :meth:`~percolator.store.base.Store.read_cells` needs.
 
+Thrift-1's ``mutateRowsTs`` takes one timestamp for the whole call; Thrift-2's
+``putMultiple`` takes a ``TPut`` per row with a timestamp per cell, so a put of several
+versions is one call there (:meth:`~percolator.store.hbase.HBaseStore.put`).
+
 Only the calls used are declared here.  Field ids and types are those of the gateway's
 published interface (``hbase-thrift``, ``thrift2/hbase.thrift``); Thrift skips fields a side
 does not declare, so this subset is wire-compatible with the whole.
@@ -86,6 +90,11 @@ service THBaseService {
     4: required binary qualifier,
     5: binary value,
     6: required TPut tput,
+  ) throws (1: TIOError io),
+
+  void putMultiple(
+    1: required binary table,
+    2: required list<TPut> tputs,
   ) throws (1: TIOError io),
 
   list<TResult> getMultiple(

@@ -303,6 +303,67 @@ def test_read_cells_of_many_rows_name_exactly_each_rows_cells_and_agree_with_thr
         assert sent == ["getRowsWithColumns"] * 2
 
 
+@pytest.mark.hbase
+def test_a_put_of_several_versions_is_one_thrift2_call(hbase_url: str, prefix: str) -> None:
+    # Thrift-1 takes one timestamp per mutateRowsTs; Thrift-2's putMultiple a timestamp
+    # per cell: a put of three versions over two rows is one call, every version in place,
+    # a cell given twice at one version keeping the last value.
+    port, thrift2 = _ports(hbase_url)
+    with HBaseStore("127.0.0.1", port, prefix=prefix, thrift2_port=thrift2) as store:
+        store.create_table("t", FAMILIES)
+        puts = [
+            Put(b"a", "d", b"q", 5, b"first"),
+            Put(b"a", "w", b"q", 9, b"record"),
+            Put(b"b", "d", b"q", 5, b"b data"),
+            Put(b"b", "l", b"q", 3, b"lock"),
+            Put(b"a", "d", b"q", 5, b"data"),  # the same cell and version again: the last wins
+        ]
+        before = store.stats.calls.get("put", 0)
+        store.put("t", puts)
+        assert store.stats.calls.get("put", 0) - before == 1
+        rows = store.read_rows("t", [b"a", b"b"])
+        assert rows[b"a"] == {("d", b"q"): [(5, b"data")], ("w", b"q"): [(9, b"record")]}
+        assert rows[b"b"] == {("d", b"q"): [(5, b"b data")], ("l", b"q"): [(3, b"lock")]}
+        # One version: still one Thrift-1 mutateRowsTs, as without the gateway.
+        store.put("t", [Put(b"c", "d", b"q", 7, b"c")])
+        assert store.stats.calls.get("put", 0) - before == 2
+
+
+@pytest.mark.hbase
+@pytest.mark.parametrize("fault", ["drop_request", "drop_reply"])
+def test_a_cut_thrift2_put_is_sent_again_once(
+    hbase_url: str, prefix: str, proxy: FaultyProxy, fault: str
+) -> None:
+    # A put is idempotent: a connection cut before or after the server applied it is
+    # re-sent once on a fresh connection, and the call succeeds with every version stored.
+    port, _ = _ports(hbase_url)
+    with HBaseStore(
+        "127.0.0.1", port, prefix=prefix, thrift2_port=proxy.port, timeout_ms=3_000
+    ) as store:
+        store.create_table("t", FAMILIES)
+        rows = [b"p%03d" % i for i in range(50)]
+        puts = [p for r in rows for p in (Put(r, "d", b"q", 5, r), Put(r, "w", b"q", 9, b"w"))]
+        proxy.fault = fault
+        store.put("t", puts)
+        assert proxy.fault is None, "the fault never fired"
+        found = store.read_rows("t", rows)
+        assert all(found[r] == {("d", b"q"): [(5, r)], ("w", b"q"): [(9, b"w")]} for r in rows)
+
+
+@pytest.mark.hbase
+def test_a_thrift2_put_into_a_dropped_table_is_table_not_found(hbase_url: str, prefix: str) -> None:
+    port, thrift2 = _ports(hbase_url)
+    with (
+        HBaseStore("127.0.0.1", port, prefix=prefix, thrift2_port=thrift2) as store,
+        HBaseStore("127.0.0.1", port, prefix=prefix) as other,
+    ):
+        store.create_table("gone", FAMILIES)
+        store.table_families("gone")  # cached
+        other.drop_table("gone")
+        with pytest.raises(TableNotFoundError, match="'gone'"):
+            store.put("gone", [Put(b"r", "d", b"q", 5, b"v"), Put(b"r", "w", b"q", 9, b"w")])
+
+
 # --------------------------------------------------------------------------- Thrift-1 only
 
 
