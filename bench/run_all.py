@@ -16,9 +16,10 @@ What it does, in order:
    nothing collides and everything is dropped at the end): raw store baselines
    (store_bench), P1 (oracle_bench), P1c-P4 (txn_bench: on HBase with the oracle server and
    again with the default local oracle, on embedded with its default local oracle), P5-P6
-   (observer_bench, the scan also embedded), P7-P8 (spark_bench), P9 (lock_bench, HBase and
-   embedded), P10 (cost_bench p10), P11 (gc_bench), P12 (watermark_bench) and P13
-   (partition_bench), each on HBase and embedded, P7b (cost_bench promise, embedded), then
+   (observer_bench, the scan also embedded), P7 (spark_bench, with the transactional
+   backfill), P8 (bulk_bench, HBase and embedded), P9 (lock_bench, HBase and embedded),
+   P10 (cost_bench p10), P11 (gc_bench), P12 (watermark_bench) and P13 (partition_bench),
+   each on HBase and embedded, P7b (cost_bench promise, embedded), then
    the scaling runs (transactions vs client threads and value size; observer throughput and
    latency vs worker threads and processes, measured by this module's ``observer-scaling``
    command);
@@ -96,6 +97,9 @@ class Sizes:
     scan_repeats: int
     spark_rows: int
     spark_docs: int
+    #: P8 (bulk_bench): rows of the bulk and raw loads, and of the transactional one
+    bulk_rows: int
+    bulk_txn_rows: int
     lock_cells: int
     scaling_threads: tuple[int, ...]
     scaling_values: tuple[int, ...]
@@ -146,6 +150,8 @@ QUICK = Sizes(
     scan_repeats=5,
     spark_rows=2000,
     spark_docs=200,
+    bulk_rows=2000,
+    bulk_txn_rows=200,
     lock_cells=5,
     scaling_threads=(1, 2, 4, 8),
     scaling_values=(64, 1024, 16384),
@@ -183,6 +189,8 @@ FULL = Sizes(
     scan_repeats=15,
     spark_rows=10_000,
     spark_docs=1000,
+    bulk_rows=50_000,
+    bulk_txn_rows=1000,
     lock_cells=5,
     scaling_threads=(1, 2, 4, 8),
     scaling_values=(64, 1024, 16384),
@@ -839,6 +847,10 @@ def _run_steps(
                 repeats=r,
             ),
         )
+        bulk = {"rows": sizes.bulk_rows, "txn_rows": sizes.bulk_txn_rows, "repeats": r}
+        runner.run("bulk", bench_argv("bulk_bench", store=ns.url("bulk"), **bulk))
+        if also_embedded:
+            runner.run("bulk_embedded", bench_argv("bulk_bench", **bulk))
     if "lock" in groups:
         runner.run(
             "lock_hbase",

@@ -294,18 +294,19 @@ def incremental_gain(run: J) -> Reading:
     )
 
 
-def backfill_ratio(run: J) -> Reading:
-    load = run.get("load")
-    if load is None:
-        raise ValueError("the Spark benchmark did not measure the backfill")
-    ratios = [
-        float(b) / float(a) for a, b in zip(load["raw_runs"], load["backfill_runs"], strict=True)
-    ]
-    f = Fig(float(load["ratio"]), min(ratios), max(ratios), len(ratios))
+def bulk_ratio(run: J) -> Reading:
+    """P8 from bench/bulk_bench.py: the backfill's bulk mode against a raw batched put of the
+    same rows, per repeat; the transactional mode (a live table) shown beside it."""
+    runs = run["runs"]
+    ratios = [float(b) / float(a) for a, b in zip(runs["raw"], runs["bulk"], strict=True)]
+    rates = run["rows_per_s"]
+    f = Fig(float(run["bulk_ratio"]), min(ratios), max(ratios), len(ratios))
     return Reading(
         f,
-        f"{load['rows']:,} rows: backfill {fmt_rate(load['backfill_rows_per_s'])} rows/s vs raw "
-        f"batched put {fmt_rate(load['raw_rows_per_s'])} rows/s ({load['batch']} rows per batch)",
+        f"{run['rows']:,} rows, {run['batch']} rows per put: bulk mode (a new table behind its "
+        f"fence) {fmt_rate(rates['bulk'])} rows/s vs raw batched put {fmt_rate(rates['raw'])} "
+        f"rows/s; the transactional mode (a live table, {run['txn_rows']:,} rows) "
+        f"{fmt_rate(rates['transactional'])} rows/s = {float(run['transactional_ratio']):.3f}x",
         f.text(digits=3),
     )
 
@@ -588,12 +589,12 @@ TARGETS: tuple[Target, ...] = (
     ),
     Target(
         "P8",
-        "Spark backfill rows/s / raw batched load rows/s",
+        "Spark backfill rows/s (bulk mode) / raw batched load rows/s",
         ">= 0.5x",
         "-",
-        "spark",
-        "",
-        backfill_ratio,
+        "bulk",
+        "bulk_embedded",
+        bulk_ratio,
         0.5,
         profile="backfill",
         focus=("backfill_batch", "raw_batch"),

@@ -190,3 +190,27 @@ def test_p3_has_a_goal_per_store() -> None:
     assert "missed" in result.embedded
     assert judge(target, _raw("hbase://h:1", txn_hbase=_txn_ratio(0.20))).verdict == MISS
     assert judge(target, _raw("embedded", txn_hbase=_txn_ratio(0.20))).verdict == PASS
+
+
+def _bulk(raw_runs: list[float], bulk_runs: list[float]) -> J:
+    return {
+        "rows": 50_000,
+        "txn_rows": 1000,
+        "batch": 500,
+        "runs": {"raw": raw_runs, "bulk": bulk_runs, "transactional": [300.0] * len(raw_runs)},
+        "rows_per_s": {"raw": 10_000.0, "bulk": 5_500.0, "transactional": 300.0},
+        "bulk_ratio": 0.55,
+        "transactional_ratio": 0.03,
+    }
+
+
+def test_p8_judges_the_bulk_mode_and_shows_the_transactional_one() -> None:
+    target = BY_ID["P8"]
+    result = judge(target, _raw("hbase://h:1", bulk=_bulk([10_000.0, 8_000.0], [5_500.0, 4_800.0])))
+    assert result.verdict == PASS
+    assert result.figure.startswith("0.550x (0.550-0.600)")
+    assert "transactional mode" in result.measured and "0.030x" in result.measured
+    missed = _bulk([10_000.0], [4_000.0]) | {"bulk_ratio": 0.4}
+    assert judge(target, _raw("hbase://h:1", bulk=missed)).verdict == MISS
+    # The transactional backfill of spark_bench is not what P8 judges.
+    assert judge(target, _raw("hbase://h:1", spark={"load": {}})).verdict == NOT_MEASURED
