@@ -55,6 +55,18 @@ def proxy(hbase_url: str) -> Iterator[FaultyProxy]:
     faulty.close()
 
 
+@pytest.fixture
+def proxied_store(hbase_url: str, prefix: str, proxy: FaultyProxy) -> Iterator[HBaseStore]:
+    """A store reaching the Thrift-2 gateway through :func:`proxy` (3 s timeout), with the
+    table ``t``."""
+    port, _ = _ports(hbase_url)
+    with HBaseStore(
+        "127.0.0.1", port, prefix=prefix, thrift2_port=proxy.port, timeout_ms=3_000
+    ) as store:
+        store.create_table("t", FAMILIES)
+        yield store
+
+
 def _rides(row: bytes) -> CompareAndSet:
     """A lock-like compare-and-set carrying a data version and a write record."""
     return CompareAndSet(
@@ -101,9 +113,13 @@ def test_a_closed_thrift2_port_fails_when_the_store_opens(hbase_url: str) -> Non
 
 
 @pytest.mark.hbase
-def test_a_table_dropped_behind_the_cache_is_table_not_found(hbase_url: str, prefix: str) -> None:
-    # The Thrift-2 gateway names a missing table by its name alone; the store still says
-    # which table, as on Thrift-1, and forgets what it had cached.
+@pytest.mark.parametrize("call", ["compare_and_set", "put_of_versions"])
+def test_a_table_dropped_behind_the_cache_is_table_not_found(
+    hbase_url: str, prefix: str, call: str
+) -> None:
+    # The Thrift-2 gateway names a missing table by its name alone (a compare-and-set) or
+    # not at all ("Failed 1 action", a putMultiple); the store still says which table, as on
+    # Thrift-1, and forgets what it had cached.
     port, thrift2 = _ports(hbase_url)
     with (
         HBaseStore("127.0.0.1", port, prefix=prefix, thrift2_port=thrift2) as store,
@@ -113,7 +129,10 @@ def test_a_table_dropped_behind_the_cache_is_table_not_found(hbase_url: str, pre
         store.table_families("gone")  # cached
         other.drop_table("gone")
         with pytest.raises(TableNotFoundError, match="'gone'"):
-            store.compare_and_set_many("gone", [_rides(b"r")])
+            if call == "compare_and_set":
+                store.compare_and_set_many("gone", [_rides(b"r")])
+            else:
+                store.put("gone", [Put(b"r", "d", b"q", 5, b"v"), Put(b"r", "w", b"q", 9, b"w")])
 
 
 # --------------------------------------------------------------------------- on the wire
@@ -143,23 +162,18 @@ def test_riders_land_with_the_compare_and_set_stamped_by_the_server(
 @pytest.mark.hbase
 @pytest.mark.parametrize("fault", ["drop_request", "drop_reply"])
 def test_a_cut_connection_leaves_the_outcome_unknown_and_all_or_nothing(
-    hbase_url: str, prefix: str, proxy: FaultyProxy, fault: str
+    proxy: FaultyProxy, proxied_store: HBaseStore, fault: str
 ) -> None:
-    port, _ = _ports(hbase_url)
-    with HBaseStore(
-        "127.0.0.1", port, prefix=prefix, thrift2_port=proxy.port, timeout_ms=3_000
-    ) as store:
-        store.create_table("t", FAMILIES)
-        proxy.fault = fault
-        with pytest.raises(StoreUnavailableError, match="outcome unknown") as raised:
-            store.compare_and_set_many("t", [_rides(b"r")])
-        assert "do not re-send" in str(raised.value)
-        row = store.read_row("t", b"r")
-        if fault == "drop_request":
-            assert row == {}  # never sent, never re-sent
-        else:
-            # Applied, all of it: the lock and both riders.
-            assert set(row) == {("l", b"q"), ("d", b"q"), ("w", b"q")}
+    proxy.fault = fault
+    with pytest.raises(StoreUnavailableError, match="outcome unknown") as raised:
+        proxied_store.compare_and_set_many("t", [_rides(b"r")])
+    assert "do not re-send" in str(raised.value)
+    row = proxied_store.read_row("t", b"r")
+    if fault == "drop_request":
+        assert row == {}  # never sent, never re-sent
+    else:
+        # Applied, all of it: the lock and both riders.
+        assert set(row) == {("l", b"q"), ("d", b"q"), ("w", b"q")}
 
 
 @pytest.mark.hbase
@@ -201,26 +215,21 @@ def test_many_compare_and_sets_on_both_gateways_are_answered_each_its_own(
 
 @pytest.mark.hbase
 def test_a_connection_cut_in_a_pipelined_batch_leaves_each_item_whole_or_absent(
-    hbase_url: str, prefix: str, proxy: FaultyProxy
+    proxy: FaultyProxy, proxied_store: HBaseStore
 ) -> None:
     # One of the connections carrying a batch is cut after its requests went out: the call
     # raises "outcome unknown" only after the other connections' answers were read; each
     # item landed whole or not at all; the store works on afterwards.
-    port, _ = _ports(hbase_url)
-    with HBaseStore(
-        "127.0.0.1", port, prefix=prefix, thrift2_port=proxy.port, timeout_ms=3_000
-    ) as store:
-        store.create_table("t", FAMILIES)
-        rows = [b"c%04d" % i for i in range(100)]
-        proxy.fault = "drop_reply"
-        with pytest.raises(StoreUnavailableError, match="outcome unknown"):
-            store.compare_and_set_many("t", [_rides(r) for r in rows])
-        found = store.read_rows("t", rows)
-        for r in rows:
-            assert set(found.get(r, {})) in (set(), {("l", b"q"), ("d", b"q"), ("w", b"q")})
-        assert len(found) >= 1  # the uncut connections' items were applied
-        more = [_rides(b"after%d" % i) for i in range(10)]
-        assert store.compare_and_set_many("t", more) == [True] * 10
+    rows = [b"c%04d" % i for i in range(100)]
+    proxy.fault = "drop_reply"
+    with pytest.raises(StoreUnavailableError, match="outcome unknown"):
+        proxied_store.compare_and_set_many("t", [_rides(r) for r in rows])
+    found = proxied_store.read_rows("t", rows)
+    for r in rows:
+        assert set(found.get(r, {})) in (set(), {("l", b"q"), ("d", b"q"), ("w", b"q")})
+    assert len(found) >= 1  # the uncut connections' items were applied
+    more = [_rides(b"after%d" % i) for i in range(10)]
+    assert proxied_store.compare_and_set_many("t", more) == [True] * 10
 
 
 @pytest.mark.hbase
@@ -332,36 +341,17 @@ def test_a_put_of_several_versions_is_one_thrift2_call(hbase_url: str, prefix: s
 @pytest.mark.hbase
 @pytest.mark.parametrize("fault", ["drop_request", "drop_reply"])
 def test_a_cut_thrift2_put_is_sent_again_once(
-    hbase_url: str, prefix: str, proxy: FaultyProxy, fault: str
+    proxy: FaultyProxy, proxied_store: HBaseStore, fault: str
 ) -> None:
     # A put is idempotent: a connection cut before or after the server applied it is
     # re-sent once on a fresh connection, and the call succeeds with every version stored.
-    port, _ = _ports(hbase_url)
-    with HBaseStore(
-        "127.0.0.1", port, prefix=prefix, thrift2_port=proxy.port, timeout_ms=3_000
-    ) as store:
-        store.create_table("t", FAMILIES)
-        rows = [b"p%03d" % i for i in range(50)]
-        puts = [p for r in rows for p in (Put(r, "d", b"q", 5, r), Put(r, "w", b"q", 9, b"w"))]
-        proxy.fault = fault
-        store.put("t", puts)
-        assert proxy.fault is None, "the fault never fired"
-        found = store.read_rows("t", rows)
-        assert all(found[r] == {("d", b"q"): [(5, r)], ("w", b"q"): [(9, b"w")]} for r in rows)
-
-
-@pytest.mark.hbase
-def test_a_thrift2_put_into_a_dropped_table_is_table_not_found(hbase_url: str, prefix: str) -> None:
-    port, thrift2 = _ports(hbase_url)
-    with (
-        HBaseStore("127.0.0.1", port, prefix=prefix, thrift2_port=thrift2) as store,
-        HBaseStore("127.0.0.1", port, prefix=prefix) as other,
-    ):
-        store.create_table("gone", FAMILIES)
-        store.table_families("gone")  # cached
-        other.drop_table("gone")
-        with pytest.raises(TableNotFoundError, match="'gone'"):
-            store.put("gone", [Put(b"r", "d", b"q", 5, b"v"), Put(b"r", "w", b"q", 9, b"w")])
+    rows = [b"p%03d" % i for i in range(50)]
+    puts = [p for r in rows for p in (Put(r, "d", b"q", 5, r), Put(r, "w", b"q", 9, b"w"))]
+    proxy.fault = fault
+    proxied_store.put("t", puts)
+    assert proxy.fault is None, "the fault never fired"
+    found = proxied_store.read_rows("t", rows)
+    assert all(found[r] == {("d", b"q"): [(5, r)], ("w", b"q"): [(9, b"w")]} for r in rows)
 
 
 # --------------------------------------------------------------------------- Thrift-1 only

@@ -65,6 +65,13 @@ def nth_lock_cas(n: int) -> Callable[[Call], bool]:
     return lambda call: call["table"] in TABLES and call["family"] == LOCK and next(seen) == n
 
 
+def commit_counting_calls(store: Store, txn: percolator.Transaction) -> dict[str, int]:
+    """Commit ``txn``; the store calls the commit made, by operation."""
+    before = dict(store.stats.calls)
+    txn.commit()
+    return {op: n - before.get(op, 0) for op, n in store.stats.calls.items()}
+
+
 def value_of(txn: percolator.Transaction) -> bytes:
     return encode_value(f"b{txn.start_ts}", len(CELLS), txn.start_ts)
 
@@ -139,9 +146,7 @@ def test_a_commit_sends_one_lock_batch_per_table(store: Store) -> None:
     client = connect(store)
     try:
         txn, _ = write_cells(client)
-        before = dict(store.stats.calls)
-        txn.commit()
-        calls = {op: n - before.get(op, 0) for op, n in store.stats.calls.items()}
+        calls = commit_counting_calls(store, txn)
         # Prewrite: the primary's lock first (1 batch), then the secondaries' locks, one
         # batch per table (2); the commit point alone (a batch of one where it carries the
         # primary's record); the secondaries' commits, one batch per table (2).
@@ -159,9 +164,7 @@ def test_a_one_cell_commit_makes_two_write_calls_where_puts_are_conditional(
         txn = client.transaction()
         row_written = uuid.uuid4().hex.encode()
         txn.set("ba", row_written, "c", b"v")
-        before = dict(store.stats.calls)
-        txn.commit()
-        calls = {op: n - before.get(op, 0) for op, n in store.stats.calls.items()}
+        calls = commit_counting_calls(store, txn)
         if store.conditional_puts:
             # The lock with the data put in one call; the commit point with the write
             # record and the commit-index entry riding on it: two write calls.
@@ -242,9 +245,7 @@ def test_every_put_rides_on_a_lock_where_puts_are_conditional(faulty: FaultyStor
     client = connect(faulty)
     try:
         txn, cells = write_cells(client)
-        before = dict(faulty.stats.calls)
-        txn.commit()
-        calls = {op: n - before.get(op, 0) for op, n in faulty.stats.calls.items()}
+        calls = commit_counting_calls(faulty, txn)
         assert loose == []
         # Four locks with their data, three secondaries' commits with their records, and
         # the commit point with two.
