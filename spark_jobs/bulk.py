@@ -65,7 +65,7 @@ from percolator.bulkload import (
 )
 from percolator.errors import ConfigError, PercolatorError
 from percolator.notifications import load_observed_columns
-from percolator.store import open_store, parse_store_url
+from percolator.store import open_store
 from percolator.store.base import Put
 
 if TYPE_CHECKING:
@@ -87,17 +87,6 @@ class _BulkPlan:
     notify: frozenset[bytes]
     batch_size: int
     inject: InjectedFailure | None
-    #: put each version of a batch in its own concurrent call (HBase's Thrift-1 takes one
-    #: version per call, so a batch of three versions is three round trips; with a Thrift-2
-    #: gateway the store sends them in one)
-    split_versions: bool = False
-
-
-def _one_version_per_put_call(store_url: str) -> bool:
-    """Whether the store at ``store_url`` sends each version of a put in a call of its own
-    (HBase without a Thrift-2 gateway: percolator/store/hbase.py ``put``)."""
-    parsed = parse_store_url(store_url)
-    return parsed.scheme == "hbase" and "thrift2_port" not in parsed.options
 
 
 @dataclass
@@ -140,7 +129,10 @@ def _bulk_partition(
     cells at the same versions."""
     stats = _BulkStats(partition=partition)
     store = open_store(plan.store)
-    pool = ThreadPoolExecutor(3 if plan.split_versions else 1, thread_name_prefix="bulk-put")
+    # A store that sends each version of a put in a call of its own (Store.put_call_per_version)
+    # gets a batch's three versions as three concurrent calls instead.
+    split_versions = store.put_call_per_version
+    pool = ThreadPoolExecutor(3 if split_versions else 1, thread_name_prefix="bulk-put")
     pending: list[Future[None]] = []
 
     def flush(puts: list[Put]) -> None:
@@ -148,7 +140,7 @@ def _bulk_partition(
         for future in pending:
             future.result()
         pending.clear()
-        if not plan.split_versions:
+        if not split_versions:
             pending.append(pool.submit(store.put, plan.table, puts))
             return
         by_version: dict[int, list[Put]] = {}
@@ -281,7 +273,6 @@ def _load(
         notify=notify_q,
         batch_size=batch_size,
         inject=options.inject_failure,
-        split_versions=_one_version_per_put_call(prepared.store),
     )
 
     def keyed(

@@ -62,3 +62,12 @@ def with_url_options(url: str, **options: str) -> str:
     merged = dict(parse_qsl(parts.query, keep_blank_values=True))
     merged.update(options)
     return urlunsplit(parts._replace(query=urlencode(merged)))
+
+
+def without_url_options(url: str, *names: str) -> str:
+    """An ``hbase://`` URL with the options ``names`` left out, keeping the others (e.g.
+    the same HBase through its Thrift-1 gateway alone: ``without_url_options(url,
+    "thrift2_port")``)."""
+    parts = urlsplit(url)
+    kept = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k not in names]
+    return urlunsplit(parts._replace(query=urlencode(kept)))

@@ -190,6 +190,11 @@ class Store(abc.ABC):
     #: gateway).  HBase through Thrift-1 alone cannot: its ``checkAndPut`` carries one
     #: unversioned mutation.
     conditional_puts: bool = False
+    #: True if a :meth:`put` spanning k versions costs k round trips, one after another
+    #: (HBase through Thrift-1 alone: ``mutateRowsTs`` takes one timestamp per call).  A
+    #: caller writing batches of several versions may then send each version in a call of
+    #: its own, concurrently (the bulk load does).
+    put_call_per_version: bool = False
     #: True if calls of several threads of one process proceed in parallel, because a server
     #: does the work and the threads wait on the network (HBase); False if they take turns
     #: in this process (memory, embedded: Python runs one thread at a time, and an SQLite

@@ -676,6 +676,7 @@ class HBaseStore(Store):
         self.thrift2_address = f"{host}:{thrift2_port}" if thrift2_port is not None else None
         # With the Thrift-2 gateway, a compare-and-set can carry puts of its row.
         self.conditional_puts = thrift2_port is not None
+        self.put_call_per_version = thrift2_port is None  # else one putMultiple
         options = [f"prefix={prefix}"] if prefix else []
         if pool_size != 8:
             options.append(f"pool_size={pool_size}")

@@ -125,6 +125,7 @@ class FaultyStore(Store):
         #: allows (HBase's), so a test can stop a put half-way.
         self.split_puts = split_puts
         self.conditional_puts = inner.conditional_puts
+        self.put_call_per_version = inner.put_call_per_version
         self.calls_run_in_parallel = inner.calls_run_in_parallel
         self.url = inner.url
         self.stats = inner.stats

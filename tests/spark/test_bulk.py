@@ -27,6 +27,8 @@ from percolator.bulkload import (
     read_state,
 )
 from percolator.layout import DATA, LOCK, NOTIFY, WRITE
+from percolator.store import open_store
+from percolator.store.backends import without_url_options
 from percolator.store.base import ScanOptions
 from tests.spark.helpers import ITEMS, RUNS, RunCounter, connect, runs_per_row, table_rows
 from tests.spark.test_backfill import ROWS, item_rows, options, write_json, write_parquet
@@ -237,12 +239,19 @@ def test_bulk_load_into_hbase_equals_the_transactional_load(
 
     run_backfill(spark, options(hbase_store_url, path, table="by_txn"))
     run_bulk_load(spark, options(hbase_store_url, path, table="by_bulk"))
+    # Through Thrift-1 alone each version of a batch goes in a call of its own.
+    thrift1_url = without_url_options(hbase_store_url, "thrift2_port")
+    with open_store(thrift1_url) as thrift1:
+        assert thrift1.put_call_per_version
+    run_bulk_load(spark, options(thrift1_url, path, table="by_bulk_thrift1"))
     with connect(hbase_store_url) as client:
         snapshot = client.snapshot()
         by_txn = dict(snapshot.scan("by_txn"))
         by_bulk = dict(snapshot.scan("by_bulk"))
+        by_bulk_thrift1 = dict(snapshot.scan("by_bulk_thrift1"))
     assert len(by_bulk) == ROWS
     assert by_bulk == by_txn
+    assert by_bulk_thrift1 == by_txn
 
 
 def test_cli_bulk_mode_loads_and_no_notify_needs_it(

@@ -327,6 +327,7 @@ def test_a_put_of_several_versions_is_one_thrift2_call(hbase_url: str, prefix: s
             Put(b"b", "l", b"q", 3, b"lock"),
             Put(b"a", "d", b"q", 5, b"data"),  # the same cell and version again: the last wins
         ]
+        assert not store.put_call_per_version
         before = store.stats.calls.get("put", 0)
         store.put("t", puts)
         assert store.stats.calls.get("put", 0) - before == 1
@@ -363,7 +364,7 @@ def test_without_thrift2_a_transaction_commits_through_thrift1_alone(
 ) -> None:
     port, _ = _ports(hbase_url)
     store = HBaseStore("127.0.0.1", port, prefix=prefix)
-    assert not store.conditional_puts
+    assert not store.conditional_puts and store.put_call_per_version
     client = percolator.connect(store, oracle=ManualOracle())
     try:
         client.create_table("t")

@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
@@ -46,7 +46,7 @@ from percolator.errors import (
 )
 from percolator.records import LockCell
 from percolator.store import Store
-from percolator.store.backends import with_url_options
+from percolator.store.backends import with_url_options, without_url_options
 from percolator.store.memory import MemoryStore
 from percolator.testing import FaultyStore, ManualOracle
 from percolator.timestamps import TimestampOracle
@@ -486,9 +486,7 @@ def test_cut_connection_during_primary_commit(
 ) -> None:
     direct_url = hbase_store_url
     if gateways == "thrift1-only":
-        parts = urlsplit(direct_url)
-        options = [kv for kv in parse_qsl(parts.query) if kv[0] != "thrift2_port"]
-        direct_url = parts._replace(query=urlencode(options)).geturl()
+        direct_url = without_url_options(direct_url, "thrift2_port")
     parts = urlsplit(direct_url)
     assert parts.hostname is not None and parts.port is not None
     oracle = ManualOracle()
