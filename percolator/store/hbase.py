@@ -23,7 +23,9 @@ operation              Thrift-1 calls                                           
 ``put``                ``mutateRowsTs`` per distinct version (Thrift-1 mutations   versions
                        carry no timestamp of their own); several versions with     (1 with
                        ``thrift2_port``: one Thrift-2 ``putMultiple``              Thrift-2)
-``delete_versions``    ``mutateRowsTs`` with delete mutations, per distinct ts     timestamps
+``delete_versions``    ``mutateRowsTs`` with delete mutations, per distinct ts;    timestamps
+                       several timestamps with ``thrift2_port``: one Thrift-2      (1 with
+                       ``deleteMultiple``                                          Thrift-2)
 ``compare_and_set``    ``checkAndPut``                                             1
 ... with ``then_put``  Thrift-2 ``checkAndPut`` (``thrift2_port`` only)            1
 ``scan``               ``scannerOpenWithScan``, ``scannerGetList`` per batch,      2 + batches
@@ -264,6 +266,17 @@ def _tput_chunks(tputs: list[Any]) -> Iterator[list[Any]]:
             len(t.row)
             + sum(len(c.family) + len(c.qualifier) + len(c.value) + 24 for c in t.columnValues),
             len(t.columnValues),
+        ),
+    )
+
+
+def _tdelete_chunks(tdeletes: list[Any]) -> Iterator[list[Any]]:
+    """Split Thrift-2 ``TDelete`` s into requests of bounded size, never splitting a row."""
+    return _bounded(
+        tdeletes,
+        lambda t: (
+            len(t.row) + sum(len(c.family) + len(c.qualifier) + 24 for c in t.columns),
+            len(t.columns),
         ),
     )
 
@@ -1420,27 +1433,31 @@ class HBaseStore(Store):
             )
             for row, cells in by_row.items()
         ]
-        hname = self._hname(table)
         for chunk in _tput_chunks(tputs):
-            try:
-                self._call(
-                    "put",
-                    "putMultiple",
-                    hname,
-                    chunk,
-                    table=table,
-                    idempotent=True,
-                    thrift2_gateway=True,
-                )
-            except StoreError as exc:
-                # The gateway reports a batch into a missing table as "Failed 1 action:
-                # <table>: 1 time, servers with issues: null", naming no cause: ask.
-                if isinstance(exc, (TableNotFoundError, StoreUnavailableError)):
-                    raise
-                if not self.table_exists(table):
-                    self._forget_families(table)
-                    raise TableNotFoundError(table) from exc
+            self._thrift2_batch("put", "putMultiple", table, chunk)
+
+    def _thrift2_batch(self, op: str, method: str, table: str, chunk: list[Any]) -> None:
+        """One idempotent Thrift-2 batch call (``putMultiple``, ``deleteMultiple``) of
+        ``chunk`` on ``table``, counted under ``op``; re-sent once after a transport error."""
+        try:
+            self._call(
+                op,
+                method,
+                self._hname(table),
+                chunk,
+                table=table,
+                idempotent=True,
+                thrift2_gateway=True,
+            )
+        except StoreError as exc:
+            # The gateway reports a batch into a missing table as "Failed 1 action:
+            # <table>: 1 time, servers with issues: null", naming no cause: ask.
+            if isinstance(exc, (TableNotFoundError, StoreUnavailableError)):
                 raise
+            if not self.table_exists(table):
+                self._forget_families(table)
+                raise TableNotFoundError(table) from exc
+            raise
 
     def compare_and_set(
         self,
@@ -1621,11 +1638,13 @@ class HBaseStore(Store):
     def delete_versions(self, table: str, deletes: Sequence[Delete]) -> None:
         """Delete versions at or below each timestamp: one ``mutateRowsTs`` of delete
         mutations per distinct timestamp (Thrift-1 takes the timestamp per call), those calls
-        run ``pool_size`` at a time.  A Thrift-1 delete mutation with a column and a
-        timestamp removes every version ``<= ts`` of that cell (HBase ``Delete.addColumns``)
-        and masks puts at or below ``ts`` written later; ``tests/store`` checks both on the
-        real server.  Idempotent: re-sent once after a transport error.  If a call fails,
-        the others still finish before the error is raised."""
+        run ``pool_size`` at a time; with a Thrift-2 gateway and more than one timestamp,
+        one ``deleteMultiple`` (a timestamp per column) instead.  Either delete of a column
+        with a timestamp removes every version ``<= ts`` of that cell (HBase
+        ``Delete.addColumns``) and masks puts at or below ``ts`` written later;
+        ``tests/store`` checks both on the real server.  Atomic per row with Thrift-2, per
+        (row, timestamp) with Thrift-1.  Idempotent: re-sent once after a transport error.
+        If a call fails, the others still finish before the error is raised."""
         check_table_name(table)
 
         def check(known: Mapping[str, object]) -> None:
@@ -1634,6 +1653,11 @@ class HBaseStore(Store):
 
         self._validate(table, check)
         self._check_row_lengths(table, (d.row for d in deletes))
+        if self._pool2 is not None and any(
+            d.at_or_below != deletes[0].at_or_below for d in deletes
+        ):
+            self._send_deletes_thrift2(table, deletes)
+            return
         groups: dict[int, dict[bytes, dict[bytes, None]]] = {}
         for d in deletes:
             by_row = groups.setdefault(d.at_or_below, {})
@@ -1660,6 +1684,30 @@ class HBaseStore(Store):
         # Garbage collection deletes each cell below its own kept version: as many calls as
         # cells, which only parallel calls keep from costing a round trip each in sequence.
         run_all(self._executor() if len(calls) > 1 else None, send, calls)
+
+    def _send_deletes_thrift2(self, table: str, deletes: Sequence[Delete]) -> None:
+        """Checked deletes at several timestamps as Thrift-2 ``deleteMultiple`` calls: a
+        ``TDelete`` per row, each column at its own timestamp (see :meth:`delete_versions`).
+        A cell named twice keeps its highest timestamp, which covers the lower one."""
+        # row -> (family, qualifier) -> highest timestamp, each in first-appearance order
+        by_row: dict[bytes, dict[tuple[str, bytes], int]] = {}
+        for d in deletes:
+            cells = by_row.setdefault(d.row, {})
+            cell = (d.family, d.qualifier)
+            cells[cell] = max(d.at_or_below, cells.get(cell, d.at_or_below))
+        tdeletes = [
+            thrift2.TDelete(
+                row=row,
+                columns=[
+                    thrift2.TColumn(family.encode(), qualifier, ts)
+                    for (family, qualifier), ts in cells.items()
+                ],
+                deleteType=thrift2.DELETE_COLUMNS,
+            )
+            for row, cells in by_row.items()
+        ]
+        for chunk in _tdelete_chunks(tdeletes):
+            self._thrift2_batch("delete_versions", "deleteMultiple", table, chunk)
 
     def _executor(self) -> ThreadPoolExecutor:
         with self._calls_lock:

@@ -13,7 +13,9 @@ takes one ``TGet`` per row, each with its own columns and time range, which is w
 
 Thrift-1's ``mutateRowsTs`` takes one timestamp for the whole call; Thrift-2's
 ``putMultiple`` takes a ``TPut`` per row with a timestamp per cell, so a put of several
-versions is one call there (:meth:`~percolator.store.hbase.HBaseStore.put`).
+versions is one call there (:meth:`~percolator.store.hbase.HBaseStore.put`), and so is a
+delete of cells at several timestamps: ``deleteMultiple`` takes a ``TDelete`` per row with a
+timestamp per column (:meth:`~percolator.store.hbase.HBaseStore.delete_versions`).
 
 Only the calls used are declared here.  Field ids and types are those of the gateway's
 published interface (``hbase-thrift``, ``thrift2/hbase.thrift``); Thrift skips fields a side
@@ -68,6 +70,18 @@ struct TPut {
   3: optional i64 timestamp,
 }
 
+enum TDeleteType {
+  DELETE_COLUMN = 0,
+  DELETE_COLUMNS = 1,
+}
+
+struct TDelete {
+  1: required binary row,
+  2: optional list<TColumn> columns,
+  3: optional i64 timestamp,
+  4: optional TDeleteType deleteType = 1,
+}
+
 exception TIOError {
   1: optional string message,
   2: optional bool canRetry,
@@ -97,6 +111,11 @@ service THBaseService {
     2: required list<TPut> tputs,
   ) throws (1: TIOError io),
 
+  list<TDelete> deleteMultiple(
+    1: required binary table,
+    2: required list<TDelete> tdeletes,
+  ) throws (1: TIOError io),
+
   list<TResult> getMultiple(
     1: required binary table,
     2: required list<TGet> tgets,
@@ -114,6 +133,10 @@ TColumnValue: Any = thrift2.TColumnValue
 TPut: Any = thrift2.TPut
 TColumn: Any = thrift2.TColumn
 TGet: Any = thrift2.TGet
+TDelete: Any = thrift2.TDelete
+#: a ``TDelete`` column with a timestamp removes every version at or below it (HBase
+#: ``Delete.addColumns``), like a Thrift-1 delete mutation sent with ``mutateRowsTs``
+DELETE_COLUMNS: int = thrift2.TDeleteType.DELETE_COLUMNS
 TTimeRange: Any = thrift2.TTimeRange
 TIOError: type[Exception] = thrift2.TIOError
 TIllegalArgument: type[Exception] = thrift2.TIllegalArgument

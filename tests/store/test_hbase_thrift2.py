@@ -113,13 +113,13 @@ def test_a_closed_thrift2_port_fails_when_the_store_opens(hbase_url: str) -> Non
 
 
 @pytest.mark.hbase
-@pytest.mark.parametrize("call", ["compare_and_set", "put_of_versions"])
+@pytest.mark.parametrize("call", ["compare_and_set", "put_of_versions", "delete_of_versions"])
 def test_a_table_dropped_behind_the_cache_is_table_not_found(
     hbase_url: str, prefix: str, call: str
 ) -> None:
     # The Thrift-2 gateway names a missing table by its name alone (a compare-and-set) or
     # not at all ("Failed 1 action", a putMultiple); the store still says which table, as on
-    # Thrift-1, and forgets what it had cached.
+    # Thrift-1, and forgets what it had cached.  A deleteMultiple fails like a putMultiple.
     port, thrift2 = _ports(hbase_url)
     with (
         HBaseStore("127.0.0.1", port, prefix=prefix, thrift2_port=thrift2) as store,
@@ -131,8 +131,12 @@ def test_a_table_dropped_behind_the_cache_is_table_not_found(
         with pytest.raises(TableNotFoundError, match="'gone'"):
             if call == "compare_and_set":
                 store.compare_and_set_many("gone", [_rides(b"r")])
-            else:
+            elif call == "put_of_versions":
                 store.put("gone", [Put(b"r", "d", b"q", 5, b"v"), Put(b"r", "w", b"q", 9, b"w")])
+            else:
+                store.delete_versions(
+                    "gone", [Delete(b"r", "d", b"q", 5), Delete(b"s", "d", b"q", 9)]
+                )
 
 
 # --------------------------------------------------------------------------- on the wire
@@ -353,6 +357,83 @@ def test_a_cut_thrift2_put_is_sent_again_once(
     assert proxy.fault is None, "the fault never fired"
     found = proxied_store.read_rows("t", rows)
     assert all(found[r] == {("d", b"q"): [(5, r)], ("w", b"q"): [(9, b"w")]} for r in rows)
+
+
+@pytest.mark.hbase
+def test_a_delete_at_several_timestamps_is_one_thrift2_call(hbase_url: str, prefix: str) -> None:
+    # Thrift-1 takes one timestamp per mutateRowsTs; Thrift-2's deleteMultiple a timestamp
+    # per column.  Each cell loses exactly its versions at or below its own timestamp (a
+    # cell named twice: the higher one), later puts at or below it stay masked, and an
+    # empty qualifier is a cell of its own.  Checked against Thrift-1 doing the same.
+    port, thrift2 = _ports(hbase_url)
+    with (
+        HBaseStore("127.0.0.1", port, prefix=prefix, thrift2_port=thrift2) as store,
+        HBaseStore("127.0.0.1", port, prefix=prefix) as thrift1,
+    ):
+        store.create_table("t", FAMILIES)
+        store.create_table("u", FAMILIES)
+        rows = [b"a", b"b"]
+        for table in ("t", "u"):
+            store.put(
+                table,
+                [
+                    Put(
+                        row, family, q, version, b"%s/%s/%s/%d" % (row, family.encode(), q, version)
+                    )
+                    for row in rows
+                    for family, q in (("d", b"q"), ("d", b""), ("w", b"q"))
+                    for version in (3, 5, 7)
+                ],
+            )
+        deletes = [
+            Delete(b"a", "d", b"q", 5),
+            Delete(b"a", "w", b"q", 3),
+            Delete(b"b", "d", b"", 7),
+            Delete(b"b", "d", b"q", 3),
+            Delete(b"b", "d", b"q", 5),  # the same cell again, higher: both versions go
+        ]
+        before = store.stats.calls.get("delete_versions", 0)
+        store.delete_versions("t", deletes)
+        assert store.stats.calls.get("delete_versions", 0) - before == 1
+        thrift1.delete_versions("u", deletes)
+        assert thrift1.stats.calls.get("delete_versions", 0) == 3  # one per timestamp
+
+        def versions(table: str) -> dict[bytes, dict[Any, list[int]]]:
+            columns = [("d", b"q"), ("d", b""), ("w", b"q")]
+            found = store.read_rows(table, rows, columns=columns, max_versions=10)
+            return {
+                r: {c: [v for v, _ in vs] for c, vs in cols.items()} for r, cols in found.items()
+            }
+
+        expected = {
+            b"a": {("d", b"q"): [7], ("d", b""): [7, 5, 3], ("w", b"q"): [7, 5]},
+            b"b": {("d", b"q"): [7], ("w", b"q"): [7, 5, 3]},
+        }
+        assert versions("t") == expected
+        assert versions("u") == expected
+        # The delete masks a later put at or below its timestamp, on both gateways' deletes.
+        for table in ("t", "u"):
+            store.put(table, [Put(b"a", "d", b"q", 4, b"late"), Put(b"a", "d", b"q", 6, b"kept")])
+        assert versions("t")[b"a"][("d", b"q")] == [7, 6]
+        assert versions("u")[b"a"][("d", b"q")] == [7, 6]
+
+
+@pytest.mark.hbase
+@pytest.mark.parametrize("fault", ["drop_request", "drop_reply"])
+def test_a_cut_thrift2_delete_is_sent_again_once(
+    proxy: FaultyProxy, proxied_store: HBaseStore, fault: str
+) -> None:
+    # Deletes are idempotent: re-sent once on a fresh connection, every cell deleted.
+    rows = [b"p%03d" % i for i in range(50)]
+    proxied_store.put("t", [Put(r, "d", b"q", v, r) for r in rows for v in (5, 9)])
+    deletes = [Delete(r, "d", b"q", 5 if i % 2 else 9) for i, r in enumerate(rows)]
+    proxy.fault = fault
+    proxied_store.delete_versions("t", deletes)
+    assert proxy.fault is None, "the fault never fired"
+    found = proxied_store.read_rows("t", rows, columns=[("d", b"q")], max_versions=10)
+    assert all(
+        found.get(r, {}) == ({("d", b"q"): [(9, r)]} if i % 2 else {}) for i, r in enumerate(rows)
+    )
 
 
 # --------------------------------------------------------------------------- Thrift-1 only
