@@ -68,10 +68,11 @@ def prewrite(
     transaction on the embedded store, parallel calls on HBase), with that table's data
     puts.
 
-    ``known`` holds raw states the transaction already read (at its ``start_ts``); the first
-    round uses them instead of reading those cells again.  That is sound because the
-    compare-and-set expects the exact lock bytes the checks were made on: if the cell
-    changed since, the compare-and-set fails and the cell is re-read and re-checked.
+    ``known`` holds raw states the transaction already read (at its ``start_ts``, or later
+    as this function reads them); the first round uses them instead of reading those cells
+    again.  That is sound because the compare-and-set expects the exact lock bytes the
+    checks were made on: if the cell changed since, the compare-and-set fails and the cell
+    is re-read and re-checked.
     """
     by_key = {m.key: m for m in mutations}
     pending = list(by_key)
