@@ -344,19 +344,30 @@ def test_a_put_of_several_versions_is_one_thrift2_call(hbase_url: str, prefix: s
 
 
 @pytest.mark.hbase
+@pytest.mark.parametrize("call", ["putMultiple", "deleteMultiple"])
 @pytest.mark.parametrize("fault", ["drop_request", "drop_reply"])
-def test_a_cut_thrift2_put_is_sent_again_once(
-    proxy: FaultyProxy, proxied_store: HBaseStore, fault: str
+def test_a_cut_thrift2_batch_is_sent_again_once(
+    proxy: FaultyProxy, proxied_store: HBaseStore, call: str, fault: str
 ) -> None:
-    # A put is idempotent: a connection cut before or after the server applied it is
-    # re-sent once on a fresh connection, and the call succeeds with every version stored.
+    # Puts and deletes are idempotent: a connection cut before or after the server applied
+    # the batch is re-sent once on a fresh connection, and the call succeeds with every
+    # version stored (or deleted: every other row loses its data version).
     rows = [b"p%03d" % i for i in range(50)]
     puts = [p for r in rows for p in (Put(r, "d", b"q", 5, r), Put(r, "w", b"q", 9, b"w"))]
-    proxy.fault = fault
+    if call == "putMultiple":
+        proxy.fault = fault
     proxied_store.put("t", puts)
+    # Two timestamps (one Thrift-2 call): 9 removes the data version at 5, 4 removes nothing.
+    deletes = [Delete(r, "d", b"q", 4 if i % 2 else 9) for i, r in enumerate(rows)]
+    if call == "deleteMultiple":
+        proxy.fault = fault
+        proxied_store.delete_versions("t", deletes)
     assert proxy.fault is None, "the fault never fired"
-    found = proxied_store.read_rows("t", rows)
-    assert all(found[r] == {("d", b"q"): [(5, r)], ("w", b"q"): [(9, b"w")]} for r in rows)
+    found = proxied_store.read_rows("t", rows, columns=[("d", b"q"), ("w", b"q")], max_versions=10)
+    for i, r in enumerate(rows):
+        data = [(5, r)] if call == "putMultiple" or i % 2 else []
+        assert found.get(r, {}).get(("d", b"q"), []) == data, r
+        assert found[r][("w", b"q")] == [(9, b"w")], r
 
 
 @pytest.mark.hbase
@@ -416,24 +427,6 @@ def test_a_delete_at_several_timestamps_is_one_thrift2_call(hbase_url: str, pref
             store.put(table, [Put(b"a", "d", b"q", 4, b"late"), Put(b"a", "d", b"q", 6, b"kept")])
         assert versions("t")[b"a"][("d", b"q")] == [7, 6]
         assert versions("u")[b"a"][("d", b"q")] == [7, 6]
-
-
-@pytest.mark.hbase
-@pytest.mark.parametrize("fault", ["drop_request", "drop_reply"])
-def test_a_cut_thrift2_delete_is_sent_again_once(
-    proxy: FaultyProxy, proxied_store: HBaseStore, fault: str
-) -> None:
-    # Deletes are idempotent: re-sent once on a fresh connection, every cell deleted.
-    rows = [b"p%03d" % i for i in range(50)]
-    proxied_store.put("t", [Put(r, "d", b"q", v, r) for r in rows for v in (5, 9)])
-    deletes = [Delete(r, "d", b"q", 5 if i % 2 else 9) for i, r in enumerate(rows)]
-    proxy.fault = fault
-    proxied_store.delete_versions("t", deletes)
-    assert proxy.fault is None, "the fault never fired"
-    found = proxied_store.read_rows("t", rows, columns=[("d", b"q")], max_versions=10)
-    assert all(
-        found.get(r, {}) == ({("d", b"q"): [(9, r)]} if i % 2 else {}) for i, r in enumerate(rows)
-    )
 
 
 # --------------------------------------------------------------------------- Thrift-1 only
