@@ -33,7 +33,12 @@ from percolator.testing.localhbase import (
     probe,
     probe_thrift2,
 )
-from percolator.testing.localhbase.launcher import check_classpath, free_port, read_classpath
+from percolator.testing.localhbase.launcher import (
+    _stat_is_ours,
+    check_classpath,
+    free_port,
+    read_classpath,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -407,6 +412,28 @@ def test_start_failure_inside_hbase_shows_its_log_tail(tmp_path: Path, occupied_
 
 
 # --------------------------------------------------------------------------- full instances
+
+
+def test_an_exiting_jvm_counts_as_running_until_it_is_a_zombie() -> None:
+    """While a process exits, its command line reads empty but it still runs; a stop that
+    took it for gone would report a JVM stopped that is still there."""
+    marker = "-Dpercolator.localhbase.dir=/x"
+    live = Path("/proc/self/stat").read_text()  # a real line: state R, flags without PF_KTHREAD
+    head, _, tail = live.rpartition(")")
+    fields = tail.split()
+
+    def stat(state: str, flags: int) -> str:
+        return head + ") " + " ".join([state, *fields[1:6], str(flags), *fields[7:]])
+
+    user_flags = int(fields[6])
+    command_line = b"java\0" + marker.encode() + b"\0-cp\0x\0"
+    assert _stat_is_ours(stat("S", user_flags), command_line, marker)
+    assert not _stat_is_ours(stat("S", user_flags), b"java\0other\0", marker)
+    assert _stat_is_ours(stat("R", user_flags), b"", marker)  # exiting: memory released
+    assert _stat_is_ours(stat("D", user_flags), b"", marker)
+    assert not _stat_is_ours(stat("Z", user_flags), b"", marker)  # exited
+    assert not _stat_is_ours(stat("Z", user_flags), command_line, marker)
+    assert not _stat_is_ours(stat("S", user_flags | 0x00200000), b"", marker)  # kernel thread
 
 
 @pytest.mark.hbase

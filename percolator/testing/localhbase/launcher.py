@@ -613,6 +613,10 @@ def wait_until_serving(
         time.sleep(0.5)
 
 
+# A kernel thread's flag in /proc/PID/stat (include/linux/sched.h).
+_PF_KTHREAD = 0x00200000
+
+
 def _pid_is_ours(pid: int, marker: str) -> bool:
     """Whether ``pid`` is a live (not zombie) process whose command line holds ``marker``.
 
@@ -622,13 +626,10 @@ def _pid_is_ours(pid: int, marker: str) -> bool:
     if proc.parent.is_dir():
         try:
             stat = (proc / "stat").read_text()
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            cmdline = (proc / "cmdline").read_bytes()
         except OSError:
             return False
-        # The state is the field after the parenthesised command name.
-        if stat.rpartition(")")[2].split()[:1] == ["Z"]:
-            return False
-        return marker.encode() in cmdline
+        return _stat_is_ours(stat, cmdline, marker)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -636,6 +637,25 @@ def _pid_is_ours(pid: int, marker: str) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _stat_is_ours(stat: str, cmdline: bytes, marker: str) -> bool:
+    """The decision of :func:`_pid_is_ours` from ``/proc/PID/stat`` and ``cmdline``.
+
+    A process that is exiting has already released its memory, so its command line reads
+    empty, yet it runs (closing files and sockets) until its state turns to zombie.  Such a
+    process still counts as ours: a stop that saw "not ours" there would report a JVM gone
+    that another process still sees running.  The only other processes without a command
+    line are kernel threads, which carry a flag saying so.
+    """
+    # The fields after the parenthesised command name: state, ppid, pgrp, session,
+    # tty_nr, tpgid, flags, ...
+    fields = stat.rpartition(")")[2].split()
+    if fields[:1] == ["Z"]:
+        return False
+    if cmdline == b"":
+        return len(fields) > 6 and not int(fields[6]) & _PF_KTHREAD
+    return marker.encode() in cmdline.split(b"\0")
 
 
 def _xml_escape(text: str) -> str:
