@@ -90,6 +90,14 @@ def register(subparsers: Any) -> None:
         default="127.0.0.1",
         help="address of the metrics endpoint (default %(default)s)",
     )
+    serve.add_argument(
+        "--stream-slots",
+        type=int,
+        default=64,
+        metavar="N",
+        help="AllocateStream calls served at once, a thread each (default %(default)s); "
+        "a client refused one uses Allocate calls",
+    )
     serve.set_defaults(func=run_serve, default_log_level="INFO")  # see percolator.cli
 
     info = commands.add_parser(
@@ -147,6 +155,7 @@ def run_serve(args: argparse.Namespace) -> int:
         ),
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
+        stream_slots=args.stream_slots,
     )
     return serve(options)
 

@@ -6,6 +6,10 @@ group ``percolator.oracles`` as ``grpc`` and ``grpcs`` (see
 
 * **Coalescing**: concurrent requests from any number of threads share one Allocate RPC in
   flight (:mod:`percolator.timestamps.coalesce`); each response serves the whole batch.
+* **One stream per address**: the requests go over one long-lived AllocateStream call,
+  which costs the server about half the CPU of a new Allocate call and answers in about
+  two thirds of the time; a server that has no stream free (or predates the stream) gets
+  Allocate calls instead.
 * **Fail-over**: the client knows a list of oracle addresses and sends to the one that
   answered last; an address that is down, a standby, or fenced answers UNAVAILABLE (or does
   not answer within ``rpc_timeout_s``, or cancels the call while shutting down) and the
@@ -23,6 +27,7 @@ group ``percolator.oracles`` as ``grpc`` and ``grpcs`` (see
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Sequence
@@ -65,6 +70,14 @@ _CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.enable_retries", 0),  # retries are ours, across addresses
 ]
+
+# A stream is opened with this deadline, so the server's slot of a client that went away
+# without closing (a paused process) comes free; the client renews its stream earlier.
+_STREAM_DEADLINE_S = 60.0
+_STREAM_RENEW_S = 45.0
+# After a server refused a stream (no slot free, or it has no AllocateStream), the client
+# sends Allocate calls to that address for this long before it tries a stream again.
+_UNARY_FOR_S = 30.0
 
 _HINT = (
     "check that an oracle is running there (percolator oracle serve), that the address is "
@@ -117,6 +130,8 @@ class GrpcOracleClient(TimestampOracle):
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
         self._stubs: dict[str, oracle_pb2_grpc.TimestampOracleStub] = {}
+        self._streams: dict[str, _AllocateStream] = {}
+        self._unary_until: dict[str, float] = {}  # address -> monotonic time
         self._current = 0
         self._max_epoch = 0
         self._closed = False
@@ -146,8 +161,12 @@ class GrpcOracleClient(TimestampOracle):
         with self._lock:
             self._closed = True
             channels = list(self._channels.values())
+            streams = list(self._streams.values())
             self._channels.clear()
             self._stubs.clear()
+            self._streams.clear()
+        for stream in streams:
+            stream.close()
         for channel in channels:
             channel.close()
 
@@ -200,16 +219,15 @@ class GrpcOracleClient(TimestampOracle):
                 address = self.addresses[index]
                 self.rpcs += 1
                 try:
-                    response = self.stub(address).Allocate(
-                        oracle_pb2.AllocateRequest(count=total),
-                        timeout=min(self._rpc_timeout_s, remaining),
-                        metadata=self._metadata,
-                    )
+                    response = self._allocate(address, total, min(self._rpc_timeout_s, remaining))
                 except grpc.RpcError as exc:
                     code, details = _code_details(exc)
                     if code not in _RETRY_CODES:
                         raise _translate(address, code, details) from None
                     errors[address] = f"{code.name}: {details}"
+                    continue
+                except _NoAnswer as exc:
+                    errors[address] = f"DEADLINE_EXCEEDED: {exc}"
                     continue
                 problem = self._check(response, total)
                 if problem is not None:
@@ -227,6 +245,51 @@ class GrpcOracleClient(TimestampOracle):
                     f"{self._timeout_s:g} s ({detail}); {_HINT}"
                 )
             backoff.sleep(deadline)
+
+    def _allocate(self, address: str, total: int, timeout_s: float) -> oracle_pb2.AllocateResponse:
+        """One Allocate of ``total`` at ``address``: over its stream when it has one.
+
+        Raises ``grpc.RpcError`` as an Allocate call would, or :class:`_NoAnswer`.  A stream
+        that failed is dropped (the next request opens a new one); a stream the server
+        refused (no slot free, or no such method) is replaced by an Allocate call at once.
+        """
+        request = oracle_pb2.AllocateRequest(count=total)
+        stream = self._stream(address)
+        if stream is not None:
+            started = time.monotonic()
+            try:
+                return stream.allocate(request, timeout_s)
+            except grpc.RpcError as exc:
+                self._drop_stream(address, stream)
+                if _code_details(exc)[0] not in _STREAM_REFUSED:
+                    raise
+                self._unary_until[address] = time.monotonic() + _UNARY_FOR_S
+                timeout_s = max(0.001, timeout_s - (time.monotonic() - started))
+            except _NoAnswer:
+                self._drop_stream(address, stream)
+                raise
+        return self.stub(address).Allocate(request, timeout=timeout_s, metadata=self._metadata)
+
+    def _stream(self, address: str) -> _AllocateStream | None:
+        """The open stream to ``address`` (opened if needed), or None while that address
+        gets Allocate calls instead."""
+        if time.monotonic() < self._unary_until.get(address, 0.0):
+            return None
+        stub = self.stub(address)
+        with self._lock:
+            stream = self._streams.get(address)
+            if stream is not None and not stream.usable():
+                stream.close()
+                stream = None
+            if stream is None:
+                stream = self._streams[address] = _AllocateStream(stub, self._metadata)
+            return stream
+
+    def _drop_stream(self, address: str, stream: _AllocateStream) -> None:
+        with self._lock:
+            if self._streams.get(address) is stream:
+                del self._streams[address]
+        stream.close()
 
     def _check(self, response: oracle_pb2.AllocateResponse, total: int) -> str | None:
         """Why a response must be discarded (None: accept it)."""
@@ -247,6 +310,71 @@ class GrpcOracleClient(TimestampOracle):
             )
         self._max_epoch = response.epoch
         return None
+
+
+# A server that refuses a stream this way still answers Allocate calls.
+_STREAM_REFUSED = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNIMPLEMENTED)
+
+
+class _NoAnswer(Exception):
+    """A stream did not answer a request in time, or ended without answering."""
+
+
+class _AllocateStream:
+    """One AllocateStream call, used by one thread at a time (the coalescer's leader).
+
+    The server answers the requests in order, one response each.  A reader thread moves the
+    responses (and the error or end that closes the call) into a queue, so that the sender
+    can wait for its answer with a timeout; a stream that missed one is dropped, never
+    reused, so a late answer can never be taken for the answer to a later request.
+    """
+
+    def __init__(
+        self,
+        stub: oracle_pb2_grpc.TimestampOracleStub,
+        metadata: tuple[tuple[str, str], ...] | None,
+    ) -> None:
+        self.opened = time.monotonic()
+        self._requests: queue.SimpleQueue[oracle_pb2.AllocateRequest | None] = queue.SimpleQueue()
+        self._answers: queue.SimpleQueue[oracle_pb2.AllocateResponse | grpc.RpcError | None] = (
+            queue.SimpleQueue()
+        )
+        self._call = stub.AllocateStream(
+            iter(self._requests.get, None), timeout=_STREAM_DEADLINE_S, metadata=metadata
+        )
+        threading.Thread(target=self._read, name="oracle-stream", daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for response in self._call:
+                self._answers.put(response)
+            self._answers.put(None)
+        except grpc.RpcError as exc:
+            self._answers.put(exc)
+
+    def usable(self) -> bool:
+        """Young enough, and nothing came unasked: only an error or an end can."""
+        return self._answers.empty() and time.monotonic() - self.opened < _STREAM_RENEW_S
+
+    def allocate(
+        self, request: oracle_pb2.AllocateRequest, timeout_s: float
+    ) -> oracle_pb2.AllocateResponse:
+        """Send ``request``; return its answer or raise the error that ended the call."""
+        self._requests.put(request)
+        try:
+            answer = self._answers.get(timeout=timeout_s)
+        except queue.Empty:
+            raise _NoAnswer(f"no answer on the stream within {timeout_s:g} s") from None
+        if answer is None:
+            raise _NoAnswer("the server ended the stream")
+        if isinstance(answer, grpc.RpcError):
+            raise answer
+        return answer
+
+    def close(self) -> None:
+        """End the call (idempotent); anything still on its way is discarded."""
+        self._requests.put(None)
+        self._call.cancel()
 
 
 def _channel_credentials(tls: bool | str) -> grpc.ChannelCredentials | None:

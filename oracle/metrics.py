@@ -21,6 +21,8 @@ REQUEST_OUTCOMES = [
     ("Allocate", "INVALID_ARGUMENT"),
     ("Allocate", "UNAVAILABLE"),
     ("Allocate", "UNAUTHENTICATED"),
+    ("AllocateStream", "UNAUTHENTICATED"),
+    ("AllocateStream", "RESOURCE_EXHAUSTED"),
     ("Health", "OK"),
     ("Health", "UNAUTHENTICATED"),
     ("Info", "OK"),

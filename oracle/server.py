@@ -20,6 +20,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,7 +73,8 @@ class ServerOptions:
     lease: LeaseConfig = field(default_factory=LeaseConfig)
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
-    workers: int = 8
+    workers: int = 8  # threads for unary calls (Allocate, Health, Info)
+    stream_slots: int = 64  # AllocateStream calls served at once, each on a thread of its own
 
     def __post_init__(self) -> None:
         check_listen_address(self.listen)
@@ -80,6 +82,11 @@ class ServerOptions:
             raise ConfigError("TLS needs both --tls-cert and --tls-key (got only one)")
         if self.token is not None and not self.token.strip():
             raise ConfigError("the oracle token must not be empty")
+        if self.workers < 1 or self.stream_slots < 0:
+            raise ConfigError(
+                f"the oracle needs workers >= 1 and stream_slots >= 0 "
+                f"(got {self.workers} and {self.stream_slots})"
+            )
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics port {self.metrics_port} outside [0, 65535]")
 
@@ -95,10 +102,16 @@ class OracleServicer(oracle_pb2_grpc.TimestampOracleServicer):
     """The RPC handlers.  Each checks the token first when one is configured."""
 
     def __init__(
-        self, node: OracleNode, metrics: OracleMetrics, token: str | None, store_url: str
+        self,
+        node: OracleNode,
+        metrics: OracleMetrics,
+        token: str | None,
+        store_url: str,
+        stream_slots: int = 64,
     ) -> None:
         self.node = node
         self.metrics = metrics
+        self._stream_slots = threading.BoundedSemaphore(stream_slots)
         self._token = token
         self._store_url = store_url
 
@@ -127,8 +140,38 @@ class OracleServicer(oracle_pb2_grpc.TimestampOracleServicer):
     def Allocate(
         self, request: oracle_pb2.AllocateRequest, context: grpc.ServicerContext
     ) -> oracle_pb2.AllocateResponse:
-        started = time.perf_counter()
         self._authorize(context, "Allocate")
+        return self._allocate(request, context)
+
+    def AllocateStream(
+        self, request_iterator: Iterator[oracle_pb2.AllocateRequest], context: grpc.ServicerContext
+    ) -> Iterator[oracle_pb2.AllocateResponse]:
+        """Allocate for each request of the stream, in order; the first error ends it.
+
+        A stream holds one of the server's threads for as long as it is open, so only
+        ``stream_slots`` streams are served at once: one more is refused at once with
+        RESOURCE_EXHAUSTED (its client then uses Allocate), never queued behind the others.
+        """
+        self._authorize(context, "AllocateStream")
+        if not self._stream_slots.acquire(blocking=False):
+            self._abort(
+                context,
+                "AllocateStream",
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "every stream this oracle serves is taken; use Allocate",
+            )
+        try:
+            for request in request_iterator:
+                yield self._allocate(request, context)
+        finally:
+            self._stream_slots.release()
+
+    def _allocate(
+        self, request: oracle_pb2.AllocateRequest, context: grpc.ServicerContext
+    ) -> oracle_pb2.AllocateResponse:
+        """One allocation, for Allocate and for each request of AllocateStream (counted as
+        Allocate requests in the metrics either way)."""
+        started = time.perf_counter()
         try:
             allocation = self.node.allocate(request.count)
             response = oracle_pb2.AllocateResponse(
@@ -231,7 +274,11 @@ class OracleServer:
         if self._store is None:
             self._store = open_store(options.store_url)
         server = grpc.server(
-            ThreadPoolExecutor(max_workers=options.workers, thread_name_prefix="oracle-rpc"),
+            # Streams hold a thread each while open; the unary calls keep threads of their
+            # own, so a server whose stream slots are all taken still answers them.
+            ThreadPoolExecutor(
+                max_workers=options.workers + options.stream_slots, thread_name_prefix="oracle-rpc"
+            ),
             # Never share a port with another process: a second oracle on the same address
             # must fail to start, not silently receive half of the calls.
             options=[("grpc.so_reuseport", 0)],
@@ -255,7 +302,9 @@ class OracleServer:
             OracleRecordRegister(self._store), holder_id, options.lease, self._clock
         )
         self.metrics = OracleMetrics(self.node)
-        servicer = OracleServicer(self.node, self.metrics, options.token, self._store.url)
+        servicer = OracleServicer(
+            self.node, self.metrics, options.token, self._store.url, options.stream_slots
+        )
         oracle_pb2_grpc.add_TimestampOracleServicer_to_server(servicer, server)
         # The standard gRPC health checking service: "" is SERVING while the process is
         # healthy (serving or standing by); the oracle's own service only while it is the

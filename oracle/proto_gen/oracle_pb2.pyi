@@ -14,6 +14,7 @@ Generated code lives in oracle/proto_gen/ and is produced only by `python -m ora
 Errors (gRPC status codes):
   INVALID_ARGUMENT  count is 0 or above the server's max_count (the message names both)
   UNAUTHENTICATED   the server expects a token and the call carried none or a wrong one
+  RESOURCE_EXHAUSTED  (AllocateStream only) every stream this server keeps is taken
   UNAVAILABLE       this process is not serving: standby, fenced (lost its lease or its
                     compare-and-set), shutting down, or it cannot persist its high-water
                     mark; the call may be retried on another address

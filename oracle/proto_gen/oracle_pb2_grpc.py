@@ -39,6 +39,11 @@ class TimestampOracleStub:
                 request_serializer=percolator_dot_oracle_dot_proto__gen_dot_oracle__pb2.AllocateRequest.SerializeToString,
                 response_deserializer=percolator_dot_oracle_dot_proto__gen_dot_oracle__pb2.AllocateResponse.FromString,
                 _registered_method=True)
+        self.AllocateStream = channel.stream_stream(
+                '/percolator.oracle.v1.TimestampOracle/AllocateStream',
+                request_serializer=percolator_dot_oracle_dot_proto__gen_dot_oracle__pb2.AllocateRequest.SerializeToString,
+                response_deserializer=percolator_dot_oracle_dot_proto__gen_dot_oracle__pb2.AllocateResponse.FromString,
+                _registered_method=True)
         self.Health = channel.unary_unary(
                 '/percolator.oracle.v1.TimestampOracle/Health',
                 request_serializer=percolator_dot_oracle_dot_proto__gen_dot_oracle__pb2.HealthRequest.SerializeToString,
@@ -57,6 +62,17 @@ class TimestampOracleServicer:
     def Allocate(self, request, context):
         """Hands out `count` consecutive timestamps [first, first + count).  Not idempotent: a
         retried call gets a fresh range (lost ranges are harmless gaps).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AllocateStream(self, request_iterator, context):
+        """Allocate over one long-lived stream: each request is answered, in order, by one
+        response with exactly Allocate's meaning.  An error ends the stream with the status
+        Allocate would have returned for that request.  Cheaper per request than Allocate
+        (no new call each time); RESOURCE_EXHAUSTED when the server has no stream free, in
+        which case a client uses Allocate.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -81,6 +97,11 @@ def add_TimestampOracleServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Allocate': grpc.unary_unary_rpc_method_handler(
                     servicer.Allocate,
+                    request_deserializer=percolator_dot_oracle_dot_proto__gen_dot_oracle__pb2.AllocateRequest.FromString,
+                    response_serializer=percolator_dot_oracle_dot_proto__gen_dot_oracle__pb2.AllocateResponse.SerializeToString,
+            ),
+            'AllocateStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.AllocateStream,
                     request_deserializer=percolator_dot_oracle_dot_proto__gen_dot_oracle__pb2.AllocateRequest.FromString,
                     response_serializer=percolator_dot_oracle_dot_proto__gen_dot_oracle__pb2.AllocateResponse.SerializeToString,
             ),
@@ -120,6 +141,33 @@ class TimestampOracle:
             request,
             target,
             '/percolator.oracle.v1.TimestampOracle/Allocate',
+            percolator_dot_oracle_dot_proto__gen_dot_oracle__pb2.AllocateRequest.SerializeToString,
+            percolator_dot_oracle_dot_proto__gen_dot_oracle__pb2.AllocateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AllocateStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/percolator.oracle.v1.TimestampOracle/AllocateStream',
             percolator_dot_oracle_dot_proto__gen_dot_oracle__pb2.AllocateRequest.SerializeToString,
             percolator_dot_oracle_dot_proto__gen_dot_oracle__pb2.AllocateResponse.FromString,
             options,

@@ -14,6 +14,7 @@ Generated code lives in oracle/proto_gen/ and is produced only by `python -m ora
 Errors (gRPC status codes):
   INVALID_ARGUMENT  count is 0 or above the server's max_count (the message names both)
   UNAUTHENTICATED   the server expects a token and the call carried none or a wrong one
+  RESOURCE_EXHAUSTED  (AllocateStream only) every stream this server keeps is taken
   UNAVAILABLE       this process is not serving: standby, fenced (lost its lease or its
                     compare-and-set), shutting down, or it cannot persist its high-water
                     mark; the call may be retried on another address
@@ -51,6 +52,13 @@ class TimestampOracleStub:
     """Hands out `count` consecutive timestamps [first, first + count).  Not idempotent: a
     retried call gets a fresh range (lost ranges are harmless gaps).
     """
+    AllocateStream: _grpc.StreamStreamMultiCallable[_oracle_pb2.AllocateRequest, _oracle_pb2.AllocateResponse]
+    """Allocate over one long-lived stream: each request is answered, in order, by one
+    response with exactly Allocate's meaning.  An error ends the stream with the status
+    Allocate would have returned for that request.  Cheaper per request than Allocate
+    (no new call each time); RESOURCE_EXHAUSTED when the server has no stream free, in
+    which case a client uses Allocate.
+    """
     Health: _grpc.UnaryUnaryMultiCallable[_oracle_pb2.HealthRequest, _oracle_pb2.HealthResponse]
     """Cheap liveness and role probe."""
     Info: _grpc.UnaryUnaryMultiCallable[_oracle_pb2.InfoRequest, _oracle_pb2.InfoResponse]
@@ -62,6 +70,13 @@ class TimestampOracleAsyncStub(TimestampOracleStub):
     Allocate: _aio.UnaryUnaryMultiCallable[_oracle_pb2.AllocateRequest, _oracle_pb2.AllocateResponse]  # type: ignore[assignment]
     """Hands out `count` consecutive timestamps [first, first + count).  Not idempotent: a
     retried call gets a fresh range (lost ranges are harmless gaps).
+    """
+    AllocateStream: _aio.StreamStreamMultiCallable[_oracle_pb2.AllocateRequest, _oracle_pb2.AllocateResponse]  # type: ignore[assignment]
+    """Allocate over one long-lived stream: each request is answered, in order, by one
+    response with exactly Allocate's meaning.  An error ends the stream with the status
+    Allocate would have returned for that request.  Cheaper per request than Allocate
+    (no new call each time); RESOURCE_EXHAUSTED when the server has no stream free, in
+    which case a client uses Allocate.
     """
     Health: _aio.UnaryUnaryMultiCallable[_oracle_pb2.HealthRequest, _oracle_pb2.HealthResponse]  # type: ignore[assignment]
     """Cheap liveness and role probe."""
@@ -77,6 +92,19 @@ class TimestampOracleServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_oracle_pb2.AllocateResponse, _abc.Awaitable[_oracle_pb2.AllocateResponse]]:
         """Hands out `count` consecutive timestamps [first, first + count).  Not idempotent: a
         retried call gets a fresh range (lost ranges are harmless gaps).
+        """
+
+    @_abc_1.abstractmethod
+    def AllocateStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_oracle_pb2.AllocateRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_oracle_pb2.AllocateResponse], _abc.AsyncIterator[_oracle_pb2.AllocateResponse]]:
+        """Allocate over one long-lived stream: each request is answered, in order, by one
+        response with exactly Allocate's meaning.  An error ends the stream with the status
+        Allocate would have returned for that request.  Cheaper per request than Allocate
+        (no new call each time); RESOURCE_EXHAUSTED when the server has no stream free, in
+        which case a client uses Allocate.
         """
 
     @_abc_1.abstractmethod

@@ -28,18 +28,36 @@ Answer = Callable[[oracle_pb2.AllocateRequest, Any], oracle_pb2.AllocateResponse
 
 
 class Scripted(oracle_pb2_grpc.TimestampOracleServicer):
-    """Answers Allocate with the next scripted answer (the last one repeats)."""
+    """Answers each allocation, whether an Allocate call or a request on an AllocateStream,
+    with the next scripted answer (the last one repeats).  ``streams=False``: a server
+    without AllocateStream (UNIMPLEMENTED, as a server before it answers)."""
 
-    def __init__(self, answers: list[Answer]) -> None:
+    def __init__(self, answers: list[Answer], streams: bool = True) -> None:
         self.answers = answers
+        self.streams = streams
         self.calls = 0
+        self.unary_calls = 0
+        self.streams_opened = 0
         self.lock = threading.Lock()
 
-    def Allocate(self, request: Any, context: Any) -> Any:
+    def _answer(self, request: Any, context: Any) -> Any:
         with self.lock:
             answer = self.answers[min(self.calls, len(self.answers) - 1)]
             self.calls += 1
         return answer(request, context)
+
+    def Allocate(self, request: Any, context: Any) -> Any:
+        with self.lock:
+            self.unary_calls += 1
+        return self._answer(request, context)
+
+    def AllocateStream(self, request_iterator: Any, context: Any) -> Any:
+        if not self.streams:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+        with self.lock:
+            self.streams_opened += 1
+        for request in request_iterator:
+            yield self._answer(request, context)
 
     def Health(self, request: Any, context: Any) -> Any:
         return oracle_pb2.HealthResponse()
@@ -232,3 +250,54 @@ def test_a_closed_client_refuses_politely() -> None:
     client.close()
     with pytest.raises(OracleError, match="closed"):
         client.get_timestamp()
+
+
+def test_allocations_share_one_stream(serve: Any) -> None:
+    live = Scripted([ok(T0 + 100 * i) for i in range(20)])
+    client = GrpcOracleClient([serve(live)], timeout_s=5)
+    try:
+        taken = [client.get_timestamp() for _ in range(20)]
+        assert taken == [T0 + 100 * i for i in range(20)]
+        assert (live.calls, live.unary_calls, live.streams_opened) == (20, 0, 1)
+        assert client.rpcs == 20
+    finally:
+        client.close()
+
+
+def test_a_server_without_streams_gets_allocate_calls(serve: Any) -> None:
+    old = Scripted([ok(T0 + 100 * i) for i in range(3)], streams=False)
+    client = GrpcOracleClient([serve(old)], timeout_s=5)
+    try:
+        assert [client.get_timestamp() for _ in range(3)] == [T0, T0 + 100, T0 + 200]
+        # Refused once, then Allocate calls only: no stream is tried for every request.
+        assert (old.calls, old.unary_calls, old.streams_opened) == (3, 3, 0)
+        assert client.rpcs == 3 and client.failovers == 0
+    finally:
+        client.close()
+
+
+def test_a_stream_ended_by_an_error_is_replaced_by_a_new_one(serve: Any) -> None:
+    flaky = Scripted([fail(grpc.StatusCode.UNAVAILABLE, "standby"), ok(T0), ok(T0 + 10)])
+    client = GrpcOracleClient([serve(flaky)], timeout_s=5)
+    try:
+        assert client.get_timestamp() == T0
+        assert client.get_timestamp() == T0 + 10
+        assert (flaky.calls, flaky.unary_calls, flaky.streams_opened) == (3, 0, 2)
+        assert client.rpcs == 3
+    finally:
+        client.close()
+
+
+def test_an_old_stream_is_renewed_before_its_deadline(
+    serve: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import percolator.oracle.client as client_module
+
+    monkeypatch.setattr(client_module, "_STREAM_RENEW_S", 0.0)
+    live = Scripted([ok(T0 + 100 * i) for i in range(3)])
+    client = GrpcOracleClient([serve(live)], timeout_s=5)
+    try:
+        assert [client.get_timestamp() for _ in range(3)] == [T0, T0 + 100, T0 + 200]
+        assert (live.calls, live.unary_calls, live.streams_opened) == (3, 0, 3)
+    finally:
+        client.close()

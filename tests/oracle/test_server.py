@@ -118,6 +118,32 @@ def test_bad_counts_get_invalid_argument(plain: OracleProcess, count: int, expec
     assert f"count must be in [1, 1000], {expected}" in str(error.details())
 
 
+def test_a_stream_answers_in_order_and_an_error_ends_it(plain: OracleProcess) -> None:
+    channel, stub = plain.stub()
+    try:
+        counts = [3, 1, 0, 5]  # the third is invalid: it ends the stream
+        answers = stub.AllocateStream(
+            iter([oracle_pb2.AllocateRequest(count=c) for c in counts]), timeout=5, metadata=BEARER
+        )
+        first = next(answers)
+        second = next(answers)
+        assert (first.count, second.count) == (3, 1)
+        assert second.first >= first.first + 3 and second.epoch == first.epoch
+        with pytest.raises(grpc.RpcError) as info:
+            next(answers)
+        assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "got 0" in str(info.value.details())
+
+        refused = stub.AllocateStream(
+            iter([oracle_pb2.AllocateRequest(count=1)]), timeout=5, metadata=None
+        )
+        with pytest.raises(grpc.RpcError) as info:
+            next(refused)
+        assert info.value.code() is grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        channel.close()
+
+
 def test_a_missing_or_wrong_token_is_refused(plain: OracleProcess) -> None:
     missing = raw_allocate(plain, 1, metadata=None)
     assert missing.code() is grpc.StatusCode.UNAUTHENTICATED
@@ -351,6 +377,42 @@ def test_the_metrics_endpoint_starts_at_zero_and_serves_health() -> None:
             urllib.request.urlopen(f"{base}/healthz", timeout=5)
         assert caught.value.code == 503 and b"stopping" in caught.value.read()
     finally:
+        server.stop()
+
+
+def test_a_server_with_no_stream_free_answers_allocate_calls() -> None:
+    """A stream holds a server thread while open, so their number is bounded; one more is
+    refused at once, and its client takes its timestamps with Allocate calls instead."""
+    from percolator.oracle.lease import LeaseConfig
+    from percolator.oracle.server import OracleServer, ServerOptions
+
+    from percolator.metrics import parse_text
+    from percolator.store.memory import MemoryStore
+
+    lease = LeaseConfig(lease_ms=2000, window_ms=2000, margin_ms=300)
+    options = ServerOptions(
+        store_url="memory:", listen="127.0.0.1:0", lease=lease, metrics_port=0, stream_slots=1
+    )
+    server = OracleServer(options, store=MemoryStore())
+    server.start()
+    address = f"127.0.0.1:{server.port}"
+    first = GrpcOracleClient([address], timeout_s=10)
+    second = GrpcOracleClient([address], timeout_s=10)
+    try:
+        taken = [first.get_timestamp() for _ in range(3)]  # holds the one stream
+        taken += [second.get_timestamp() for _ in range(3)]  # refused a stream
+        taken += [first.get_timestamp()]
+        assert taken == sorted(set(taken))
+        url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            metrics = parse_text(response.read().decode())
+        requests = "percolator_oracle_requests_total"
+        assert metrics[f'{requests}{{code="RESOURCE_EXHAUSTED",method="AllocateStream"}}'] == 1
+        assert metrics[f'{requests}{{code="OK",method="Allocate"}}'] == 7
+        assert (first.rpcs, second.rpcs) == (4, 3)
+    finally:
+        first.close()
+        second.close()
         server.stop()
 
 
