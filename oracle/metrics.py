@@ -23,6 +23,7 @@ REQUEST_OUTCOMES = [
     ("Allocate", "UNAUTHENTICATED"),
     ("AllocateStream", "UNAUTHENTICATED"),
     ("AllocateStream", "RESOURCE_EXHAUSTED"),
+    ("AllocateStream", "UNAVAILABLE"),
     ("Health", "OK"),
     ("Health", "UNAUTHENTICATED"),
     ("Info", "OK"),

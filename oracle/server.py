@@ -112,6 +112,9 @@ class OracleServicer(oracle_pb2_grpc.TimestampOracleServicer):
         self.node = node
         self.metrics = metrics
         self._stream_slots = threading.BoundedSemaphore(stream_slots)
+        self._streams_lock = threading.Lock()
+        self._open_streams: set[grpc.ServicerContext] = set()
+        self._streams_ended = False
         self._token = token
         self._store_url = store_url
 
@@ -161,10 +164,29 @@ class OracleServicer(oracle_pb2_grpc.TimestampOracleServicer):
                 "every stream this oracle serves is taken; use Allocate",
             )
         try:
+            with self._streams_lock:
+                ended = self._streams_ended
+                self._open_streams.add(context)
+            if ended:
+                self._abort(
+                    context, "AllocateStream", grpc.StatusCode.UNAVAILABLE, "oracle stopping"
+                )
             for request in request_iterator:
                 yield self._allocate(request, context)
         finally:
+            with self._streams_lock:
+                self._open_streams.discard(context)
             self._stream_slots.release()
+
+    def end_streams(self) -> None:
+        """Cancel every open stream and refuse new ones: the server is stopping, and an idle
+        stream would otherwise hold the shutdown (and the lease's release) for its whole
+        grace period.  Their clients see CANCELLED and move on to another address."""
+        with self._streams_lock:
+            self._streams_ended = True
+            contexts = list(self._open_streams)
+        for context in contexts:
+            context.cancel()
 
     def _allocate(
         self, request: oracle_pb2.AllocateRequest, context: grpc.ServicerContext
@@ -245,6 +267,7 @@ class OracleServer:
         self._owns_store = store is None
         self._clock = clock
         self._grpc: grpc.Server | None = None
+        self._servicer: OracleServicer | None = None
         self._driver: threading.Thread | None = None
         self._driver_stop = threading.Event()
         self._metrics_server: MetricsServer | None = None
@@ -302,7 +325,7 @@ class OracleServer:
             OracleRecordRegister(self._store), holder_id, options.lease, self._clock
         )
         self.metrics = OracleMetrics(self.node)
-        servicer = OracleServicer(
+        servicer = self._servicer = OracleServicer(
             self.node, self.metrics, options.token, self._store.url, options.stream_slots
         )
         oracle_pb2_grpc.add_TimestampOracleServicer_to_server(servicer, server)
@@ -360,6 +383,8 @@ class OracleServer:
             self.node.stop()
         if self._grpc_health is not None:
             self._grpc_health.enter_graceful_shutdown()
+        if self._servicer is not None:
+            self._servicer.end_streams()
         if self._grpc is not None:
             self._grpc.stop(grace_s).wait()
             self._grpc = None

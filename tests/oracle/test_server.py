@@ -416,6 +416,31 @@ def test_a_server_with_no_stream_free_answers_allocate_calls() -> None:
         server.stop()
 
 
+def test_stopping_ends_the_open_streams_at_once() -> None:
+    """Clients keep a stream open between requests; a stop that waited for them would hold
+    the lease (and delay the standby's take-over) for its whole grace period."""
+    from percolator.oracle.lease import LeaseConfig
+    from percolator.oracle.server import OracleServer, ServerOptions
+
+    from percolator.store.memory import MemoryStore
+
+    lease = LeaseConfig(lease_ms=2000, window_ms=2000, margin_ms=300)
+    options = ServerOptions(store_url="memory:", listen="127.0.0.1:0", lease=lease)
+    server = OracleServer(options, store=MemoryStore())
+    server.start()
+    client = GrpcOracleClient([f"127.0.0.1:{server.port}"], timeout_s=0.5)
+    try:
+        client.get_timestamp()  # its stream stays open, idle
+        started = time.monotonic()
+        server.stop(grace_s=5.0)
+        assert time.monotonic() - started < 2.0
+        with pytest.raises(OracleUnavailableError):
+            client.get_timestamp()
+    finally:
+        client.close()
+        server.stop()
+
+
 def test_grpc_health_checking_names_the_active_oracle(
     tmp_path: Path, spawn: Callable[..., OracleProcess]
 ) -> None:
