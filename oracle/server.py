@@ -111,7 +111,7 @@ class OracleServicer(oracle_pb2_grpc.TimestampOracleServicer):
     ) -> None:
         self.node = node
         self.metrics = metrics
-        self._stream_slots = threading.BoundedSemaphore(stream_slots)
+        self._stream_slots = stream_slots
         self._streams_lock = threading.Lock()
         self._open_streams: set[grpc.ServicerContext] = set()
         self._streams_ended = False
@@ -156,27 +156,26 @@ class OracleServicer(oracle_pb2_grpc.TimestampOracleServicer):
         RESOURCE_EXHAUSTED (its client then uses Allocate), never queued behind the others.
         """
         self._authorize(context, "AllocateStream")
-        if not self._stream_slots.acquire(blocking=False):
+        with self._streams_lock:
+            full = len(self._open_streams) >= self._stream_slots
+            ended = self._streams_ended
+            if not (full or ended):
+                self._open_streams.add(context)
+        if full:
             self._abort(
                 context,
                 "AllocateStream",
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 "every stream this oracle serves is taken; use Allocate",
             )
+        if ended:
+            self._abort(context, "AllocateStream", grpc.StatusCode.UNAVAILABLE, "oracle stopping")
         try:
-            with self._streams_lock:
-                ended = self._streams_ended
-                self._open_streams.add(context)
-            if ended:
-                self._abort(
-                    context, "AllocateStream", grpc.StatusCode.UNAVAILABLE, "oracle stopping"
-                )
             for request in request_iterator:
                 yield self._allocate(request, context)
         finally:
             with self._streams_lock:
                 self._open_streams.discard(context)
-            self._stream_slots.release()
 
     def end_streams(self) -> None:
         """Cancel every open stream and refuse new ones: the server is stopping, and an idle

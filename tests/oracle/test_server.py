@@ -3,6 +3,7 @@ and the command line's errors."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import threading
@@ -11,14 +12,19 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from percolator.oracle.client import GrpcOracleClient
+from percolator.oracle.lease import LeaseConfig
 from percolator.oracle.proto_gen import oracle_pb2, oracle_pb2_grpc
+from percolator.oracle.server import OracleServer, ServerOptions
 
 from percolator.errors import InvalidArgumentError, OracleError, OracleUnavailableError
+from percolator.metrics import parse_text
 from percolator.store import open_store
+from percolator.store.memory import MemoryStore
 from percolator.timestamps import LocalOracle
 from tests.oracle.procs import REPO, OracleProcess
 
@@ -346,21 +352,31 @@ def test_transactions_take_their_timestamps_from_the_oracle_service(
     assert server.info().timestamps_issued >= 3  # start, commit, snapshot
 
 
-def test_the_metrics_endpoint_starts_at_zero_and_serves_health() -> None:
-    from percolator.oracle.lease import LeaseConfig
-    from percolator.oracle.server import OracleServer, ServerOptions
-
-    from percolator.metrics import parse_text
-    from percolator.store.memory import MemoryStore
-
-    lease = LeaseConfig(lease_ms=600, window_ms=600, margin_ms=100)
-    options = ServerOptions(store_url="memory:", listen="127.0.0.1:0", lease=lease, metrics_port=0)
-    server = OracleServer(options, store=MemoryStore())
+@contextlib.contextmanager
+def in_process_oracle(lease: LeaseConfig, **options: Any) -> Iterator[OracleServer]:
+    """An oracle server in this process, on a memory store; stopped on leaving."""
+    server = OracleServer(
+        ServerOptions(store_url="memory:", listen="127.0.0.1:0", lease=lease, **options),
+        store=MemoryStore(),
+    )
     server.start()
-    base = f"http://127.0.0.1:{server.metrics_port}"
     try:
-        with urllib.request.urlopen(f"{base}/metrics", timeout=5) as response:
-            metrics = parse_text(response.read().decode())
+        yield server
+    finally:
+        server.stop()
+
+
+def scrape(server: OracleServer) -> dict[str, float]:
+    """The server's metrics endpoint, parsed."""
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return parse_text(response.read().decode())
+
+
+def test_the_metrics_endpoint_starts_at_zero_and_serves_health() -> None:
+    lease = LeaseConfig(lease_ms=600, window_ms=600, margin_ms=100)
+    with in_process_oracle(lease, metrics_port=0) as server:
+        metrics = scrape(server)
         # Before any request: every counter and declared series is there, at zero.
         requests = "percolator_oracle_requests_total"
         assert metrics[f'{requests}{{code="OK",method="Allocate"}}'] == 0
@@ -369,6 +385,7 @@ def test_the_metrics_endpoint_starts_at_zero_and_serves_health() -> None:
         assert metrics["percolator_oracle_timestamps_issued_total"] == 0
         assert metrics["percolator_oracle_batch_size_count"] == 0
         assert metrics["process_cpu_seconds_total"] >= 0
+        base = f"http://127.0.0.1:{server.metrics_port}"
         with urllib.request.urlopen(f"{base}/healthz", timeout=5) as response:
             assert (response.status, response.read()) == (200, b"ok\n")
         assert server.node is not None
@@ -376,69 +393,47 @@ def test_the_metrics_endpoint_starts_at_zero_and_serves_health() -> None:
         with pytest.raises(urllib.error.HTTPError) as caught:
             urllib.request.urlopen(f"{base}/healthz", timeout=5)
         assert caught.value.code == 503 and b"stopping" in caught.value.read()
-    finally:
-        server.stop()
 
 
 def test_a_server_with_no_stream_free_answers_allocate_calls() -> None:
     """A stream holds a server thread while open, so their number is bounded; one more is
     refused at once, and its client takes its timestamps with Allocate calls instead."""
-    from percolator.oracle.lease import LeaseConfig
-    from percolator.oracle.server import OracleServer, ServerOptions
-
-    from percolator.metrics import parse_text
-    from percolator.store.memory import MemoryStore
-
     lease = LeaseConfig(lease_ms=2000, window_ms=2000, margin_ms=300)
-    options = ServerOptions(
-        store_url="memory:", listen="127.0.0.1:0", lease=lease, metrics_port=0, stream_slots=1
-    )
-    server = OracleServer(options, store=MemoryStore())
-    server.start()
-    address = f"127.0.0.1:{server.port}"
-    first = GrpcOracleClient([address], timeout_s=10)
-    second = GrpcOracleClient([address], timeout_s=10)
-    try:
-        taken = [first.get_timestamp() for _ in range(3)]  # holds the one stream
-        taken += [second.get_timestamp() for _ in range(3)]  # refused a stream
-        taken += [first.get_timestamp()]
-        assert taken == sorted(set(taken))
-        url = f"http://127.0.0.1:{server.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as response:
-            metrics = parse_text(response.read().decode())
-        requests = "percolator_oracle_requests_total"
-        assert metrics[f'{requests}{{code="RESOURCE_EXHAUSTED",method="AllocateStream"}}'] == 1
-        assert metrics[f'{requests}{{code="OK",method="Allocate"}}'] == 7
-        assert (first.rpcs, second.rpcs) == (4, 3)
-    finally:
-        first.close()
-        second.close()
-        server.stop()
+    with in_process_oracle(lease, metrics_port=0, stream_slots=1) as server:
+        address = f"127.0.0.1:{server.port}"
+        first = GrpcOracleClient([address], timeout_s=10)
+        second = GrpcOracleClient([address], timeout_s=10)
+        try:
+            taken = [first.get_timestamp() for _ in range(3)]  # holds the one stream
+            taken += [second.get_timestamp() for _ in range(3)]  # refused a stream
+            taken += [first.get_timestamp()]
+            assert taken == sorted(set(taken))
+            metrics = scrape(server)
+            requests = "percolator_oracle_requests_total"
+            refused = f'{requests}{{code="RESOURCE_EXHAUSTED",method="AllocateStream"}}'
+            assert metrics[refused] == 1
+            assert metrics[f'{requests}{{code="OK",method="Allocate"}}'] == 7
+            assert (first.rpcs, second.rpcs) == (4, 3)
+        finally:
+            first.close()
+            second.close()
 
 
 def test_stopping_ends_the_open_streams_at_once() -> None:
     """Clients keep a stream open between requests; a stop that waited for them would hold
     the lease (and delay the standby's take-over) for its whole grace period."""
-    from percolator.oracle.lease import LeaseConfig
-    from percolator.oracle.server import OracleServer, ServerOptions
-
-    from percolator.store.memory import MemoryStore
-
     lease = LeaseConfig(lease_ms=2000, window_ms=2000, margin_ms=300)
-    options = ServerOptions(store_url="memory:", listen="127.0.0.1:0", lease=lease)
-    server = OracleServer(options, store=MemoryStore())
-    server.start()
-    client = GrpcOracleClient([f"127.0.0.1:{server.port}"], timeout_s=0.5)
-    try:
-        client.get_timestamp()  # its stream stays open, idle
-        started = time.monotonic()
-        server.stop(grace_s=5.0)
-        assert time.monotonic() - started < 2.0
-        with pytest.raises(OracleUnavailableError):
-            client.get_timestamp()
-    finally:
-        client.close()
-        server.stop()
+    with in_process_oracle(lease) as server:
+        client = GrpcOracleClient([f"127.0.0.1:{server.port}"], timeout_s=0.5)
+        try:
+            client.get_timestamp()  # its stream stays open, idle
+            started = time.monotonic()
+            server.stop(grace_s=5.0)
+            assert time.monotonic() - started < 2.0
+            with pytest.raises(OracleUnavailableError):
+                client.get_timestamp()
+        finally:
+            client.close()
 
 
 def test_grpc_health_checking_names_the_active_oracle(
