@@ -7,9 +7,9 @@ group ``percolator.oracles`` as ``grpc`` and ``grpcs`` (see
 * **Coalescing**: concurrent requests from any number of threads share one Allocate RPC in
   flight (:mod:`percolator.timestamps.coalesce`); each response serves the whole batch.
 * **One stream per address**: the requests go over one long-lived AllocateStream call,
-  which costs the server about half the CPU of a new Allocate call and answers in about
-  two thirds of the time; a server that has no stream free (or predates the stream) gets
-  Allocate calls instead.
+  which costs the server a little over half the CPU of a new Allocate call and answers in
+  about three quarters of the time (docs/oracle.md has the figures); a server that has no
+  stream free (or predates the stream) gets Allocate calls instead.
 * **Fail-over**: the client knows a list of oracle addresses and sends to the one that
   answered last; an address that is down, a standby, or fenced answers UNAVAILABLE (or does
   not answer within ``rpc_timeout_s``, or cancels the call while shutting down) and the
