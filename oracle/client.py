@@ -19,6 +19,10 @@ group ``percolator.oracles`` as ``grpc`` and ``grpcs`` (see
   arrives after the wall-clock ``valid_until_ms`` of the lease it was issued under (it left
   a paused process late), is discarded; a range that does not start above every timestamp
   this client handed out raises :class:`~percolator.errors.TimestampRegressionError`.
+* **Fork**: a forked child opens channels and streams of its own on first use (gRPC's
+  channels and the stream threads do not survive a fork: the child would wait out its
+  timeout and report no oracle).  The parent's are kept in the child, never closed, so the
+  parent's connections are not disturbed.
 * **Errors**: a wrong or missing token and other configuration mistakes raise
   :class:`~percolator.errors.OracleError` at once (never retried); no usable oracle within
   ``timeout_s`` raises :class:`~percolator.errors.OracleUnavailableError` naming each
@@ -42,6 +46,7 @@ from percolator.oracle.addressing import (
 )
 from percolator.oracle.proto_gen import oracle_pb2, oracle_pb2_grpc
 
+from percolator.concurrency import renew_after_fork
 from percolator.errors import (
     ConfigError,
     InvalidArgumentError,
@@ -78,6 +83,10 @@ _STREAM_RENEW_S = 45.0
 # After a server refused a stream (no slot free, or it has no AllocateStream), the client
 # sends Allocate calls to that address for this long before it tries a stream again.
 _UNARY_FOR_S = 30.0
+
+# A forked child's copies of its parent's channels and streams: kept alive and never
+# closed (closing them could end the parent's connections).
+_inherited: list[object] = []
 
 _HINT = (
     "check that an oracle is running there (percolator oracle serve), that the address is "
@@ -138,6 +147,17 @@ class GrpcOracleClient(TimestampOracle):
         self.rpcs = 0  # Allocate attempts sent (including failed ones)
         self.failovers = 0
         self._coalescer = Coalescer(self._fetch, max_batch)
+        renew_after_fork(self)
+
+    def _after_fork_in_child(self) -> None:
+        """The child's copy starts without channels or streams, and with fresh locks (a
+        parent thread may have held them at the fork); see the module docstring."""
+        _inherited.append((self._channels, self._streams))
+        self._lock = threading.Lock()
+        self._channels = {}
+        self._stubs = {}
+        self._streams = {}
+        self._coalescer = Coalescer(self._fetch, self._coalescer.max_batch)
 
     # ------------------------------------------------------------------ TimestampOracle
 

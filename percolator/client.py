@@ -3,6 +3,12 @@
 A client owns one store connection (pool), one oracle, one lock resolver with its outcome
 cache, and one thread pool for parallel rollbacks.  It is thread-safe; transactions
 are not (one thread per transaction).
+
+A client may be used after ``os.fork`` (``multiprocessing``'s default on Linux), in the
+parent and in the child alike: the child's copy is a client of its own, with a new id (its
+readers are published under a record of their own), its own thread pool, and its own
+connections to the store and the oracle (each store and oracle renews those itself; two
+processes on one connection would read each other's replies).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import TypeVar
 
 from percolator import watermark
 from percolator.bulkload import check_usable, clear_state
+from percolator.concurrency import renew_after_fork
 from percolator.context import ClientOptions, EngineContext
 from percolator.errors import (
     ConflictError,
@@ -82,6 +89,20 @@ class Client:
         self._tables_lock = threading.Lock()
         self._closed = False
         self._init_observed()
+        renew_after_fork(self)
+
+    def _after_fork_in_child(self) -> None:
+        """The child's copy becomes a client of its own (module docstring): a new id for
+        its readers' record, a thread pool of its own (the parent's threads do not exist
+        here), fresh locks."""
+        if self._closed:
+            return
+        self.client_id = uuid.uuid4().hex
+        self._readers.start_over(self.client_id)
+        self._ctx.executor = ThreadPoolExecutor(
+            self.options.parallelism, thread_name_prefix="percolator"
+        )
+        self._tables_lock = threading.Lock()
 
     # ---------------------------------------------------------------- tables
 

@@ -286,6 +286,23 @@ class ReaderRegistry:
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
 
+    def start_over(self, client_id: str) -> None:
+        """In a forked child (its client calls this): publish under a record of the child's
+        own, ``client_id``'s.  Sharing the parent's record, each process would overwrite
+        the other's oldest reader, and GC could pass a live reader of either.  Readers the
+        child inherited stay registered (it may go on using them); until the child has
+        published, none of them counts as protected (:meth:`check` reads the safe point).
+        The renewal thread is the parent's and does not exist here: the next publish
+        starts the child's."""
+        self.row = CLIENTS_PREFIX + client_id.encode()
+        self._lock = threading.Lock()
+        self._publish_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._renewer = None
+        self._published_since = None
+        self._protected_until = 0.0
+        self._published_min = 0
+
     # ---------------------------------------------------------------- readers
 
     def register(self, owner: object, start_ts: int) -> Callable[[], None]:

@@ -71,6 +71,12 @@ refused, it raises :class:`~percolator.errors.StoreUnavailableError` saying the 
 unknown.  ``create_table`` and ``drop_table`` are not retried either (a second attempt
 could report a misleading "exists" / "does not exist").
 
+After ``os.fork`` the child opens connections of its own: the parent's share their
+sockets with it, and two processes talking over one Thrift stream read each other's replies
+(a silent wrong read).  The child's copy of each parent socket is closed without a
+``shutdown``, which would end the parent's connection too (:meth:`_Connection.forget`), and
+its pools, call threads and locks start empty.
+
 Errors: transport failures, timeouts and HBase's own "cannot reach the region server"
 errors become :class:`~percolator.errors.StoreUnavailableError` naming ``host:port``; an
 unknown table becomes :class:`~percolator.errors.TableNotFoundError`; other server errors
@@ -80,11 +86,13 @@ become :class:`~percolator.errors.StoreError` with the first line of the server'
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import select
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -106,7 +114,7 @@ from thriftpy2.protocol.exc import TProtocolException
 from thriftpy2.thrift import TApplicationException, TDecodeException, args_to_kwargs
 from thriftpy2.transport import TTransportException
 
-from percolator.concurrency import run_all
+from percolator.concurrency import renew_after_fork, run_all
 from percolator.errors import (
     InvalidArgumentError,
     StoreError,
@@ -318,6 +326,9 @@ class _Connection:
         # What opened them, if it must live as long (happybase closes the transport when
         # its Connection is garbage-collected).
         self._owner = owner
+        #: the process that opened it: only that one may use it (module docstring)
+        self.pid = os.getpid()
+        _live_connections.add(self)
 
     def _socket(self) -> socket.socket | None:
         # The compiled buffered transport exposes the raw socket as ``.sock``; the pure-Python
@@ -352,6 +363,32 @@ class _Connection:
         # Closing a broken socket may fail; it is gone either way.
         with contextlib.suppress(Exception):
             self._transport.close()
+
+    def forget(self) -> None:
+        """In a forked child, let go of a connection the parent opened without disturbing
+        the parent's use of it: the child's copy of the socket is closed here, never shut
+        down (a Thrift transport's ``close`` shuts the socket down, which would end the
+        connection for the parent as well), so a later close or garbage collection in the
+        child reaches nothing."""
+        sock = self._socket()
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                os.close(sock.detach())
+
+
+#: every open connection of this process and, in a forked child, of its parent
+_live_connections: weakref.WeakSet[_Connection] = weakref.WeakSet()
+
+
+def _forget_parent_connections() -> None:
+    pid = os.getpid()
+    for conn in list(_live_connections):
+        if conn.pid != pid:
+            conn.forget()
+            _live_connections.discard(conn)
+
+
+os.register_at_fork(after_in_child=_forget_parent_connections)
 
 
 def _thrift1_connection(
@@ -389,6 +426,15 @@ class _ConnectionPool:
         self._idle: list[_Connection] = []
         self._open = 0  # connections created and not yet discarded (idle + lent out)
         self._closed = False
+        self._cond = threading.Condition()
+        renew_after_fork(self)
+
+    def _after_fork_in_child(self) -> None:
+        """The child's pool starts empty: every connection so far is the parent's.  They
+        are let go of first, so that dropping them here cannot shut a socket down."""
+        _forget_parent_connections()
+        self._idle = []
+        self._open = 0
         self._cond = threading.Condition()
 
     def acquire(self) -> _Connection:
@@ -451,6 +497,8 @@ class _ConnectionPool:
             raise
 
     def release(self, conn: _Connection) -> None:
+        if conn.pid != os.getpid():
+            return  # the parent's, lent out across a fork: not counted here
         with self._cond:
             if not self._closed:
                 self._idle.append(conn)
@@ -461,6 +509,8 @@ class _ConnectionPool:
 
     def discard(self, conn: _Connection) -> None:
         """Drop a connection whose stream can no longer be trusted."""
+        if conn.pid != os.getpid():
+            return  # the parent's, lent out across a fork: forgotten, not counted here
         conn.close()
         with self._cond:
             self._open -= 1
@@ -709,6 +759,7 @@ class HBaseStore(Store):
         # Threads for calls a single operation sends in parallel (created on first use).
         self._calls: ThreadPoolExecutor | None = None
         self._calls_lock = threading.Lock()
+        renew_after_fork(self)
         self._pool = _ConnectionPool(
             lambda: _thrift1_connection(host, port, timeout_ms, transport, protocol),
             pool_size,
@@ -727,6 +778,14 @@ class HBaseStore(Store):
         except BaseException:
             self.close()
             raise
+
+    def _after_fork_in_child(self) -> None:
+        """Fresh locks and no call threads (the parent's do not exist here); the pools
+        renew themselves (module docstring)."""
+        self._stats_lock = threading.Lock()
+        self._families_lock = threading.Lock()
+        self._calls = None
+        self._calls_lock = threading.Lock()
 
     # ------------------------------------------------------------------ plumbing
 

@@ -1,0 +1,183 @@
+"""A client used on both sides of ``os.fork`` (``multiprocessing``'s default on Linux).
+
+Two processes on one Thrift connection read each other's replies; a child's copies of the
+parent's gRPC channels and threads are dead; a child sharing its parent's reader record
+overwrites the parent's oldest reader.  Each test forks with objects opened before the fork,
+works in both processes, and checks the results from the store."""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import percolator
+from percolator.layout import DATA, TABLE_FAMILIES
+from percolator.readers import CLIENTS_PREFIX, scan_publications
+from percolator.store import open_store
+from percolator.store.base import Put, Store
+
+ROWS = 20
+
+
+def start_child(work: Callable[[], str]) -> tuple[int, int]:
+    """Fork; the child runs ``work`` and ends with ``os._exit`` (it never returns into the
+    test run).  Returns the child's pid and the pipe its result comes back on."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.close(read_end)
+        try:
+            text, code = work(), 0
+        except BaseException as exc:  # reported to the parent, which fails the test
+            text, code = f"child failed: {type(exc).__name__}: {exc}", 1
+        os.write(write_end, text.encode())
+        os._exit(code)
+    os.close(write_end)
+    return pid, read_end
+
+
+def child_result(pid: int, read_end: int, timeout_s: float = 60) -> str:
+    """The result of a child of :func:`start_child` (the test fails if the child failed or
+    hung)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail(f"the forked child hung for {timeout_s:g} s")
+        time.sleep(0.01)
+    with os.fdopen(read_end, "rb") as pipe:
+        text = pipe.read().decode()
+    assert os.waitstatus_to_exitcode(status) == 0, text
+    return text
+
+
+def in_child(work: Callable[[], str]) -> str:
+    return child_result(*start_child(work))
+
+
+def wrong_reads(store: Store, seconds: float) -> str:
+    """Read the test rows over and over for ``seconds``: how many answers were wrong."""
+    wrong = 0
+    deadline = time.monotonic() + seconds
+    reads = 0
+    while time.monotonic() < deadline:
+        i = reads % ROWS
+        found = store.read_row("t", b"r%02d" % i, columns=[(DATA, b"v")])
+        if found.get((DATA, b"v"), [(0, b"")])[0][1] != b"value %02d" % i:
+            wrong += 1
+        reads += 1
+    return f"{wrong} wrong of {reads}"
+
+
+def local_address(conn: Any) -> object:
+    """The local address of a pooled Thrift connection's socket."""
+    sock = conn._socket()
+    assert sock is not None
+    return sock.getsockname()
+
+
+@pytest.mark.hbase
+def test_parent_and_child_never_share_a_thrift_connection(hbase_store_url: str) -> None:
+    store = open_store(hbase_store_url)
+    try:
+        store.create_table("t", TABLE_FAMILIES)
+        store.put("t", [Put(b"r%02d" % i, DATA, b"v", 1, b"value %02d" % i) for i in range(ROWS)])
+        wrong_reads(store, 0.2)  # a connection pooled before the fork, idle at the fork
+        pool = store._pool  # type: ignore[attr-defined]
+        parents = {local_address(conn) for conn in pool._idle}
+        assert parents
+
+        def reads_in_child() -> str:
+            # Deterministic: the child's connection is one of its own.  (Sharing one is
+            # caught by the reads too, when the two processes' requests interleave.)
+            conn = pool.acquire()
+            try:
+                assert local_address(conn) not in parents, "the child got its parent's socket"
+            finally:
+                pool.release(conn)
+            result = wrong_reads(store, 2.0)
+            store.close()  # the child's own connections; the parent's are only forgotten
+            gc.collect()
+            return result
+
+        forked = start_child(reads_in_child)
+        in_parent = wrong_reads(store, 2.0)  # at the same time as the child's
+        child_reads = child_result(*forked)
+        assert child_reads.startswith("0 wrong"), child_reads
+        assert in_parent.startswith("0 wrong"), in_parent
+        # The parent's pooled connections survived the child's close and exit: the same
+        # sockets still serve (none was shut down under it).
+        idle = list(pool._idle)
+        assert {local_address(conn) for conn in idle} & parents
+        assert all(conn.looks_alive() for conn in idle)
+        assert wrong_reads(store, 0.2).startswith("0 wrong")
+    finally:
+        store.drop_table("t")
+        store.close()
+
+
+def test_a_forked_child_commits_and_publishes_its_readers_apart(shared_store_url: str) -> None:
+    with percolator.connect(shared_store_url) as client:
+        client.create_table("t")
+        client.create_table("u")
+        client.run(lambda txn: txn.set("t", b"r", "v", b"parent"))
+        parent_reader = client.snapshot()
+        assert parent_reader.get("t", b"r", "v") == b"parent"
+
+        def child() -> str:
+            # A transaction over two tables (parallel calls on HBase need the client's
+            # thread pool) and a reader of the child's own.
+            def write(txn: percolator.Transaction) -> None:
+                txn.set("t", b"r", "v", b"child")
+                txn.set("u", b"r", "v", b"x")
+
+            client.run(write)
+            with client.snapshot() as reader:
+                assert reader.get("t", b"r", "v") == b"child"
+                records = published(client)
+                assert client.client_id in records, records
+                # Its record covers its readers, the inherited one included.
+                assert 0 < records[client.client_id] <= reader.read_ts
+            return client.client_id
+
+        child_id = in_child(child)
+        assert child_id != client.client_id
+        assert client.snapshot().get("u", b"r", "v") == b"x"
+        # The parent's record still covers the parent's reader.
+        assert 0 < published(client)[client.client_id] <= parent_reader.read_ts
+        parent_reader.close()
+
+
+def published(client: percolator.Client) -> dict[str, int]:
+    """Every client's published oldest reader, by client id."""
+    return {
+        p.row[len(CLIENTS_PREFIX) :].decode(): p.min_start_ts
+        for p in scan_publications(client.store)
+    }
+
+
+def test_a_forked_child_draws_timestamps_from_the_oracle_service(
+    grpc_oracle: str, tmp_path: os.PathLike[str]
+) -> None:
+    with percolator.connect(f"embedded:{tmp_path}/store", oracle=grpc_oracle) as client:
+        before = client.oracle.get_timestamp()  # the channel and its stream are open
+
+        def child() -> str:
+            started = time.monotonic()
+            ts = client.oracle.get_timestamp()
+            return f"{ts} {time.monotonic() - started:.3f}"
+
+        ts, took = in_child(child).split()
+        assert int(ts) > before
+        # The client's timeout is 10 s: a child waiting on its parent's dead stream took that.
+        assert float(took) < 2.0, took
+        assert client.oracle.get_timestamp() > int(ts)
