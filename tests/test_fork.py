@@ -181,3 +181,32 @@ def test_a_forked_child_draws_timestamps_from_the_oracle_service(
         # The client's timeout is 10 s: a child waiting on its parent's dead stream took that.
         assert float(took) < 2.0, took
         assert client.oracle.get_timestamp() > int(ts)
+
+
+def test_parent_and_child_increment_one_counter_without_losing_an_update(
+    shared_store_url: str,
+) -> None:
+    """The whole client on both sides of a fork, racing: every read-modify-write of one
+    cell by either process is in the final value (snapshot isolation across the two)."""
+    increments = 60
+
+    def bump() -> None:
+        def one(txn: percolator.Transaction) -> None:
+            value = txn.get("t", b"counter", "v")
+            txn.set("t", b"counter", "v", str(int(value or b"0") + 1).encode())
+
+        for _ in range(increments):
+            client.run(one, max_attempts=200)
+
+    with percolator.connect(shared_store_url) as client:
+        client.create_table("t")
+        client.run(lambda txn: txn.set("t", b"counter", "v", b"0"))
+
+        def in_the_child() -> str:
+            bump()
+            return "done"
+
+        forked = start_child(in_the_child)
+        bump()
+        assert child_result(*forked) == "done"
+        assert client.snapshot().get("t", b"counter", "v") == str(2 * increments).encode()
