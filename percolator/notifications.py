@@ -75,6 +75,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from percolator.concurrency import renew_after_fork
 from percolator.errors import ConfigError
 from percolator.layout import META_FAMILY, META_TABLE, NOTIFY, RESERVED_PREFIX
 from percolator.protocol.cells import CellKey, group_by_table
@@ -425,6 +426,12 @@ class ObservedColumns:
         self._lock = threading.Lock()
         self._refresh_s = (refresh_ms if refresh_ms is not None else observed_refresh_ms()) / 1000
         self._clock = clock
+        renew_after_fork(self)
+
+    def _after_fork_in_child(self) -> None:
+        """A fresh lock: a parent thread may have held this one, around its cached set, at the
+        fork (client.py)."""
+        self._lock = threading.Lock()
 
     def refresh(self) -> frozenset[tuple[str, str]]:
         """Reload the observed set from the store now (one scan of the meta table) and

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -210,3 +211,39 @@ def test_parent_and_child_increment_one_counter_without_losing_an_update(
         bump()
         assert child_result(*forked) == "done"
         assert client.snapshot().get("t", b"counter", "v") == str(2 * increments).encode()
+
+
+def test_a_fork_while_a_parent_thread_holds_the_clients_locks(embedded_url: str) -> None:
+    """A thread of the parent inside a critical section at the moment of the fork: the
+    child's client must not wait for a lock that nobody in the child will release."""
+    with percolator.connect(embedded_url) as client:
+        client.create_table("t")
+        client.run(lambda txn: txn.set("t", b"r", "v", b"x"))
+        held = [client._ctx.resolver._lock, client._observed._lock]  # type: ignore[attr-defined]
+        taken = threading.Event()
+        release = threading.Event()
+
+        def hold() -> None:
+            for lock in held:
+                lock.acquire()
+            taken.set()
+            release.wait()
+            for lock in held:
+                lock.release()
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        taken.wait()
+        try:
+
+            def in_the_child() -> str:
+                client._observed.refresh()  # type: ignore[attr-defined]
+                client._ctx.resolver.cached_status(1)  # type: ignore[attr-defined]
+                client.run(lambda txn: txn.set("t", b"r", "v", b"child"))
+                return "done"
+
+            assert child_result(*start_child(in_the_child), timeout_s=20) == "done"
+        finally:
+            release.set()
+            holder.join()
+        assert client.snapshot().get("t", b"r", "v") == b"child"

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from percolator import failpoints
+from percolator.concurrency import renew_after_fork
 from percolator.layout import WRITE, commit_index_qualifier
 from percolator.protocol.cells import CellKey, RawCell, fetch_cells
 from percolator.protocol.commit import commit_cell
@@ -199,6 +200,12 @@ class LockResolver:
         self.rolled_forward = 0
         self.rolled_back = 0
         self.status_checks = 0
+        renew_after_fork(self)
+
+    def _after_fork_in_child(self) -> None:
+        """A fresh lock: a parent thread may have held this one, around its outcome cache, at the
+        fork (client.py)."""
+        self._lock = threading.Lock()
 
     def add_listener(self, listener: Callable[[float, TxnState], None]) -> None:
         """Call ``listener(age_s, state)`` for every lock :meth:`resolve` is given: how long
