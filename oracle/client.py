@@ -150,14 +150,14 @@ class GrpcOracleClient(TimestampOracle):
         renew_after_fork(self)
 
     def _after_fork_in_child(self) -> None:
-        """The child's copy starts without channels or streams, and with fresh locks (a
-        parent thread may have held them at the fork); see the module docstring."""
+        """The child's copy starts without channels or streams, and with a fresh lock (a
+        parent thread may have held it at the fork); see the module docstring.  The
+        coalescer renews itself."""
         _inherited.append((self._channels, self._streams))
         self._lock = threading.Lock()
         self._channels = {}
         self._stubs = {}
         self._streams = {}
-        self._coalescer = Coalescer(self._fetch, self._coalescer.max_batch)
 
     # ------------------------------------------------------------------ TimestampOracle
 

@@ -107,7 +107,7 @@ class OracleServicer(oracle_pb2_grpc.TimestampOracleServicer):
         metrics: OracleMetrics,
         token: str | None,
         store_url: str,
-        stream_slots: int = 64,
+        stream_slots: int,
     ) -> None:
         self.node = node
         self.metrics = metrics

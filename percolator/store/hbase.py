@@ -381,14 +381,13 @@ _live_connections: weakref.WeakSet[_Connection] = weakref.WeakSet()
 
 
 def _forget_parent_connections() -> None:
+    """In a forked child (each pool calls this first): let go of every connection the
+    parent opened, idle or lent out to one of its threads."""
     pid = os.getpid()
     for conn in list(_live_connections):
         if conn.pid != pid:
             conn.forget()
             _live_connections.discard(conn)
-
-
-os.register_at_fork(after_in_child=_forget_parent_connections)
 
 
 def _thrift1_connection(

@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from percolator.concurrency import renew_after_fork
 from percolator.errors import InvalidArgumentError, TimestampRegressionError
 from percolator.timestamps.hybrid import describe
 
@@ -88,6 +89,15 @@ class Coalescer:
         self._busy = False
         self._last_seen = 0
         self.stats = CoalescerStats()
+        renew_after_fork(self)
+
+    def _after_fork_in_child(self) -> None:
+        """The child's copy: no fetch in flight and nobody waiting (the parent's leader and
+        waiters are threads the child does not have), a fresh lock.  ``last_seen`` stays: the
+        child's timestamps come later, so above it."""
+        self._lock = threading.Lock()
+        self._pending = deque()
+        self._busy = False
 
     @property
     def last_seen(self) -> int:

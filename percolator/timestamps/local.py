@@ -252,7 +252,6 @@ class LocalOracle(TimestampOracle):
         self._renewed = threading.Condition(self._state_lock)
         self._renewing = False  # the parent's renewal thread does not exist here
         self._renewer = None
-        self._coalescer = Coalescer(self._reserve, self._coalescer.max_batch)
         self._waiting_on = None
         self._drop()
 
