@@ -247,3 +247,90 @@ def test_a_fork_while_a_parent_thread_holds_the_clients_locks(embedded_url: str)
             release.set()
             holder.join()
         assert client.snapshot().get("t", b"r", "v") == b"child"
+
+
+def test_forks_while_parent_threads_are_inside_store_calls(shared_store_url: str) -> None:
+    """Parent threads keep committing while the main thread forks, so each fork catches
+    some of them inside a store call (a pooled connection lent out, a write group led, a
+    statistics lock held).  Every child must still commit on its own, and no increment of
+    either side may be lost."""
+    threads, children, per_child = 3, 4, 15
+
+    def bump(client: percolator.Client) -> None:
+        def one(txn: percolator.Transaction) -> None:
+            value = txn.get("t", b"counter", "v")
+            txn.set("t", b"counter", "v", str(int(value or b"0") + 1).encode())
+
+        client.run(one, max_attempts=500)
+
+    with percolator.connect(shared_store_url) as client:
+        client.create_table("t")
+        client.run(lambda txn: txn.set("t", b"counter", "v", b"0"))
+        stop = threading.Event()
+        done = [0] * threads
+
+        def busy(i: int) -> None:
+            while not stop.is_set():
+                bump(client)
+                done[i] += 1
+
+        workers = [threading.Thread(target=busy, args=(i,)) for i in range(threads)]
+        for worker in workers:
+            worker.start()
+        try:
+
+            def in_the_child() -> str:
+                for _ in range(per_child):
+                    bump(client)
+                return "done"
+
+            results = []
+            for _ in range(children):
+                time.sleep(0.05)
+                results.append(child_result(*start_child(in_the_child), timeout_s=60))
+        finally:
+            stop.set()
+            for worker in workers:
+                worker.join()
+        assert results == ["done"] * children
+        assert sum(done) > 0
+        expected = children * per_child + sum(done)
+        assert client.snapshot().get("t", b"counter", "v") == str(expected).encode()
+
+
+def test_a_fork_waits_for_the_write_transaction_under_way(tmp_path: os.PathLike[str]) -> None:
+    """SQLite keeps a file's locks per process: a child forked inside a parent thread's write
+    transaction would inherit a write lock that nobody in the child releases.  The fork
+    waits for the transaction instead, and the child then writes at once."""
+    store = open_store(f"embedded:{tmp_path}/store")
+    try:
+        store.create_table("t", TABLE_FAMILIES)
+        inside, finish = threading.Event(), threading.Event()
+
+        def write_slowly() -> None:
+            with store._write() as conn:  # type: ignore[attr-defined]
+                conn.execute("SELECT 1")
+                inside.set()
+                finish.wait()
+
+        writer = threading.Thread(target=write_slowly)
+        writer.start()
+        inside.wait()
+        forked: list[tuple[int, int]] = []
+
+        def child_put() -> str:
+            store.put("t", [Put(b"r", DATA, b"v", 1, b"child")])
+            return "done"
+
+        forker = threading.Thread(target=lambda: forked.append(start_child(child_put)))
+        forker.start()
+        forker.join(0.3)
+        assert forker.is_alive(), "forked inside another thread's write transaction"
+        finish.set()
+        writer.join()
+        forker.join(10)
+        assert child_result(*forked[0], timeout_s=20) == "done"
+        found = store.read_row("t", b"r", columns=[(DATA, b"v")])
+        assert found[(DATA, b"v")][0][1] == b"child"
+    finally:
+        store.close()

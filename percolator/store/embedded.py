@@ -325,6 +325,13 @@ def _write_rows(
 # them in the child could disturb the parent's locks.  Threads of one process take a
 # per-database mutex before SQLite's write lock, so they queue in order instead of polling
 # SQLite's busy handler (and, before that, join a write group: _WriteGroups).
+#
+# A fork waits for those mutexes, and for any checkpoint under way (_before_fork): SQLite
+# keeps the lock state of a database file per process, shared by all its connections, so a
+# child forked while a parent thread held SQLite's write lock inherits a lock that a
+# connection of its own holds and will never release, and every write of the child waits
+# for it until its busy timeout.  Read transactions are not waited for (a thread may fork
+# from inside a scan); a child inheriting one only cannot restart the log file.
 
 _pid = os.getpid()
 _inherited_connections: list[sqlite3.Connection] = []
@@ -335,9 +342,33 @@ _write_groups: dict[str, _WriteGroups] = {}
 _live_stores: weakref.WeakSet[EmbeddedStore] = weakref.WeakSet()
 
 
+_live_checkpointers: weakref.WeakSet[_Checkpointer] = weakref.WeakSet()
+# What _before_fork holds until the fork is done, in the order it took them.
+_held_across_fork: list[threading.Lock] = []
+
+
+def _before_fork() -> None:
+    """Hold every write mutex and checkpoint of this process across the fork (see above).
+    Never held across user code, so the forking thread cannot be holding one itself."""
+    _write_locks_guard.acquire()
+    _held_across_fork.append(_write_locks_guard)
+    for _, lock in sorted(_write_locks.items()):
+        lock.acquire()
+        _held_across_fork.append(lock)
+    for checkpointer in list(_live_checkpointers):
+        checkpointer.running.acquire()
+        _held_across_fork.append(checkpointer.running)
+
+
+def _after_fork_in_parent() -> None:
+    while _held_across_fork:
+        _held_across_fork.pop().release()
+
+
 def _after_fork_in_child() -> None:
     global _pid, _write_locks_guard
     _pid = os.getpid()
+    _held_across_fork.clear()  # the parent's; replaced below, never released here
     _write_locks_guard = threading.Lock()
     _write_locks.clear()
     _write_groups.clear()
@@ -345,7 +376,11 @@ def _after_fork_in_child() -> None:
         store._forget_parent_connections()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(
+    before=_before_fork,
+    after_in_parent=_after_fork_in_parent,
+    after_in_child=_after_fork_in_child,
+)
 
 
 def _write_lock(db_path: str) -> threading.Lock:
@@ -604,6 +639,7 @@ class EmbeddedStore(Store):
         _inherited_connections.extend(conn for _, conn in self._conns.values())
         self._conns = {}
         self._conns_lock = threading.Lock()
+        self._stats_lock = threading.Lock()
         self._local = threading.local()
 
     def close(self) -> None:
@@ -1374,6 +1410,8 @@ class _Checkpointer:
         self._db_path = db_path
         self._dirty = threading.Event()
         self._stopping = threading.Event()
+        #: held while a checkpoint runs (and by a fork: see _before_fork)
+        self.running = threading.Lock()
         #: checkpoints run (for tests and statistics)
         self.runs = 0
         self._thread = threading.Thread(
@@ -1381,6 +1419,7 @@ class _Checkpointer:
         )
         self._thread.start()
         weakref.finalize(store, self._ask_to_stop)
+        _live_checkpointers.add(self)
 
     def nudge(self) -> None:
         # Called after every write: setting an Event takes its lock and notifies, so skip
@@ -1402,6 +1441,7 @@ class _Checkpointer:
     def forget(self) -> None:
         """In a forked child: the thread and its connection are the parent's; leave them."""
         _inherited_connections.append(self._conn)
+        _live_checkpointers.discard(self)
 
     def _loop(self) -> None:
         try:
@@ -1411,7 +1451,8 @@ class _Checkpointer:
                     return
                 self._dirty.clear()  # writes from here on ask for the next checkpoint
                 try:
-                    self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    with self.running:
+                        self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
                     self.runs += 1
                 except sqlite3.Error as exc:  # the next nudge tries again
                     log.debug("embedded store %s: checkpoint failed: %s", self._db_path, exc)
