@@ -1417,9 +1417,9 @@ class _Checkpointer:
         self._thread = threading.Thread(
             target=self._loop, name="percolator-checkpointer", daemon=True
         )
+        _live_checkpointers.add(self)  # before its first checkpoint can start
         self._thread.start()
         weakref.finalize(store, self._ask_to_stop)
-        _live_checkpointers.add(self)
 
     def nudge(self) -> None:
         # Called after every write: setting an Event takes its lock and notifies, so skip
