@@ -347,23 +347,31 @@ class ReaderRegistry:
     def publish(self) -> None:
         """Store this client's oldest live reader now (synchronously)."""
         with self._publish_lock:
-            # Computed under the lock after every reader registered so far was added, so the
-            # last record written always covers every reader that relies on it.
+            was_since, was_until, was_min = (
+                self._published_since,
+                self._protected_until,
+                self._published_min,
+            )
+            # No reader may rely on the record in force from here until the new one is
+            # stored and described below: the new one is computed without the readers that
+            # register meanwhile and may cover less (no reader, or only newer ones).  Such a
+            # reader finds no protection, so it publishes itself (after this) and checks the
+            # stored safe point.  Readers registered before this point are in ``oldest``.
+            self._published_since = None
+            self._protected_until = 0.0
             oldest = self.min_active() or 0
-            lapsed = not (self._clock() < self._protected_until)
+            lapsed = not (self._clock() < was_until)
             value = encode_publication(oldest, now_ms() + PUBLISH_TTL_MS)
             issued = self._clock()
             self._store.put(META_TABLE, [Put(self.row, META_FAMILY, CLIENT_QUALIFIER, 1, value)])
-            if oldest == 0:
-                self._published_since = None
-                self._protected_until = 0.0
-            else:
+            self._published_min = oldest
+            if oldest != 0:
                 # A new protection starts when none was in force or the record now covers
                 # older readers than before; moving the minimum forward keeps it going.
-                if self._published_since is None or lapsed or oldest < self._published_min:
-                    self._published_since = self._clock()
+                if was_since is None or lapsed or oldest < was_min:
+                    was_since = self._clock()
+                self._published_since = was_since
                 self._protected_until = issued + (PUBLISH_TTL_MS - _PROTECTION_MARGIN_MS) / 1000
-            self._published_min = oldest
 
     def _start_renewer(self) -> None:
         with self._lock:

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import gc as python_gc
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -139,6 +141,63 @@ def test_live_snapshot_reads_its_snapshot_or_gets_safe_point_error(
     except SafePointError:
         return
     assert value == b"v1"
+
+
+def test_a_reader_registering_while_its_client_publishes_is_not_passed_by_gc(
+    app: percolator.Client, operator: percolator.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader that registers while its client is storing a record computed before it
+    (here: "no live reader", the renewal after the last reader ended) must not rely on the
+    record that was in force before: it publishes itself or meets the safe point."""
+    app.run(lambda t: t.set("a", b"k", "c", b"v1"))
+    first = app.transaction()
+    assert first.get("a", b"k", "c") == b"v1"  # published: this client protects its readers
+    registry = app._readers  # type: ignore[attr-defined]
+    stored, release = threading.Event(), threading.Event()
+    put = registry._store.put
+
+    def put_then_pause(table: str, puts: list[Any]) -> None:
+        put(table, puts)
+        if threading.current_thread().name == "publisher":
+            stored.set()  # the record is in the store; the publisher is descheduled here
+            release.wait(30)
+
+    monkeypatch.setattr(registry._store, "put", put_then_pause)
+    first.rollback()
+    publisher = threading.Thread(target=registry.publish, name="publisher")
+    publisher.start()
+    assert stored.wait(10)
+    outcome: list[object] = []
+    registered, read_now = threading.Event(), threading.Event()
+
+    def new_reader() -> None:
+        try:
+            txn = app.transaction()
+            outcome.append(txn)
+            registered.set()
+            read_now.wait(30)
+            outcome.append(txn.get("a", b"k", "c"))
+        except SafePointError as exc:
+            outcome.append(exc)
+
+    reader = threading.Thread(target=new_reader)
+    reader.start()
+    # It may wait for the publisher (which waits for us): give it a moment either way.
+    registered.wait(0.5)
+    # Another client writes v2 after the reader started, and collects all it may.
+    operator.run(lambda t: t.set("a", b"k", "c", b"v2"))
+    operator.gc(life_time_ms=0)
+    read_now.set()
+    release.set()
+    publisher.join()
+    reader.join(10)
+    assert outcome, "the reader never finished"
+    if isinstance(outcome[-1], SafePointError):
+        return
+    txn, value = outcome
+    assert value == b"v1", f"read {value!r} below the safe point without SafePointError"
+    assert isinstance(txn, percolator.Transaction)
+    txn.rollback()
 
 
 def test_a_lapsed_transaction_cannot_miss_a_conflict_on_a_cell_gc_removed(
