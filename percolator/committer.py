@@ -332,11 +332,14 @@ class Committer:
                 with self._primary_guard:
                     primary_bytes = self._primary_bytes or locked[self.primary.key]
                 if not rollback_cell(ctx.store, self.primary.key, self.start_ts, primary_bytes):
-                    # The primary is not ours to roll back (it committed): the secondaries
-                    # belong to a committed transaction and must be rolled forward, not back.
+                    # The primary no longer holds our lock: it committed, or another client
+                    # rolled it back and a later transaction has written the cell since.
+                    # Either way its fate is decided and recorded; rolling secondaries back
+                    # here could contradict a commit, so readers settle them from it.
                     log.warning(
-                        "transaction %d: primary is not rolled back; leaving its secondaries "
-                        "to lazy roll-forward",
+                        "transaction %d: its primary no longer holds its lock (committed, or "
+                        "rolled back by another client and written since); its secondaries "
+                        "are left to readers, which settle them as the primary decided",
                         self.start_ts,
                         extra={"start_ts": self.start_ts},
                     )
