@@ -334,3 +334,29 @@ def test_a_fork_waits_for_the_write_transaction_under_way(tmp_path: os.PathLike[
         assert found[(DATA, b"v")][0][1] == b"child"
     finally:
         store.close()
+
+
+def test_forks_while_parent_threads_are_inside_sqlite(tmp_path: os.PathLike[str]) -> None:
+    """A thread inside SQLite's C code may hold one of SQLite's own mutexes; a child forked
+    then inherits it locked and its first SQLite call waits for ever.  Threads draw
+    timestamps (reads and compare-and-sets of the oracle's record) while the main thread
+    forks; every child must draw one of its own."""
+    with percolator.connect(f"embedded:{tmp_path}/store") as client:
+        stop = threading.Event()
+
+        def draw() -> None:
+            while not stop.is_set():
+                client.oracle.get_timestamp()
+
+        drawers = [threading.Thread(target=draw) for _ in range(3)]
+        for drawer in drawers:
+            drawer.start()
+        try:
+            for _ in range(120):
+                time.sleep(0.01)
+                forked = start_child(lambda: str(client.oracle.get_timestamp()))
+                assert int(child_result(*forked, timeout_s=20)) > 0
+        finally:
+            stop.set()
+            for drawer in drawers:
+                drawer.join()

@@ -326,12 +326,14 @@ def _write_rows(
 # per-database mutex before SQLite's write lock, so they queue in order instead of polling
 # SQLite's busy handler (and, before that, join a write group: _WriteGroups).
 #
-# A fork waits for those mutexes, and for any checkpoint under way (_before_fork): SQLite
-# keeps the lock state of a database file per process, shared by all its connections, so a
-# child forked while a parent thread held SQLite's write lock inherits a lock that a
-# connection of its own holds and will never release, and every write of the child waits
-# for it until its busy timeout.  Read transactions are not waited for (a thread may fork
-# from inside a scan); a child inheriting one only cannot restart the log file.
+# A fork waits until no thread of the process is inside SQLite (_SqliteGate): a thread in
+# SQLite's C code may hold one of SQLite's own mutexes, or its write lock, and the child
+# would inherit them held by a thread it does not have.  SQLite's mutexes then block the
+# child's first call for ever; SQLite's lock state, kept per process and shared by all its
+# connections, makes every write of the child wait for a write lock nothing in the child
+# releases.  Every entry into SQLite below passes the gate; none calls user code inside it,
+# so the forking thread is never inside itself.  A read transaction's connection is not
+# held across user code either (a scan reads each batch whole before yielding it).
 
 _pid = os.getpid()
 _inherited_connections: list[sqlite3.Connection] = []
@@ -342,33 +344,63 @@ _write_groups: dict[str, _WriteGroups] = {}
 _live_stores: weakref.WeakSet[EmbeddedStore] = weakref.WeakSet()
 
 
-_live_checkpointers: weakref.WeakSet[_Checkpointer] = weakref.WeakSet()
-# What _before_fork holds until the fork is done, in the order it took them.
-_held_across_fork: list[threading.Lock] = []
+class _SqliteGate:
+    """Counts the threads inside SQLite; :meth:`close` (before a fork) stops new entries and
+    waits until none is inside.  Re-entrant per thread."""
+
+    __slots__ = ("_closed", "_cond", "_depth", "_inside")
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._inside = 0
+        self._closed = False
+        self._depth = threading.local()
+
+    def __enter__(self) -> None:
+        depth = getattr(self._depth, "n", 0)
+        if depth == 0:
+            with self._cond:
+                while self._closed:
+                    self._cond.wait()
+                self._inside += 1
+        self._depth.n = depth + 1
+
+    def __exit__(self, *exc: object) -> None:
+        depth = self._depth.n - 1
+        self._depth.n = depth
+        if depth == 0:
+            with self._cond:
+                self._inside -= 1
+                if self._inside == 0 and self._closed:
+                    self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            while self._inside:
+                self._cond.wait()
+
+    def open(self) -> None:
+        with self._cond:
+            self._closed = False
+            self._cond.notify_all()
+
+
+_sqlite = _SqliteGate()
 
 
 def _before_fork() -> None:
-    """Hold every write mutex and checkpoint of this process across the fork (see above).
-    Never held across user code, so the forking thread cannot be holding one itself."""
-    _write_locks_guard.acquire()
-    _held_across_fork.append(_write_locks_guard)
-    for _, lock in sorted(_write_locks.items()):
-        lock.acquire()
-        _held_across_fork.append(lock)
-    for checkpointer in list(_live_checkpointers):
-        checkpointer.running.acquire()
-        _held_across_fork.append(checkpointer.running)
+    _sqlite.close()
 
 
 def _after_fork_in_parent() -> None:
-    while _held_across_fork:
-        _held_across_fork.pop().release()
+    _sqlite.open()
 
 
 def _after_fork_in_child() -> None:
-    global _pid, _write_locks_guard
+    global _pid, _write_locks_guard, _sqlite
     _pid = os.getpid()
-    _held_across_fork.clear()  # the parent's; replaced below, never released here
+    _sqlite = _SqliteGate()  # the parent's is closed; nothing of the parent is inside here
     _write_locks_guard = threading.Lock()
     _write_locks.clear()
     _write_groups.clear()
@@ -538,7 +570,8 @@ class EmbeddedStore(Store):
             deadline = time.monotonic() + self._busy_timeout_s
             while True:
                 try:
-                    mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+                    with _sqlite:
+                        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
                     break
                 except sqlite3.OperationalError as exc:
                     if not _is_busy(exc) or time.monotonic() > deadline:
@@ -587,23 +620,24 @@ class EmbeddedStore(Store):
         # Only the first open may create the file: a later connection of a store whose
         # file was removed must fail rather than start an empty store.
         mode = "rw" if self._initialised else "rwc"
-        conn = sqlite3.connect(
-            f"file:{self._db_path}?mode={mode}",
-            uri=True,
-            timeout=self._busy_timeout_s,
-            isolation_level=None,  # transactions are explicit: BEGIN IMMEDIATE / BEGIN
-            check_same_thread=False,  # close() may close it from another thread
-            cached_statements=256,
-        )
-        try:
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("PRAGMA mmap_size=268435456")
-            # The log is copied into the database by a thread of its own (_Checkpointer);
-            # a writer copies it itself only if the log grew this large meanwhile.
-            conn.execute(f"PRAGMA wal_autocheckpoint={_WRITER_CHECKPOINT_PAGES}")
-        except sqlite3.Error:
-            conn.close()
-            raise
+        with _sqlite:
+            conn = sqlite3.connect(
+                f"file:{self._db_path}?mode={mode}",
+                uri=True,
+                timeout=self._busy_timeout_s,
+                isolation_level=None,  # transactions are explicit: BEGIN IMMEDIATE / BEGIN
+                check_same_thread=False,  # close() may close it from another thread
+                cached_statements=256,
+            )
+            try:
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.execute("PRAGMA mmap_size=268435456")
+                # The log is copied into the database by a thread of its own (_Checkpointer);
+                # a writer copies it itself only if the log grew this large meanwhile.
+                conn.execute(f"PRAGMA wal_autocheckpoint={_WRITER_CHECKPOINT_PAGES}")
+            except sqlite3.Error:
+                conn.close()
+                raise
         return conn
 
     def _conn(self) -> sqlite3.Connection:
@@ -622,7 +656,8 @@ class EmbeddedStore(Store):
                 dead = ref()
                 if dead is None or not dead.is_alive():
                     del self._conns[ident]
-                    old.close()
+                    with _sqlite:
+                        old.close()
             self._conns[id(thread)] = (weakref.ref(thread), conn)
         local.conn = conn
         local.pid = _pid
@@ -654,7 +689,7 @@ class EmbeddedStore(Store):
             self._conns = {}
         for conn in conns:
             # Best effort: the database stays consistent whether or not a close succeeds.
-            with suppress(sqlite3.Error):
+            with suppress(sqlite3.Error), _sqlite:
                 conn.close()
         _live_stores.discard(self)
 
@@ -686,7 +721,7 @@ class EmbeddedStore(Store):
         # Threads of this process queue here, in order, and never meet SQLite's busy handler
         # (which sleeps in growing steps: 1, 2, 5, 10 ... ms) among themselves; only another
         # process's writer can make BEGIN IMMEDIATE wait.
-        with lock:
+        with lock, _sqlite:
             got = clock()
             try:
                 # Waiting for another process's lock is left to SQLite's busy handler:
@@ -745,12 +780,15 @@ class EmbeddedStore(Store):
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
         """One read transaction: every statement inside sees the same snapshot."""
+        # This thread's connection is taken outside the gate: opening it may wait for the
+        # store's connection lock, and nothing inside the gate may wait for another thread.
         conn = self._conn()
-        conn.execute("BEGIN")
-        try:
-            yield conn
-        finally:
-            _rollback(conn)  # nothing to commit: ending the read is enough
+        with _sqlite:
+            conn.execute("BEGIN")
+            try:
+                yield conn
+            finally:
+                _rollback(conn)  # nothing to commit: ending the read is enough
 
     def _count(self, op: str) -> None:
         with self._stats_lock:
@@ -792,13 +830,17 @@ class EmbeddedStore(Store):
     def list_tables(self) -> list[str]:
         self._count("list_tables")
         with self._errors("list_tables"):
-            return sorted(r[0] for r in self._conn().execute("SELECT name FROM tables"))
+            conn = self._conn()
+            with _sqlite:
+                return sorted(r[0] for r in conn.execute("SELECT name FROM tables"))
 
     def table_families(self, name: str) -> list[FamilySpec]:
         check_table_name(name)
         self._count("table_families")
         with self._errors(f"table_families({name!r})"):
-            _, families = self._table(self._conn(), name)
+            conn = self._conn()
+            with _sqlite:
+                _, families = self._table(conn, name)
             return list(families.values())
 
     # ------------------------------------------------------------------ reads
@@ -869,7 +911,9 @@ class EmbeddedStore(Store):
                 with suppress(InvalidArgumentError):
                     plan = make_plan(known)
                 if plan is not None and plan.single_statement:
-                    found = plan.run_checked(self._conn(), table)
+                    conn = self._conn()
+                    with _sqlite:
+                        found = plan.run_checked(conn, table)
                     if found is not None:
                         return found
                     self._tables.pop(table, None)  # dropped (perhaps created again) since
@@ -889,7 +933,9 @@ class EmbeddedStore(Store):
         # Check the table and family now, not at the first next(): a bad scan should fail
         # where it is written.
         with self._errors(f"scan({table!r}, {family!r})"):
-            _, table_families = self._table(self._conn(), table)
+            conn = self._conn()
+            with _sqlite:
+                _, table_families = self._table(conn, table)
             check_family_name(family, table_families)
         return self._scan(table, family, opts)
 
@@ -1400,24 +1446,22 @@ class _Checkpointer:
         # write returned, not at some later moment.
         # A short busy timeout: a checkpoint that would have to wait is simply tried again
         # at the next nudge, and closing the store never waits long for this thread.
-        self._conn = sqlite3.connect(
-            f"file:{db_path}?mode=rw",
-            uri=True,
-            timeout=_CHECKPOINT_BUSY_TIMEOUT_S,
-            isolation_level=None,
-            check_same_thread=False,  # used by the thread below only
-        )
+        with _sqlite:
+            self._conn = sqlite3.connect(
+                f"file:{db_path}?mode=rw",
+                uri=True,
+                timeout=_CHECKPOINT_BUSY_TIMEOUT_S,
+                isolation_level=None,
+                check_same_thread=False,  # used by the thread below only
+            )
         self._db_path = db_path
         self._dirty = threading.Event()
         self._stopping = threading.Event()
-        #: held while a checkpoint runs (and by a fork: see _before_fork)
-        self.running = threading.Lock()
         #: checkpoints run (for tests and statistics)
         self.runs = 0
         self._thread = threading.Thread(
             target=self._loop, name="percolator-checkpointer", daemon=True
         )
-        _live_checkpointers.add(self)  # before its first checkpoint can start
         self._thread.start()
         weakref.finalize(store, self._ask_to_stop)
 
@@ -1441,7 +1485,6 @@ class _Checkpointer:
     def forget(self) -> None:
         """In a forked child: the thread and its connection are the parent's; leave them."""
         _inherited_connections.append(self._conn)
-        _live_checkpointers.discard(self)
 
     def _loop(self) -> None:
         try:
@@ -1451,13 +1494,13 @@ class _Checkpointer:
                     return
                 self._dirty.clear()  # writes from here on ask for the next checkpoint
                 try:
-                    with self.running:
+                    with _sqlite:
                         self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
                     self.runs += 1
                 except sqlite3.Error as exc:  # the next nudge tries again
                     log.debug("embedded store %s: checkpoint failed: %s", self._db_path, exc)
         finally:
-            with suppress(sqlite3.Error):
+            with suppress(sqlite3.Error), _sqlite:
                 self._conn.close()
 
 
