@@ -12,6 +12,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -360,3 +361,83 @@ def test_forks_while_parent_threads_are_inside_sqlite(tmp_path: os.PathLike[str]
             stop.set()
             for drawer in drawers:
                 drawer.join()
+
+
+_ORPHAN = """
+import os, sys, time
+import percolator
+
+role, url, out = sys.argv[1], sys.argv[2], sys.argv[3]
+
+
+def bump(client):
+    def one(txn):
+        value = txn.get("t", b"counter", "v")
+        txn.set("t", b"counter", "v", str(int(value or b"0") + 1).encode())
+
+    client.run(one, max_attempts=1000)
+
+
+def bump_for(client, seconds):
+    count, end = 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        bump(client)
+        count += 1
+    with open(out, "w") as done:
+        done.write(str(count))
+
+
+if role == "setup":
+    with percolator.connect(url) as client:
+        client.create_table("t")
+        client.run(lambda txn: txn.set("t", b"counter", "v", b"0"))
+elif role == "parent":
+    client = percolator.connect(url)
+    for _ in range(20):
+        bump(client)
+    if os.fork() == 0:
+        time.sleep(0.5)  # the parent has exited; the newcomer opens the store meanwhile
+        bump_for(client, 4)
+        os._exit(0)
+    os._exit(0)  # the parent leaves at once, its store open
+else:  # a newcomer, opening the store once the parent is gone
+    time.sleep(0.2)
+    with percolator.connect(url) as client:
+        bump_for(client, 3)
+"""
+
+
+def test_a_forked_child_outliving_its_parent_shares_the_store_safely(
+    tmp_path: os.PathLike[str],
+) -> None:
+    """A child keeps using the store its parent opened after the parent exited, while a
+    newcomer process opens the store and works beside it: no committed increment of either
+    may be lost.  (A child that kept its inherited SQLite connections open held none of the
+    file locks a process must hold, and the newcomer rebuilt the shared index under it:
+    about 100 of 6,000 increments were lost in one run of two.)"""
+    import subprocess
+    import sys
+
+    script = Path(tmp_path) / "orphan.py"
+    script.write_text(_ORPHAN)
+    for attempt in range(2):
+        url = f"embedded:{tmp_path}/store{attempt}"
+        counts = [Path(tmp_path) / f"{name}{attempt}" for name in ("child", "newcomer")]
+
+        def run(role: str, url: str, out: Path) -> None:
+            cmd = [sys.executable, str(script), role, url, str(out)]
+            subprocess.run(cmd, check=True, timeout=60)
+
+        run("setup", url, counts[0])
+        run("parent", url, counts[0])
+        run("newcomer", url, counts[1])
+        for _ in range(200):  # the child writes its count when done
+            if counts[0].exists() and counts[0].read_text():
+                break
+            time.sleep(0.05)
+        child, newcomer = (int(path.read_text()) for path in counts)
+        with percolator.connect(url) as client:
+            total = client.snapshot().get("t", b"counter", "v")
+        expected = 20 + child + newcomer
+        assert child > 0 and newcomer > 0
+        assert total == str(expected).encode(), f"lost {expected - int(total or 0)} increments"

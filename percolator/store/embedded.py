@@ -320,9 +320,18 @@ def _write_rows(
 
 # --------------------------------------------------------------------------- process state
 #
-# SQLite connections must not cross a fork: a child opens its own.  Connections inherited
-# from the parent are parked here for the child's lifetime and never closed, because closing
-# them in the child could disturb the parent's locks.  Threads of one process take a
+# SQLite connections must not cross a fork: a child opens its own, after closing the ones
+# it inherited.  SQLite keeps per process what it knows of a database file (its locks, the
+# mapping of the shared-memory index), shared by every connection of the process: a child
+# whose inherited connections stayed open kept that knowledge and opened its own connections
+# on it, so they held none of the file locks a process must hold (the child inherits none).
+# Once the parent exited, another process opening the store took itself for the first user
+# and rebuilt the index under the child's feet: measured, about 100 of 6,000 increments of
+# one counter shared by the child and that process were lost.  Closing in the child is safe
+# for the parent (file locks belong to each process; the gate below ensures none of the
+# inherited connections is inside a transaction) and writes nothing (a closing connection
+# checkpoints only if it can lock the whole file, which the parent's own lock prevents).
+# Threads of one process take a
 # per-database mutex before SQLite's write lock, so they queue in order instead of polling
 # SQLite's busy handler (and, before that, join a write group: _WriteGroups).
 #
@@ -336,6 +345,7 @@ def _write_rows(
 # held across user code either (a scan reads each batch whole before yielding it).
 
 _pid = os.getpid()
+# A forked child's inherited connections, closed by _after_fork_in_child.
 _inherited_connections: list[sqlite3.Connection] = []
 _write_locks: dict[str, threading.Lock] = {}
 _write_locks_guard = threading.Lock()
@@ -406,6 +416,10 @@ def _after_fork_in_child() -> None:
     _write_groups.clear()
     for store in list(_live_stores):
         store._forget_parent_connections()
+    for conn in _inherited_connections:
+        with suppress(sqlite3.Error):
+            conn.close()
+    _inherited_connections.clear()
 
 
 os.register_at_fork(
@@ -664,9 +678,9 @@ class EmbeddedStore(Store):
         return conn
 
     def _forget_parent_connections(self) -> None:
-        """In a forked child: drop (but never close) the parent's connections, and the
-        parent's checkpointer (its thread does not exist here; the child's first write
-        starts one of its own)."""
+        """In a forked child: hand the parent's connections to :func:`_after_fork_in_child`
+        to be closed, and drop the parent's checkpointer (its thread does not exist here;
+        the child's first write starts one of its own)."""
         if self._checkpointer is not None:
             self._checkpointer.forget()
         self._checkpointer = None
@@ -1483,7 +1497,8 @@ class _Checkpointer:
         self._thread.join(timeout=_CHECKPOINT_STOP_WAIT_S)
 
     def forget(self) -> None:
-        """In a forked child: the thread and its connection are the parent's; leave them."""
+        """In a forked child: the thread is the parent's; its connection is closed with the
+        other inherited ones (:func:`_after_fork_in_child`)."""
         _inherited_connections.append(self._conn)
 
     def _loop(self) -> None:
