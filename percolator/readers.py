@@ -368,9 +368,8 @@ class ReaderRegistry:
             if oldest != 0:
                 # A new protection starts when none was in force or the record now covers
                 # older readers than before; moving the minimum forward keeps it going.
-                if was_since is None or lapsed or oldest < was_min:
-                    was_since = self._clock()
-                self._published_since = was_since
+                renewed = was_since is not None and not lapsed and oldest >= was_min
+                self._published_since = was_since if renewed else self._clock()
                 self._protected_until = issued + (PUBLISH_TTL_MS - _PROTECTION_MARGIN_MS) / 1000
 
     def _start_renewer(self) -> None:

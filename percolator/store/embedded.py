@@ -331,9 +331,10 @@ def _write_rows(
 # for the parent (file locks belong to each process; the gate below ensures none of the
 # inherited connections is inside a transaction) and writes nothing (a closing connection
 # checkpoints only if it can lock the whole file, which the parent's own lock prevents).
-# Threads of one process take a
-# per-database mutex before SQLite's write lock, so they queue in order instead of polling
-# SQLite's busy handler (and, before that, join a write group: _WriteGroups).
+#
+# Threads of one process take a per-database mutex before SQLite's write lock, so they
+# queue in order instead of polling SQLite's busy handler (and, before that, join a write
+# group: _WriteGroups).
 #
 # A fork waits until no thread of the process is inside SQLite (_SqliteGate): a thread in
 # SQLite's C code may hold one of SQLite's own mutexes, or its write lock, and the child
@@ -345,8 +346,6 @@ def _write_rows(
 # held across user code either (a scan reads each batch whole before yielding it).
 
 _pid = os.getpid()
-# A forked child's inherited connections, closed by _after_fork_in_child.
-_inherited_connections: list[sqlite3.Connection] = []
 _write_locks: dict[str, threading.Lock] = {}
 _write_locks_guard = threading.Lock()
 # Group commit's queues (one per database; see _WriteGroups), also fresh in a child.
@@ -415,11 +414,14 @@ def _after_fork_in_child() -> None:
     _write_locks.clear()
     _write_groups.clear()
     for store in list(_live_stores):
-        store._forget_parent_connections()
-    for conn in _inherited_connections:
-        with suppress(sqlite3.Error):
-            conn.close()
-    _inherited_connections.clear()
+        store._close_parent_connections()
+
+
+def _close_inherited(conn: sqlite3.Connection) -> None:
+    """In a forked child, before it opens any connection: close one the parent opened (see
+    above for why this is needed and safe)."""
+    with suppress(sqlite3.Error):
+        conn.close()
 
 
 os.register_at_fork(
@@ -677,15 +679,16 @@ class EmbeddedStore(Store):
         local.pid = _pid
         return conn
 
-    def _forget_parent_connections(self) -> None:
-        """In a forked child: hand the parent's connections to :func:`_after_fork_in_child`
-        to be closed, and drop the parent's checkpointer (its thread does not exist here;
-        the child's first write starts one of its own)."""
+    def _close_parent_connections(self) -> None:
+        """In a forked child: close the parent's connections and drop the parent's
+        checkpointer (its thread does not exist here; the child's first write starts one
+        of its own)."""
         if self._checkpointer is not None:
             self._checkpointer.forget()
         self._checkpointer = None
         self._checkpointer_guard = threading.Lock()
-        _inherited_connections.extend(conn for _, conn in self._conns.values())
+        for _, conn in self._conns.values():
+            _close_inherited(conn)
         self._conns = {}
         self._conns_lock = threading.Lock()
         self._stats_lock = threading.Lock()
@@ -1497,9 +1500,8 @@ class _Checkpointer:
         self._thread.join(timeout=_CHECKPOINT_STOP_WAIT_S)
 
     def forget(self) -> None:
-        """In a forked child: the thread is the parent's; its connection is closed with the
-        other inherited ones (:func:`_after_fork_in_child`)."""
-        _inherited_connections.append(self._conn)
+        """In a forked child: the thread is the parent's; close its connection."""
+        _close_inherited(self._conn)
 
     def _loop(self) -> None:
         try:
