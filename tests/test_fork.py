@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -60,6 +62,16 @@ def child_result(pid: int, read_end: int, timeout_s: float = 60) -> str:
         text = pipe.read().decode()
     assert os.waitstatus_to_exitcode(status) == 0, text
     return text
+
+
+def increment(client: percolator.Client, max_attempts: int) -> None:
+    """One read-modify-write of the test counter ``t/counter/v``, retried on conflicts."""
+
+    def one(txn: percolator.Transaction) -> None:
+        value = txn.get("t", b"counter", "v")
+        txn.set("t", b"counter", "v", str(int(value or b"0") + 1).encode())
+
+    client.run(one, max_attempts=max_attempts)
 
 
 def in_child(work: Callable[[], str]) -> str:
@@ -193,12 +205,8 @@ def test_parent_and_child_increment_one_counter_without_losing_an_update(
     increments = 60
 
     def bump() -> None:
-        def one(txn: percolator.Transaction) -> None:
-            value = txn.get("t", b"counter", "v")
-            txn.set("t", b"counter", "v", str(int(value or b"0") + 1).encode())
-
         for _ in range(increments):
-            client.run(one, max_attempts=200)
+            increment(client, max_attempts=200)
 
     with percolator.connect(shared_store_url) as client:
         client.create_table("t")
@@ -257,13 +265,6 @@ def test_forks_while_parent_threads_are_inside_store_calls(shared_store_url: str
     either side may be lost."""
     threads, children, per_child = 3, 4, 15
 
-    def bump(client: percolator.Client) -> None:
-        def one(txn: percolator.Transaction) -> None:
-            value = txn.get("t", b"counter", "v")
-            txn.set("t", b"counter", "v", str(int(value or b"0") + 1).encode())
-
-        client.run(one, max_attempts=500)
-
     with percolator.connect(shared_store_url) as client:
         client.create_table("t")
         client.run(lambda txn: txn.set("t", b"counter", "v", b"0"))
@@ -272,7 +273,7 @@ def test_forks_while_parent_threads_are_inside_store_calls(shared_store_url: str
 
         def busy(i: int) -> None:
             while not stop.is_set():
-                bump(client)
+                increment(client, max_attempts=500)
                 done[i] += 1
 
         workers = [threading.Thread(target=busy, args=(i,)) for i in range(threads)]
@@ -282,7 +283,7 @@ def test_forks_while_parent_threads_are_inside_store_calls(shared_store_url: str
 
             def in_the_child() -> str:
                 for _ in range(per_child):
-                    bump(client)
+                    increment(client, max_attempts=500)
                 return "done"
 
             results = []
@@ -415,19 +416,16 @@ def test_a_forked_child_outliving_its_parent_shares_the_store_safely(
     may be lost.  (A child that kept its inherited SQLite connections open held none of the
     file locks a process must hold, and the newcomer rebuilt the shared index under it:
     about 100 of 6,000 increments were lost in one run of two.)"""
-    import subprocess
-    import sys
-
     script = Path(tmp_path) / "orphan.py"
     script.write_text(_ORPHAN)
+
+    def run(role: str, url: str, out: Path) -> None:
+        cmd = [sys.executable, str(script), role, url, str(out)]
+        subprocess.run(cmd, check=True, timeout=60)
+
     for attempt in range(2):
         url = f"embedded:{tmp_path}/store{attempt}"
         counts = [Path(tmp_path) / f"{name}{attempt}" for name in ("child", "newcomer")]
-
-        def run(role: str, url: str, out: Path) -> None:
-            cmd = [sys.executable, str(script), role, url, str(out)]
-            subprocess.run(cmd, check=True, timeout=60)
-
         run("setup", url, counts[0])
         run("parent", url, counts[0])
         run("newcomer", url, counts[1])
