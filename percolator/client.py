@@ -39,7 +39,7 @@ from percolator.layout import (
 from percolator.notifications import (
     OBSERVED_REFRESH_ENV as OBSERVED_REFRESH_ENV,  # re-exported: test fixtures import it here
 )
-from percolator.notifications import ObservedColumns, collect_unobserved
+from percolator.notifications import ObservedColumns, collect_unobserved, notified_cells_of
 from percolator.protocol.gc import GcReport, forget_table_progress, lock_report, run_gc
 from percolator.protocol.resolve import LockResolver
 from percolator.readers import ReaderRegistry, release_safe_point, reserve_safe_point
@@ -269,6 +269,7 @@ class Client:
             progress=progress,
             own_oldest_reader=self._readers.min_active,
             own_row=self._readers.row,
+            notified=notified_cells_of(self.store),
         )
         report.notifications_collected = collect_unobserved(self.store, names, report.bound)
         self.safe_point(refresh=True)

@@ -71,7 +71,7 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -220,6 +220,26 @@ def delete_notifications(store: Store, *notifications: Notification) -> None:
         )
     for table, deletes in by_table.items():
         store.delete_versions(table, deletes)
+
+
+def notified_cells_of(
+    store: Store,
+) -> Callable[[str, Sequence[tuple[bytes, bytes]]], set[tuple[bytes, bytes]]]:
+    """For garbage collection: a function telling which of a table's ``(row, qualifier)``
+    cells have a notification waiting (any notify version), in one read per call."""
+
+    def notified(table: str, cells: Sequence[tuple[bytes, bytes]]) -> set[tuple[bytes, bytes]]:
+        if not cells:
+            return set()
+        found = store.read_cells(table, [(row, (NOTIFY, qualifier)) for row, qualifier in cells])
+        return {
+            (row, qualifier)
+            for row, row_cells in found.items()
+            for (family, qualifier), versions in row_cells.items()
+            if family == NOTIFY and versions
+        }
+
+    return notified
 
 
 def collect_unobserved(store: Store, tables: Iterable[str], bound: int) -> int:

@@ -124,6 +124,9 @@ class Publication:
     row: bytes
     min_start_ts: int
     expires_ms: int
+    #: the record's version: a delete "at or below" it removes this record and never a
+    #: newer one of the same client
+    version: int = 0
 
 
 def encode_publication(min_start_ts: int, expires_ms: int) -> bytes:
@@ -144,8 +147,8 @@ def scan_publications(store: Store) -> list[Publication]:
     for row, cells in store.scan(META_TABLE, META_FAMILY, options):
         value = cells.get(CLIENT_QUALIFIER)
         decoded = None if value is None else decode_publication(value[1])
-        if decoded is not None:
-            found.append(Publication(row, *decoded))
+        if decoded is not None and value is not None:
+            found.append(Publication(row, *decoded, version=value[0]))
     return found
 
 
@@ -227,7 +230,9 @@ class ReadersView:
     """What GC must stay below, read from the store at one moment."""
 
     oldest: int | None  # the oldest live reader or reservation, None if there is none
-    expired_rows: list[bytes]
+    #: expired client records as ``(row, version)``: delete each at or below its version,
+    #: so that a record its client stored since (a higher version) survives
+    expired: list[tuple[bytes, int]]
 
 
 def live_readers(
@@ -242,7 +247,7 @@ def live_readers(
         if pub.row == own_row:
             continue
         if pub.expires_ms < clock_ms:
-            expired.append(pub.row)
+            expired.append((pub.row, pub.version))
         elif pub.min_start_ts and (oldest is None or pub.min_start_ts < oldest):
             oldest = pub.min_start_ts
     for reservation in scan_reservations(store):
@@ -280,6 +285,7 @@ class ReaderRegistry:
         self._published_since: float | None = None
         self._protected_until = 0.0
         self._published_min = 0
+        self._published_version = 0  # the version of this client's newest record
         self._safe_point = 0
         self._safe_point_loaded_at = float("-inf")
         self._publish_lock = threading.Lock()
@@ -302,6 +308,7 @@ class ReaderRegistry:
         self._published_since = None
         self._protected_until = 0.0
         self._published_min = 0
+        self._published_version = 0
 
     # ---------------------------------------------------------------- readers
 
@@ -362,8 +369,15 @@ class ReaderRegistry:
             oldest = self.min_active() or 0
             lapsed = not (self._clock() < was_until)
             value = encode_publication(oldest, now_ms() + PUBLISH_TTL_MS)
+            # Each record at a version above every earlier one of this row: GC deletes an
+            # expired record "at or below" the version it read, which must never reach a
+            # newer record (nor, on HBase, mask every later put of the row).
+            version = max(now_ms(), self._published_version + 1)
             issued = self._clock()
-            self._store.put(META_TABLE, [Put(self.row, META_FAMILY, CLIENT_QUALIFIER, 1, value)])
+            self._store.put(
+                META_TABLE, [Put(self.row, META_FAMILY, CLIENT_QUALIFIER, version, value)]
+            )
+            self._published_version = version
             self._published_min = oldest
             if oldest != 0:
                 # A new protection starts when none was in force or the record now covers
@@ -426,7 +440,8 @@ class ReaderRegistry:
         if self._published_min:
             try:
                 self._store.delete_versions(
-                    META_TABLE, [Delete(self.row, META_FAMILY, CLIENT_QUALIFIER, 2**62)]
+                    META_TABLE,
+                    [Delete(self.row, META_FAMILY, CLIENT_QUALIFIER, self._published_version)],
                 )
             except PercolatorError as exc:
                 log.debug("could not withdraw the reader record: %s", exc)

@@ -16,6 +16,11 @@ One pass:
    live lock is deleted (the deletion bound may be below the stored safe point; readers below
    the stored safe point get SafePointError anyway).  This second read is what protects a
    reader whose publication landed while the pass was running (percolator/readers.py).
+   Then the **locks again**, in every table, below that bound: a transaction no record
+   protected (a lapsed record, a transaction inherited across a fork) may have locked after
+   the first scan and passed its commit check against the previous safe point; every lock
+   it placed is there before the safe point was stored, so this scan settles the dead ones
+   while their primary's commit-index entry still exists, and a live one lowers the bound.
 5. Per table: per cell, the newest write record ``<= bound`` is kept with its data; older
    write records and data versions (including the orphans of rolled-back transactions below
    the kept commit) are deleted, and so are the commit-index entries of transactions below the
@@ -40,7 +45,9 @@ One pass:
    pass killed between the two leaves a lock cell the next pass finds dead again (the other
    way round, it would leave history no scan of lock cells finds).  A prewrite that reads
    the lock cell in between re-puts the record of the delete it holds; on HBase the delete
-   marker hides it, elsewhere a later pass collects it.
+   marker hides it, elsewhere a later pass collects it.  A dead cell whose notify family
+   still holds a notification stays until a later pass: the observer's run must find the
+   delete it was notified of (gone, it would read "never written" and skip the change).
 
 7. The delete masks of the collected tables and of the meta table are forgotten
    (:meth:`Store.compact_deletes`; on HBase its own major compactions do that), so the
@@ -86,6 +93,10 @@ TABLE_PROGRESS_QUALIFIER = b"collected"
 CLOCK_QUALIFIER = b"clock"
 _DELETE_BATCH = 1000
 
+#: ``notified(table, cells)``: the ``(row, qualifier)`` cells among ``cells`` that have a
+#: notification waiting
+Notified = Callable[[str, Sequence[tuple[bytes, bytes]]], set[tuple[bytes, bytes]]]
+
 
 @dataclass
 class GcReport:
@@ -100,6 +111,8 @@ class GcReport:
     cells_collected: int = 0
     #: cells whose latest commit is a delete, removed with their lock cell
     dead_cells_removed: int = 0
+    #: dead cells left for a later pass: a notification of their delete was still waiting
+    dead_cells_notified: int = 0
     #: notify cells of columns no observer watches, cleaned (by the client, see gc())
     notifications_collected: int = 0
     #: delete masks forgotten (Store.compact_deletes: embedded and memory stores)
@@ -179,12 +192,15 @@ def run_gc(
     own_oldest_reader: Callable[[], int | None] = lambda: None,
     own_row: bytes | None = None,
     progress: Callable[[str], None] | None = None,
+    notified: Notified,
 ) -> GcReport:
     """One garbage-collection pass collecting ``tables``; locks are resolved in
     ``all_tables`` (default: ``tables``; the client passes every user table).
 
     ``now_ts`` is a fresh timestamp from the oracle: with ``life_time_ms=0`` the safe point
-    is above every transaction that started before this call and is not a live reader."""
+    is above every transaction that started before this call and is not a live reader.
+    ``notified(table, cells)``: which of the ``(row, qualifier)`` cells have a notification
+    waiting (percolator/notifications.py owns that family): dead cells among them stay."""
     say = progress or (lambda message: None)
     report = GcReport(tables=list(tables))
     candidate = max(0, now_ts - compose(life_time_ms))
@@ -208,6 +224,15 @@ def run_gc(
     # Read the readers again: one that published after the first read is protected here.
     again = live_readers(store, now_ms(), extra=own_oldest_reader(), own_row=own_row)
     bound = min(x for x in (safe_point, again.oldest, oldest_alive) if x is not None)
+    # And the locks again: a transaction below the bound that was not published (its
+    # record lapsed, or it was inherited across a fork) may have placed its locks after
+    # the first scan and passed its commit check against the safe point stored before
+    # this pass's.  Its locks are all in place by then, so this scan meets each one still
+    # there: a dead one is settled while its commit-index entry still exists, a live one
+    # keeps the bound below it.  A transaction that locks after this scan checks the
+    # safe point just stored and, below the bound, aborts.
+    for table in all_tables if all_tables is not None else tables:
+        bound, _ = _resolve_old_locks(store, resolver, table, bound, report, again=True)
     report.bound = bound
 
     # Lock cells stamped below this are older than any compare-and-set still to come.
@@ -217,15 +242,19 @@ def run_gc(
         done = table_progress(store, table)
         _collect(store, table, bound, done, report)
         failpoints.failpoint("gc.after_versions")
-        _remove_dead_cells(store, table, bound, stamp_limit, report)
+        _remove_dead_cells(store, table, bound, stamp_limit, report, notified)
         failpoints.failpoint("gc.after_table")
         if bound > done:
             set_table_progress(store, table, bound)
 
-    expired = sorted(set(readers.expired_rows) & set(again.expired_rows))
+    # Expired in both reads, the same record (row and version): deleted at or below the
+    # version read, so a record its client stored since (always at a higher version, see
+    # ReaderRegistry.publish) survives, and no delete marker hides the client's later ones.
+    expired = sorted(set(readers.expired) & set(again.expired))
     if expired:
         store.delete_versions(
-            META_TABLE, [Delete(row, META_FAMILY, CLIENT_QUALIFIER, 2**62) for row in expired]
+            META_TABLE,
+            [Delete(row, META_FAMILY, CLIENT_QUALIFIER, version) for row, version in expired],
         )
         report.clients_expired = len(expired)
     report.reservations_removed = collect_reservations(store, now_ms())
@@ -238,10 +267,17 @@ def run_gc(
 
 
 def _resolve_old_locks(
-    store: Store, resolver: LockResolver, table: str, candidate: int, report: GcReport
+    store: Store,
+    resolver: LockResolver,
+    table: str,
+    candidate: int,
+    report: GcReport,
+    *,
+    again: bool = False,
 ) -> tuple[int, int | None]:
     """Resolve every lock of ``table`` below ``candidate``.  Returns the candidate (lowered
-    below live locks) and the oldest live lock's start_ts."""
+    below live locks) and the oldest live lock's start_ts.  ``again``: the pass's second
+    scan (its live and orphaned locks were counted by the first)."""
     oldest_alive: int | None = None
     for row, cells in store.scan(table, LOCK, ScanOptions(batch_size=1000)):
         for qualifier, (_, value) in cells.items():
@@ -255,13 +291,13 @@ def _resolve_old_locks(
             except TableNotFoundError:
                 # Its primary's table was dropped: the transaction's fate cannot be known.
                 # Leave the lock (reads of this cell report it) and collect everything else.
-                report.locks_orphaned += 1
+                report.locks_orphaned += 0 if again else 1
                 continue
             if status.final:
                 report.locks_resolved += 1
             else:
                 # A live transaction below the candidate: keep the safe point below it.
-                report.locks_alive += 1
+                report.locks_alive += 0 if again else 1
                 candidate = min(candidate, lock.start_ts)
                 if oldest_alive is None or lock.start_ts < oldest_alive:
                     oldest_alive = lock.start_ts
@@ -304,23 +340,25 @@ def is_dead(cell: LockCell, bound: int) -> bool:
 
 
 def _remove_dead_cells(
-    store: Store, table: str, bound: int, stamp_limit: int, report: GcReport
+    store: Store,
+    table: str,
+    bound: int,
+    stamp_limit: int,
+    report: GcReport,
+    notified: Notified,
 ) -> None:
-    """Delete the dead cells of ``table`` (module docstring, step 6), lock cells last."""
-    locks: list[Delete] = []
-    history: list[Delete] = []
+    """Delete the dead cells of ``table`` (module docstring, step 6), lock cells last.
+    A dead cell with a notification waiting (``notified``) stays for a later pass: the
+    observer's run must still find the delete it is notified of."""
+    dead: list[tuple[bytes, bytes]] = []
 
     def flush() -> None:
-        store.delete_versions(table, history)
-        failpoints.failpoint("gc.before_lock_cells")
-        store.delete_versions(table, locks)
-        report.dead_cells_removed += len(locks)
-        locks.clear()
-        history.clear()
-
-    for row, cells in store.scan(table, LOCK, ScanOptions(batch_size=_DELETE_BATCH)):
-        for qualifier, (version, value) in cells.items():
-            if version >= stamp_limit or not is_dead(LockCell.decode(value), bound):
+        waiting = notified(table, dead)
+        locks: list[Delete] = []
+        history: list[Delete] = []
+        for row, qualifier in dead:
+            if (row, qualifier) in waiting:
+                report.dead_cells_notified += 1
                 continue
             # Every compare-and-set since the store clock was read is stamped at or above
             # stamp_limit, so "at or below stamp_limit - 1" removes only the version read
@@ -332,9 +370,22 @@ def _remove_dead_cells(
             # at or above it), and no live reader is below it.
             history.append(Delete(row, WRITE, qualifier, bound - 1))
             history.append(Delete(row, DATA, qualifier, bound - 1))
-            if len(locks) >= _DELETE_BATCH:
+        dead.clear()
+        if not locks:
+            return
+        store.delete_versions(table, history)
+        failpoints.failpoint("gc.before_lock_cells")
+        store.delete_versions(table, locks)
+        report.dead_cells_removed += len(locks)
+
+    for row, cells in store.scan(table, LOCK, ScanOptions(batch_size=_DELETE_BATCH)):
+        for qualifier, (version, value) in cells.items():
+            if version >= stamp_limit or not is_dead(LockCell.decode(value), bound):
+                continue
+            dead.append((row, qualifier))
+            if len(dead) >= _DELETE_BATCH:
                 flush()
-    if locks:
+    if dead:
         flush()
 
 

@@ -22,8 +22,9 @@ from typing import Any
 import pytest
 
 import percolator
-from percolator import failpoints, readers
+from percolator import failpoints, notifications, readers
 from percolator.errors import SafePointError, UndeterminedCommitError
+from percolator.protocol.cells import CellKey
 from percolator.protocol.gc import lock_report
 from percolator.store import Store, open_store
 from percolator.store.backends import with_table_prefix
@@ -388,3 +389,130 @@ def test_gc_cleans_notifications_of_columns_nobody_observes(app: percolator.Clie
     assert report.notifications_collected == 1
     left = app.store.read_row("a", b"r", families=[NOTIFY])
     assert set(left) == {(NOTIFY, b"watched")}
+
+
+# ---------------------------------------------------------------- 8. records GC removed
+
+
+def _expire_the_apps_record(app: percolator.Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The application reads once with a short-lived record and lets it expire (as a client
+    idle for a minute does); later records live for the usual minute."""
+    monkeypatch.setattr(readers, "PUBLISH_TTL_MS", 300)
+    monkeypatch.setattr(readers, "_PROTECTION_MARGIN_MS", 100)
+    monkeypatch.setattr(readers, "RENEW_INTERVAL_S", 3600.0)
+    with app.snapshot() as snap:
+        assert snap.get("a", b"k1", "c") == b"v1"
+    time.sleep(0.5)
+    monkeypatch.setattr(readers, "PUBLISH_TTL_MS", 60_000)
+    monkeypatch.setattr(readers, "_PROTECTION_MARGIN_MS", 15_000)
+
+
+def _overwrite_and_collect(
+    app: percolator.Client, operator: percolator.Client, read_ts: int
+) -> None:
+    operator.run(lambda t: (t.set("a", b"k1", "c", b"v2"), t.set("a", b"k2", "c", b"v2")))
+    report = operator.gc(life_time_ms=0)
+    assert report.bound <= read_ts, "GC passed a reader whose client published it"
+
+
+def test_a_clients_record_stored_after_gc_removed_its_expired_one_stays_in_force(
+    app: percolator.Client, operator: percolator.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GC removes an idle client's expired record.  The delete must not hide the client's
+    later records: on HBase a delete marker stays until a major compaction and hides every
+    put at or below its version (kept here on every backend)."""
+    monkeypatch.setattr(operator.store, "compact_deletes", lambda table: 0)
+    operator.run(lambda t: (t.set("a", b"k1", "c", b"v1"), t.set("a", b"k2", "c", b"v1")))
+    _expire_the_apps_record(app, monkeypatch)
+    assert operator.gc(life_time_ms=600_000).clients_expired == 1
+
+    snap = app.snapshot()
+    assert snap.get("a", b"k1", "c") == b"v1"  # registers: publishes, then protected
+    published = {p.row: p.min_start_ts for p in readers.scan_publications(app.store)}
+    assert published.get(app._readers.row) == snap.read_ts  # type: ignore[attr-defined]
+    _overwrite_and_collect(app, operator, snap.read_ts)
+    assert snap.get("a", b"k2", "c") == b"v1"
+
+
+def test_gc_removing_an_expired_record_spares_the_one_its_client_stored_meanwhile(
+    app: percolator.Client, operator: percolator.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GC found a client's record expired in both of its reads; the client stores a fresh
+    one (a new reader) before GC gets to removing the expired one: the fresh one stays."""
+    operator.run(lambda t: (t.set("a", b"k1", "c", b"v1"), t.set("a", b"k2", "c", b"v1")))
+    _expire_the_apps_record(app, monkeypatch)
+    opened: list[percolator.Snapshot] = []
+
+    def open_reader_once(message: str) -> None:
+        if message.startswith("collecting versions") and not opened:
+            snap = app.snapshot()
+            assert snap.get("a", b"k1", "c") == b"v1"
+            opened.append(snap)
+
+    assert operator.gc(life_time_ms=600_000, progress=open_reader_once).clients_expired == 1
+    (snap,) = opened
+    published = {p.row: p.min_start_ts for p in readers.scan_publications(app.store)}
+    assert published.get(app._readers.row) == snap.read_ts  # type: ignore[attr-defined]
+    _overwrite_and_collect(app, operator, snap.read_ts)
+    assert snap.get("a", b"k2", "c") == b"v1"
+
+
+def test_a_transaction_no_record_protects_cannot_lose_its_secondary_to_gc(
+    app: percolator.Client, operator: percolator.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transaction whose record lapsed locks its cells after GC scanned their table for
+    locks, passes its commit check against the previous safe point, commits its primary
+    and dies.  GC stores a safe point above it and collects the primary's commit-index
+    entry: it must first settle the secondary lock, or the secondary later resolves as
+    rolled back once the primary's lock cell has moved on (a half-committed transaction)."""
+    operator.run(lambda t: (t.set("a", b"p", "c", b"p0"), t.set("a", b"s", "c", b"s0")))
+    monkeypatch.setattr(readers, "PUBLISH_TTL_MS", 300)
+    monkeypatch.setattr(readers, "_PROTECTION_MARGIN_MS", 100)
+    monkeypatch.setattr(readers, "RENEW_INTERVAL_S", 3600.0)
+    txn = app.transaction()
+    assert txn.get("a", b"p", "c") == b"p0"
+    time.sleep(0.5)  # its record lapses (a paused process, a failed renewal)
+    committed: list[int | None] = []
+
+    def commit_during_the_lock_scans(message: str) -> None:
+        # After table a was scanned for locks, before the safe point is stored.
+        if message.startswith("resolving locks") and message.endswith(" in b") and not committed:
+            txn.set("a", b"p", "c", b"p1")
+            txn.set("a", b"s", "c", b"s1")
+            failpoints.enable("commit.after_primary", "raise")  # as if it died there
+            committed.append(txn.commit())
+            failpoints.disable()
+
+    report = operator.gc(life_time_ms=0, progress=commit_during_the_lock_scans)
+    assert committed and committed[0] is not None
+    assert report.bound > txn.start_ts  # nothing protected it: its history below may go
+    assert lock_report(app.store, "a") == []  # its secondary was settled, not left
+    operator.run(lambda t: t.set("a", b"p", "c", b"p2"))
+    with operator.snapshot() as snap:
+        assert snap.get("a", b"p", "c") == b"p2"
+        assert snap.get("a", b"s", "c") == b"s1"
+
+
+def test_gc_keeps_a_deleted_cell_whose_delete_is_still_notified(
+    app: percolator.Client, operator: percolator.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An observer notified of a delete must find it: GC removes a dead cell (latest commit
+    a delete) only once no notification waits on it."""
+    monkeypatch.setattr(app.store, "stamp_skew_ms", 0)
+    # Written by the collecting client: no other client's record holds GC back.
+    operator.run(lambda t: t.set("a", b"k", "c", b"v1"))
+    deleting = operator.transaction()
+    deleting.delete("a", b"k", "c")
+    delete_ts = deleting.commit()
+    assert delete_ts is not None
+    notifications.put_notifications(app.store, [CellKey("a", b"k", "c")], delete_ts)
+    time.sleep(0.01)  # the lock cell's stamp falls below the store's clock
+
+    first = operator.gc(life_time_ms=0)
+    assert (first.dead_cells_removed, first.dead_cells_notified) == (0, 1)
+    with operator.transaction() as txn:
+        assert txn.get_with_commit_ts("a", b"k", "c") == (None, delete_ts)
+    # Nobody observes the column: GC cleaned the notification up, so the next pass removes it.
+    assert first.notifications_collected == 1
+    second = operator.gc(life_time_ms=0)
+    assert (second.dead_cells_removed, second.dead_cells_notified) == (1, 0)
