@@ -18,6 +18,13 @@ live in the worker's memory: each worker counts its own, a restart starts from z
 Conflicts (another run or writer won) are not failures: they are retried after a short
 back-off and counted separately.  An undetermined commit is not the observer's fault
 either: it backs off like a conflict, and the next run reads the ack and knows.
+
+"An exception" is any :class:`BaseException`, ``SystemExit`` included (a plugin calling
+``sys.exit()``): a run thread is never lost to observer code.  The worker stops its threads
+with events and a sentinel in the queue, never with an exception, and a real Ctrl-C
+(``KeyboardInterrupt``) is only ever raised in the main thread: only there does it propagate
+(:func:`_is_interrupt`).  A run thread that dies anyway (a bug in the bookkeeping here)
+logs it and gives its cells in flight back; the worker's ``/healthz`` reports it.
 """
 
 from __future__ import annotations
@@ -52,6 +59,15 @@ if TYPE_CHECKING:
     from percolator.client import Client
 
 log = logging.getLogger(__name__)
+
+
+def _is_interrupt(exc: BaseException) -> bool:
+    """Whether ``exc`` is a Ctrl-C to honour rather than a failure of a run: a
+    ``KeyboardInterrupt`` in the main thread (Python raises it nowhere else; in another
+    thread only code that raises it itself does)."""
+    return isinstance(exc, KeyboardInterrupt) and (
+        threading.current_thread() is threading.main_thread()
+    )
 
 
 @dataclass
@@ -162,7 +178,30 @@ class NotificationProcessor:
         interleaved (row by row), and batching only neighbours would run each alone.  The
         notifications of other observers taken meanwhile wait in ``carried`` (in order, still
         in flight) and are run by this thread next; it takes at most ``2 * batch_size`` of
-        them per batch, so one thread never hoards the queue."""
+        them per batch, so one thread never hoards the queue.
+
+        A run never ends the thread: :meth:`run_batch` counts whatever the observer code
+        raises as a failure of its cell, and an error of the bookkeeping is logged.  If the
+        thread dies anyway (a bug in the loop itself), it logs it and gives back every cell
+        it held in flight, so that other threads (or workers) run them; the worker's health
+        check reports the dead thread (observers/worker.py)."""
+        held: set[Cell] = set()  # taken from the queue by this thread, run not ended
+        try:
+            self._run_loop(held)
+        except BaseException as exc:
+            if _is_interrupt(exc):
+                raise
+            log.critical(
+                "run thread %s died: it runs nothing more (the worker reports unhealthy)",
+                threading.current_thread().name,
+                exc_info=exc,
+            )
+        finally:
+            with self._lock:
+                self._inflight.difference_update(held)
+
+    def _run_loop(self, held: set[Cell]) -> None:
+        """The loop of :meth:`run_loop`; keeps ``held`` up to date."""
         carried: collections.deque[Notification] = collections.deque()
         ending = False
         size = self._options.batch_size
@@ -173,6 +212,7 @@ class NotificationProcessor:
                 first = self._queue.get()
                 if first is None:
                     return
+                held.add(first.cell)
                 carried.append(first)
             observer = self._observers[(carried[0].table, carried[0].column)]
             batch: list[Notification] = []
@@ -192,6 +232,7 @@ class NotificationProcessor:
                 if queued is None:
                     ending = True
                     break
+                held.add(queued.cell)
                 taken += 1
                 if self._observers[(queued.table, queued.column)] is observer:
                     batch.append(queued)
@@ -201,12 +242,15 @@ class NotificationProcessor:
             carried = others
             try:
                 self.run_batch(observer, batch)
-            except Exception:  # never lose a pool thread to a bug in the bookkeeping
+            except BaseException as exc:  # never lose a pool thread to a bug in the bookkeeping
+                if _is_interrupt(exc):
+                    raise
                 log.exception("unexpected error handling %s", ", ".join(map(str, batch)))
             finally:
                 with self._lock:
                     for notification in batch:
                         self._inflight.discard(notification.cell)
+                        held.discard(notification.cell)
 
     def run(self, notification: Notification) -> None:
         """One run task for one notification (a batch of one, :meth:`run_batch`)."""
@@ -246,7 +290,9 @@ class NotificationProcessor:
             for notification in batch:
                 self._back_off_conflict(notification.cell)
             return
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit from a plugin too (module docstring)
+            if _is_interrupt(exc):
+                raise
             if len(batch) == 1:
                 self.failed(observer, batch[0], exc)
                 return
@@ -293,7 +339,7 @@ class NotificationProcessor:
             delay = Backoff(self._options.conflict_backoff_s, 5.0).delay(min(state.conflicts, 10))
             state.not_before = time.monotonic() + delay
 
-    def failed(self, observer: Observer, notification: Notification, exc: Exception) -> None:
+    def failed(self, observer: Observer, notification: Notification, exc: BaseException) -> None:
         """Count a failure of ``observer`` on ``notification``: back off, or park the cell
         once it failed ``failure_limit`` times in a row."""
         self._metrics.failures.inc(observer=observer.name)

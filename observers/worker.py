@@ -19,7 +19,8 @@ consistent: a dropped or rolled-back run's notification is still there for the n
 
 Metrics (Prometheus, observers/worker_metrics.py): backlog and parked cells per observer,
 low watermark and its lag, commit-to-run latency, committed runs, skipped runs (already
-acknowledged), conflicts, failures, parkings, scanner passes and jumps.
+acknowledged), conflicts, failures, parkings, scanner passes and jumps.  ``/healthz`` beside
+them answers 503 once a thread of the worker died (:meth:`Worker.health`).
 
 :func:`run_until_quiet` (observers/drain.py) does the same work synchronously, for tests and
 batch jobs; :class:`WorkerOptions` (observers/options.py) holds the tunables.
@@ -199,7 +200,10 @@ class Worker:
         )
         if self.options.metrics_port is not None:
             self._metrics_server = MetricsServer(
-                self.metrics.registry, self.options.metrics_host, self.options.metrics_port
+                self.metrics.registry,
+                self.options.metrics_host,
+                self.options.metrics_port,
+                health=self.health,
             )
         if self.leases is not None:
             self.leases.rebalance()
@@ -297,6 +301,25 @@ class Worker:
 
     def stopped(self) -> bool:
         return self._stopping.is_set()
+
+    def health(self) -> str | None:
+        """None while the worker is healthy, else why not (served by ``/healthz`` with
+        status 503): one of its threads (run, scanner, housekeeping) ended before
+        :meth:`stop`.  Observer errors and store errors do not end threads
+        (observers/processor.py, observers/finder.py), so a dead thread is an unexpected
+        error, already reported (a run thread logs it; Python prints the traceback of the
+        others).  The worker goes on with the threads it has left and does not replace the
+        lost one: the process must be restarted (by whatever polls ``/healthz``)."""
+        if self._stopping.is_set():
+            return None
+        dead = [
+            t.name
+            for t in self._runners + self._threads
+            if t.ident is not None and not t.is_alive()
+        ]
+        if dead:
+            return f"worker thread(s) died: {', '.join(dead)} (see the worker's log)"
+        return None
 
     def _columns_by_table(self) -> dict[str, list[str]]:
         columns: dict[str, list[str]] = {table: [] for table in self._tables}
