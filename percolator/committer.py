@@ -13,9 +13,10 @@ Order of steps, each marked with its failpoint:
    (``prewrite.after_secondaries``);
 3. check the GC safe point (a transaction below it may have prewritten a cell whose history
    garbage collection removed, without seeing a newer commit: SafePointError, rolled back);
-   get ``commit_ts``; put notifications at ``commit_ts`` (``commit.before_notify``) - before the
-   commit point, so a crash cannot lose them (a spurious one for an aborted transaction
-   is harmless);
+   get ``commit_ts``; only then decide which written cells are observed (below), and put
+   their notifications at ``commit_ts`` (``commit.before_notify``) - before the commit
+   point, so a crash cannot lose them (a spurious one for an aborted transaction is
+   harmless);
 4. **commit point** (``commit.before_primary``, then
    :func:`percolator.protocol.commit.commit_primary` with ``commit.primary_cas`` and
    ``commit.primary_cas_applied``): compare-and-set the primary's lock cell from our exact
@@ -32,6 +33,25 @@ Order of steps, each marked with its failpoint:
 While the locks are held, a heartbeat extends the primary's TTL so a long commit is not
 rolled back by others.  On any error before the commit point, every lock this transaction
 placed is rolled back, the primary first.
+
+**Which cells to notify** is decided after ``commit_ts`` was returned by the oracle, by
+``ctx.is_observed`` (percolator/notifications.py, :class:`ObservedColumns`), whose answer
+comes from an observed set loaded by a read of the registry that *started* at most one
+refresh interval before the moment it is asked (a monotonic clock; an older set is reloaded
+first, so a fresh one costs no store read).  This is what makes a registration's catch-up
+(observers/catchup.py) complete.  Let a registration become visible at ``R``; its catch-up
+draws its notification timestamp and scans the lock family only after ``R`` + one refresh
+interval (+ a margin).  A writer whose set was loaded (its read started) after ``R`` sees
+the registration and notifies itself.  A writer whose set was loaded before ``R`` answered
+at most one interval after that load, so it had ``commit_ts`` before ``R`` + one interval:
+before the catch-up drew its timestamp and scanned.  All its locks were placed before
+``commit_ts`` was drawn, hence before the scan: the catch-up finds the lock (or the commit)
+and leaves a notification, and the run that processes it starts above the catch-up's
+timestamp, so above ``commit_ts``: it resolves or waits for the lock and then sees the
+commit.  Deciding at the *start* of the commit instead lets a writer with a stale set that
+is slow before it draws ``commit_ts`` (a pause, a long prewrite) place its locks after the
+scan, or commit above the start of the run the catch-up's notification caused: its change
+would never be processed.
 
 This module orchestrates: the phases, the heartbeat (run by the client's heartbeat thread,
 percolator/heartbeats.py), the failpoints between steps and
@@ -87,7 +107,6 @@ class Committer:
         ctx: EngineContext,
         start_ts: int,
         mutations: Sequence[Mutation],
-        notify: Sequence[CellKey] = (),
         known: Mapping[CellKey, RawCell] | None = None,
     ) -> None:
         if not mutations:
@@ -97,7 +116,9 @@ class Committer:
         ordered = sorted(mutations, key=lambda m: m.key)
         self.primary = ordered[0]
         self.secondaries = ordered[1:]
-        self._notify = list(notify)
+        #: the written cells that were notified at ``commit_ts``: decided by
+        #: :meth:`_write_notifications`, after ``commit_ts`` was drawn (module docstring)
+        self.notified: list[CellKey] = []
         # Raw cell states the transaction read at start_ts: prewrite skips re-reading them.
         self._known = dict(known or {})
         # Every cell we locked, with the exact lock bytes we wrote there.
@@ -253,7 +274,16 @@ class Committer:
         return CommitResult(self.commit_ts, done)
 
     def _write_notifications(self, commit_ts: int) -> None:
-        put_notifications(self._ctx.store, self._notify, commit_ts)
+        """Notify the observed cells among the written ones at ``commit_ts``.
+
+        Called once ``commit_ts`` has been returned by the oracle, never before: each
+        ``is_observed`` answer comes from an observed set whose load started at most one
+        refresh interval before the call (else it reloads first, which may raise: then the
+        transaction rolls back, before its commit point), so a registration this commit
+        misses has a catch-up that finds its locks (module docstring)."""
+        is_observed = self._ctx.is_observed
+        self.notified = [m.key for m in (self.primary, *self.secondaries) if is_observed(m.key)]
+        put_notifications(self._ctx.store, self.notified, commit_ts)
 
     def _commit_primary(self, commit_ts: int) -> None:
         # Under the primary guard: the heartbeat must not replace the lock bytes the commit

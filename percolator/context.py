@@ -57,7 +57,10 @@ class EngineContext:
     readers: ReaderRegistry
     #: raises for an unknown or malformed table (cached by the client)
     check_table: Callable[[str], None] = field(default=_any_table)
-    #: which written cells must leave a notification (observed columns); set by observers
+    #: which written cells must leave a notification (observed columns); set by the client
+    #: (percolator/notifications.py, ObservedColumns.is_observed).  The committer asks it
+    #: only after drawing commit_ts, and it must answer from an observed set whose load
+    #: started at most one refresh interval before the call (percolator/committer.py says why)
     is_observed: Callable[[CellKey], bool] = field(default=lambda key: False)
     #: the thread extending the primary locks of this client's commits in flight
     heartbeats: Heartbeats = field(default_factory=Heartbeats)

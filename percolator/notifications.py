@@ -46,12 +46,16 @@ value      JSON ``{"v": 1, "observer": NAME, "weak": BOOL}``, optionally with
            compare-and-set
 =========  ================================================================================
 
-Guarantee: a commit that begins more than one refresh interval after a registration became
-visible in the store notifies (its client's cached set, :class:`ObservedColumns`, was loaded
-after the registration).  In particular every transaction that *starts* that long after the
-registration notifies.  ``percolator.observers.api.register_observers`` waits one interval
-before returning, so writes that start after it returns are all notified.  The interval must
-be the same in every process: set ``PERCOLATOR_OBSERVED_REFRESH_MS`` everywhere or nowhere.
+Guarantee: a commit that draws its ``commit_ts`` more than one refresh interval after a
+registration became visible in the store notifies: it decides which cells to notify only
+after drawing ``commit_ts``, from a cached set (:class:`ObservedColumns`) whose load started
+at most one interval before (percolator/committer.py).  In particular every transaction that
+*starts* that long after the registration notifies.  A commit that drew its ``commit_ts``
+earlier placed all its locks before the registration's catch-up scanned
+(observers/catchup.py), which notifies it.  ``percolator.observers.api.register_observers``
+waits one interval before the catch-up, so every change is notified by one or the other.
+The interval must be the same in every process: set ``PERCOLATOR_OBSERVED_REFRESH_MS``
+everywhere or nowhere.
 
 Acks
 ----
@@ -428,9 +432,19 @@ class ObservedColumns:
     sees them: a cache of the registrations.  Thread-safe.  ``refresh_ms``: the refresh
     interval (default :func:`observed_refresh_ms`); ``clock``: monotonic seconds.
 
-    The cache is reloaded synchronously by the commit that finds it older than the refresh
-    interval: no background thread, and a client that is blocked or idle never commits with
-    a stale set (the guarantee in the module docstring)."""
+    The cache is reloaded synchronously by the commit that finds it too old: no background
+    thread, and a client that is blocked or idle never commits with a stale set.
+
+    **Freshness** (what the committer relies on, percolator/committer.py): every answer of
+    :meth:`current` and :meth:`is_observed` comes from a set loaded by a read of the
+    registry that *started* at most one refresh interval before the call; an older set is
+    reloaded first.  The age is measured on the monotonic ``clock`` from the moment recorded
+    just *before* the load's store read began (a registration that became visible after
+    that moment may be missed by the read; one visible before it is not).  The committer
+    asks only after its ``commit_ts`` was returned by the oracle, so a commit that misses a
+    registration visible at ``R`` loaded its set before ``R`` and drew its ``commit_ts``
+    before ``R`` + one interval: before the registration's catch-up looked
+    (observers/catchup.py).  A fresh set costs no store read."""
 
     def __init__(
         self,
@@ -440,9 +454,10 @@ class ObservedColumns:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
-        self._observed: frozenset[tuple[str, str]] = frozenset()
-        # clock() at which the load of the cached set *started* (-inf: never)
-        self._loaded_at = float("-inf")
+        # (observed set, clock() at which its load *started*; -inf: never loaded), replaced
+        # as one tuple so that a reader without the lock never pairs a set with another
+        # load's time
+        self._cached: tuple[frozenset[tuple[str, str]], float] = (frozenset(), float("-inf"))
         self._lock = threading.Lock()
         self._refresh_s = (refresh_ms if refresh_ms is not None else observed_refresh_ms()) / 1000
         self._clock = clock
@@ -457,24 +472,26 @@ class ObservedColumns:
         """Reload the observed set from the store now (one scan of the meta table) and
         return it.  Raises StoreUnavailableError if the store cannot be read; the cache is
         then left as it was (and is still stale, so the next commit tries again)."""
-        started = self._clock()
+        started = self._clock()  # before the read begins: the age counts from here
         observed = load_observed_columns(self._store)
         with self._lock:
             # Two concurrent reloads: keep the one that started later.
-            if started >= self._loaded_at:
-                self._observed = observed
-                self._loaded_at = started
-            return self._observed
+            if started >= self._cached[1]:
+                self._cached = (observed, started)
+            return self._cached[0]
 
     def current(self) -> frozenset[tuple[str, str]]:
-        """The observed pairs, reloaded first if the cached set was loaded more than one
-        refresh interval ago."""
-        if self._clock() - self._loaded_at > self._refresh_s:
+        """The observed pairs, from a set whose load started at most one refresh interval
+        ago (reloaded first otherwise)."""
+        observed, loaded_at = self._cached
+        if self._clock() - loaded_at > self._refresh_s:
             return self.refresh()
-        return self._observed
+        return observed
 
     def is_observed(self, key: CellKey) -> bool:
-        """Whether a write of ``key`` must leave a notification."""
+        """Whether a write of ``key`` must leave a notification (answered as
+        :meth:`current` says: from a set whose load started at most one refresh interval
+        before this call)."""
         return (key.table, key.column) in self.current()
 
 

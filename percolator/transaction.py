@@ -357,10 +357,10 @@ class Transaction(Snapshot):
             if not self._writes:
                 self._status = TxnStatus.COMMITTED
                 return None
-            ctx = self._ctx
             mutations = list(self._writes.values())
-            notify = [m.key for m in mutations if ctx.is_observed(m.key)]
-            committer = Committer(ctx, self.start_ts, mutations, notify, known=self._seen)
+            # Which cells to notify is decided by the committer after it drew commit_ts,
+            # not here: a set checked now may be stale by then (percolator/committer.py).
+            committer = Committer(self._ctx, self.start_ts, mutations, known=self._seen)
             result = committer.commit()
         except UndeterminedCommitError:
             self._status = TxnStatus.UNDETERMINED
