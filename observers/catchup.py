@@ -8,8 +8,25 @@ timestamp, on each cell that
 
 * a strong observer owes: its ack is below the cell's latest commit (or it has none);
 * a weak observer owes: any cell with a commit (it keeps no acks: every one is re-run);
-* is locked by a transaction in flight (it may commit without a notification if it began
-  before the registration was visible everywhere; the run resolves the lock first).
+* is locked by a transaction in flight (it may commit without a notification of its own, see
+  below; the run resolves the lock, or waits for it, first).
+
+Why that is complete.  Let the registration become visible at ``R``.  The catch-up runs
+after :func:`~percolator.observers.api.wait_until_notified`, i.e. after ``R`` + one refresh
+interval + a margin, and draws its notification timestamp ``N`` before it scans.  A commit
+decides which cells to notify only after its ``commit_ts`` was returned by the oracle, from
+an observed set whose load (the store read) started at most one refresh interval before
+that decision (percolator/committer.py, percolator/notifications.py ``ObservedColumns``).
+So a commit whose set was loaded after ``R`` notifies itself, and one whose set was loaded
+before ``R`` drew its ``commit_ts`` before ``R`` + one interval: before ``N`` was drawn
+(``commit_ts < N``) and before the scan began.  Its locks were all placed before its
+``commit_ts`` was drawn, so the scan sees, on each of its watched cells, either its lock or
+its commit (or a later one), and notifies the cell at ``N``.  The run for that notification
+starts at ``O > N > commit_ts``: it resolves or waits for the lock and then sees the commit
+(or a later one, which covers it).  Were the decision taken at the *start* of the commit, a
+writer slow before drawing ``commit_ts`` could place its locks after the scan, or commit
+above ``O`` after the run waited on its lock: the run would ack the older commit and clean
+``N`` up, and the change would never be processed.
 
 Guarantees: after :func:`~percolator.observers.api.register_observers` returns, every
 change of a watched column is either notified by its commit or by the catch-up, so each is
@@ -35,6 +52,7 @@ from percolator.errors import InvalidArgumentError
 from percolator.layout import LOCK, WRITE
 from percolator.notifications import read_ack, registrations
 from percolator.protocol.cells import CellKey
+from percolator.readers import read_safe_point
 from percolator.records import LockCell, RecordError
 from percolator.store.base import ScanOptions
 
@@ -42,6 +60,31 @@ if TYPE_CHECKING:
     from percolator.client import Client
 
 _ALL_VERSIONS = 2**31 - 1
+
+
+def _oldest_owed(
+    retained: list[int], in_flight: list[int], ack: int | None, safe_point: int
+) -> int | None:
+    """A lower bound of the oldest change a cell owes (None: it owes none that is known),
+    from its ``retained`` commits (write records and the lock cell's latest commit), the
+    start of a lock ``in_flight`` on it, its ``ack`` and the GC safe point read after them.
+
+    GC keeps, per cell, the newest commit at or below its bound (at or below the stored safe
+    point) and everything above, or removes a dead cell's history entirely (it may be
+    written again): the retained commits are a suffix of the history, and every commit
+    removed is at or below ``safe_point``.  So the first retained commit above the ack is
+    the oldest owed only if the suffix reaches back to the ack (a retained commit at or
+    below it) or nothing removed can be owed (``safe_point <= ack``; without an ack, only
+    if GC never ran).  Otherwise the oldest owed change may be gone: every owed change is
+    above the ack, so ``ack + 1`` is a bound (0 without an ack)."""
+    covered = ack if ack is not None else 0
+    candidates = [c for c in retained + in_flight if ack is None or c > ack]
+    first = min(candidates) if candidates else None
+    complete = safe_point <= covered or (ack is not None and any(c <= ack for c in retained))
+    if complete:
+        return first
+    truncated = ack + 1 if ack is not None else 0
+    return truncated if first is None else min(first, truncated)
 
 
 @dataclass
@@ -111,16 +154,20 @@ def catch_up(
                 txn.rollback()
             if not owed:
                 return
-            # The oldest change owed per cell: its first commit above the ack.
+            # The oldest change owed per cell: its first commit above the ack - if GC left
+            # it (see _oldest_owed).
             history = store.read_rows(
                 table,
                 sorted({row for row, _, _ in owed}),
                 columns=[(WRITE, q) for q in qualifiers] + [(LOCK, q) for q in qualifiers],
                 max_versions=_ALL_VERSIONS,
             )
+            # Read after the history: every commit GC removed from it is at or below this.
+            safe_point, _ = read_safe_point(store)
             for row, column, ack in owed:
                 cells = history.get(row, {})
                 commits = [v for v, _ in cells.get((WRITE, column.encode("utf-8")), [])]
+                in_flight: list[int] = []
                 for _, value in cells.get((LOCK, column.encode("utf-8")), [])[:1]:
                     try:
                         decoded = LockCell.decode(value)
@@ -129,10 +176,9 @@ def catch_up(
                     if decoded.last_commit is not None:
                         commits.append(decoded.last_commit.commit_ts)
                     if decoded.lock is not None:
-                        commits.append(decoded.lock.start_ts)
-                candidates = [c for c in commits if ack is None or c > ack]
-                if candidates:
-                    first = min(candidates)
+                        in_flight.append(decoded.lock.start_ts)
+                first = _oldest_owed(commits, in_flight, ack, safe_point)
+                if first is not None:
                     oldest = first if oldest is None else min(oldest, first)
             keys = [CellKey(table, row, column) for row, column, _ in owed]
             notifications.put_notifications(store, keys, notify_ts)

@@ -9,6 +9,14 @@ record, so every writer of the load (a retried Spark task, a re-run of a killed 
 **identical cells at identical versions**: re-putting is idempotent, and every cell ends
 with exactly one version per family.
 
+``start_ts`` is drawn before the fence goes up, ``commit_ts`` only **after** the fence is
+visible: the fence is first written with ``commit_ts`` 0 ("not drawn yet"), then a second
+compare-and-set fills it in (whoever finds our load id with ``commit_ts`` 0 - this run, or
+a re-run taking it over - draws it).  Low watermarks rely on it (percolator/watermark.py,
+"Bulk loads"): a computation that found no fence on a table after taking its fresh
+timestamp ``now`` knows every later load of it commits above ``now``; one that finds the
+fence holds its watermark at ``commit_ts`` (at ``start_ts`` while it is 0).
+
 The fence (table state in the meta table)
 -----------------------------------------
 Row ``b"tables/" + table`` of the meta table, qualifier ``state``, JSON (format 1)::
@@ -192,7 +200,8 @@ def begin_load(
     """Fence ``table`` for load ``load_id`` (or take over / recognise that load).
 
     Refuses (:class:`BulkLoadError`, nothing changed) a table that holds cells, or one that
-    another load fences.  ``timestamp`` draws oracle timestamps (twice, for a new load)."""
+    another load fences.  ``timestamp`` draws oracle timestamps (twice, for a new load:
+    ``commit_ts`` after the fence is visible, see the module docstring)."""
     check_table_name(table)
     ensure_meta_table(store)
     for _ in range(20):
@@ -201,6 +210,9 @@ def begin_load(
             if state.state == READY:
                 return Begun(state, published=True)
             renewed = replace(state, lease_expires_ms=now_ms() + lease_ms)
+            if renewed.commit_ts == 0:
+                # Fenced (we read the fence) but ``commit_ts`` not drawn yet: draw it now.
+                renewed = replace(renewed, commit_ts=timestamp())
             if not _cas(store, table, raw, renewed):
                 continue
             _reserve(store, table, renewed)
@@ -229,12 +241,12 @@ def begin_load(
                 "table (use the transactional mode for live tables)"
             )
         start_ts = timestamp()
-        commit_ts = timestamp()
+        # ``commit_ts`` 0: drawn once the fence is visible (the next pass of the loop).
         new = LoadState(
             LOADING,
             load_id,
             start_ts,
-            commit_ts,
+            0,
             now_ms() + lease_ms,
             "no" if existed else "pending",
         )
@@ -245,8 +257,7 @@ def begin_load(
         if existed and _has_lock_cells(store, table):
             _unfence(store, table, new, raw)
             raise BulkLoadError(f"table {table!r} was written while the load began; refused")
-        _reserve(store, table, new)
-        return Begun(_ensure_table(store, table, new), published=False)
+        # The next pass finds our load id fenced and draws ``commit_ts`` (see above).
     raise BulkLoadError(f"the state of table {table!r} kept changing; try again")
 
 
@@ -368,6 +379,8 @@ def publish_load(store: Store, table: str, load_id: str) -> LoadState:
             raise BulkLoadError(f"load {load_id!r} does not hold table {table!r}")
         if state.state == READY:
             break
+        if state.commit_ts == 0:
+            raise BulkLoadError(f"load {load_id!r} of table {table!r} has not begun: re-run it")
         if state.created != "yes":
             verify_table(store, table, state)
         if _cas(store, table, raw, replace(state, state=READY)):

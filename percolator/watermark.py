@@ -14,7 +14,9 @@ the store and a fresh timestamp: any process can compute it (``percolator status
 How it is computed (:func:`compute_watermarks`), for each observer, in this order:
 
 1. ``now`` = a fresh timestamp, taken first.  ``W <= now``.
-2. the published value and the catch-up floor are read (meta table, below);
+2. the published value and the catch-up floor are read (meta table, below), then the
+   registrations again (the columns scanned are those registered after that read: see
+   ``catch-up floors``), then the bulk-load state of the watched tables (``bulk loads``);
 3. **in-flight transactions**: the lock family of every watched column is scanned; a cell
    ``Locked`` by a transaction with ``start_ts = s`` holds ``W <= s`` (its commit
    timestamp, if it commits, is above ``s``).  This also covers a commit whose notification
@@ -55,11 +57,16 @@ scan wrote this observer's notification before its commit point, so the second s
 it, or its run cleaned it up after processing it).
 
 **Monotonic**: the last published value of each observer is kept in the meta table (row
-``watermark/<observer>``, qualifier ``w``, JSON ``{"v": 1, "w": W, "h": HISTORY}``,
-written by compare-and-set) and the result is the maximum of it and the computed value.
-The computed value alone may go backwards (a transaction that started long ago prewrites
-a watched cell later: its lock holds the new computation below the old one, yet its commit
-will be above the old value, so the old value stays true).  A catch-up resets it (below).
+``watermark/<observer>``, qualifier ``w``, JSON ``{"v": 1, "w": W, "h": HISTORY}``, plus
+``"n": NONCE`` in a reset, written by compare-and-set) and the result is the maximum of it
+and the computed value.  The computed value alone may go backwards (a transaction that
+started long ago prewrites a watched cell later: its lock holds the new computation below
+the old one, yet its commit will be above the old value, so the old value stays true).  A
+catch-up resets it (below).  The compare-and-set only proves "nothing changed since my
+read" if the record never returns to earlier bytes: a computation's record ends with its
+own ``finished_ts`` (a fresh timestamp) and a reset carries a random nonce.  A computation
+that loses its compare-and-set returns no more than what is published then (the record may
+have been reset by a catch-up it did not see).
 
 Catch-up floors
 ---------------
@@ -73,6 +80,34 @@ change it owes) until the computed value passes ``t`` (every catch-up notificati
 processed); then the floor is deleted.  A catch-up that died half-way leaves ``done:
 false``: the watermark stays at 0, visibly, until a catch-up is run again.
 
+``F`` is only as good as the write history the catch-up reads, and GC truncates it: per
+cell it keeps the newest commit at or below its bound (itself at or below the stored safe
+point) and everything above, and removes a dead cell's history entirely (the cell may be
+written again later).  So the retained commits of a cell are always a suffix of its
+history, and the catch-up takes the first retained commit above the ack as the oldest
+change owed only when nothing owed can be missing: some retained commit is at or below the
+ack (the suffix reaches back to it), or the ack is at or above the GC safe point read after
+the history (every removed commit is at or below that safe point, so none of them is
+owed).  Otherwise the oldest owed change may be gone: the cell's bound is ``ack + 1`` (every
+owed change is above the ack), or 0 without an ack (observers/catchup.py).
+
+A computation reads the floor *before* the registrations it scans: a registration it does
+not see runs its catch-up (and resets the published value) after that read, so the
+compare-and-set fails.  The other way round, a whole registration and its catch-up could
+run between the two reads, and the floor would be applied to columns not scanned.
+
+Bulk loads
+----------
+A bulk load (percolator/bulkload.py) writes its cells, with notifications at its
+``commit_ts`` ``C``, behind a fence (``loading`` in the table's state row) that hides them
+from every scan of step 3 and 4 until the load is published.  So while a watched table is
+``loading``, the observer's watermark is held at ``W <= C`` (``W <= start_ts`` while the
+load has fenced the table but not drawn ``C`` yet).  The state is read after ``now`` and
+before the table is scanned.  Why that suffices: if the read finds no load in progress,
+either a load was published before it (its cells and notifications were put before the
+publish, so the scan finds them unless they were processed), or it fences the table after
+the read, and ``begin_load`` draws ``C`` only once its fence is visible: ``C > now >= W``.
+
 Limits: the cost of one computation is a scan of the lock family of the watched columns
 (proportional to the watched cells, not only the dirty ones) plus the notify family; a
 client with a stale observed set (writes that began before registration returned) may
@@ -84,6 +119,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -109,6 +145,10 @@ _PARKED_QUALIFIER = b"p"
 # Every notify version of a dirty cell is read to find the oldest one.
 _ALL_VERSIONS = 2**31 - 1
 _SAMPLES = 5
+# The table state rows of percolator/bulkload.py (format 1, see there; that module builds
+# on this one, so the few fields read here are decoded here).
+_TABLE_STATE_PREFIX = b"tables/"
+_TABLE_STATE_QUALIFIER = b"state"
 
 
 class WatermarkTimeoutError(PercolatorError):
@@ -154,6 +194,8 @@ class ObserverWatermark:
     locks: int = 0
     parked: int = 0
     catching_up: bool = False
+    #: bulk loads in progress on watched tables: ``(table, load id, bound)``
+    loads: list[tuple[str, str, int]] = field(default_factory=list)
     #: a few pending notifications (oldest version each) and in-flight locks, for errors
     pending_samples: list[Notification] = field(default_factory=list)
     lock_samples: list[tuple[str, bytes, str, int]] = field(default_factory=list)
@@ -183,6 +225,8 @@ class ObserverWatermark:
             parts.append(f"held back by upstream observer {self.held_by!r}")
         if self.catching_up:
             parts.append("registration catch-up not finished")
+        for table, load_id, bound in self.loads:
+            parts.append(f"table {table!r} is being bulk-loaded (load {load_id!r}, at {bound})")
         if self.pending:
             samples = ", ".join(str(n) for n in self.pending_samples)
             parts.append(f"{self.pending} pending notification(s), e.g. {samples}")
@@ -216,15 +260,24 @@ _HISTORY = 64
 
 
 def _decode_published(value: bytes | None) -> tuple[int, list[tuple[int, int]]]:
-    """``(W, [(finished_ts, W), ...])`` of a published record (oldest first)."""
+    """``(W, [(finished_ts, W), ...])`` of a published record (oldest first).  Reads the
+    records of every version of this module (the reset nonce ``n`` is optional)."""
     if not value:
         return 0, []
     doc = json.loads(value)
     return int(doc["w"]), [(int(f), int(w)) for f, w in doc.get("h", [])]
 
 
-def _encode_published(watermark: int, history: Sequence[tuple[int, int]] = ()) -> bytes:
-    doc = {"v": 1, "w": watermark, "h": [list(pair) for pair in history[-_HISTORY:]]}
+def _encode_published(
+    watermark: int, history: Sequence[tuple[int, int]] = (), *, nonce: str | None = None
+) -> bytes:
+    doc: dict[str, object] = {
+        "v": 1,
+        "w": watermark,
+        "h": [list(pair) for pair in history[-_HISTORY:]],
+    }
+    if nonce is not None:
+        doc["n"] = nonce
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
@@ -245,9 +298,15 @@ def _cas(store: Store, observer: str, qualifier: bytes, expected: bytes | None, 
 def begin_catch_up(store: Store, observer: str) -> None:
     """Record that ``observer`` starts catching up (its watermark is 0 until
     :func:`finish_catch_up`), and reset its published watermark to 0.  The floor is written
-    first, so a computation that read the old published value fails its compare-and-set."""
+    first, so a computation that read the old published value fails its compare-and-set.
+
+    The reset carries a random nonce: an earlier reset (or a fresh registration's) wrote
+    ``w: 0`` too, and identical bytes would let a computation that read them before this
+    catch-up win its compare-and-set afterwards (ABA) and publish a value computed without
+    the floor.  Every other record is unique already: it ends with its computation's
+    ``finished_ts``, a fresh timestamp."""
     _set(store, observer, _FLOOR, Floor(0, 0, False).encode())
-    _set(store, observer, _PUBLISHED, _encode_published(0))
+    _set(store, observer, _PUBLISHED, _encode_published(0, nonce=uuid.uuid4().hex))
 
 
 def finish_catch_up(store: Store, observer: str, floor: int, until: int) -> None:
@@ -389,6 +448,53 @@ def _upstream(regs: Sequence[Registration]) -> dict[str, set[str]]:
     return upstream
 
 
+@dataclass(frozen=True)
+class _Load:
+    """A bulk load in progress on a table, and how high it lets the watermark of the
+    table's observers be (see "Bulk loads" in the module docstring)."""
+
+    load_id: str
+    bound: int
+
+
+def _decode_load(value: bytes) -> _Load | None:
+    """The load in progress a table state row records (None: the table is usable).  A
+    record this module cannot read holds the watermark at 0: it cannot rule a load out."""
+    try:
+        doc = json.loads(value)
+        if doc.get("v") != 1:
+            return _Load(f"<state format {doc.get('v')!r}>", 0)
+        if doc["state"] != "loading":
+            return None
+        start_ts, commit_ts = int(doc["start_ts"]), int(doc["commit_ts"])
+        load_id = str(doc["load_id"])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return _Load("<unreadable state>", 0)
+    # Its changes are at ``commit_ts``: ``W <= commit_ts`` claims nothing about them.  While
+    # it is 0 the load has fenced the table but not drawn it; it is drawn after the fence is
+    # visible, so it will be above ``start_ts`` (drawn before).
+    return _Load(load_id, commit_ts if commit_ts else start_ts)
+
+
+def _loads_in_progress(store: Store, tables: Sequence[str]) -> dict[str, _Load]:
+    """The tables among ``tables`` fenced by a bulk load not yet published (one read)."""
+    if not tables:
+        return {}
+    rows = {_TABLE_STATE_PREFIX + table.encode("utf-8"): table for table in tables}
+    found = store.read_rows(
+        META_TABLE, sorted(rows), columns=[(META_FAMILY, _TABLE_STATE_QUALIFIER)]
+    )
+    loads: dict[str, _Load] = {}
+    for row, cells in found.items():
+        versions = cells.get((META_FAMILY, _TABLE_STATE_QUALIFIER))
+        if not versions or row not in rows:
+            continue
+        load = _decode_load(versions[0][1])
+        if load is not None:
+            loads[rows[row]] = load
+    return loads
+
+
 def compute_watermarks(
     store: Store,
     oracle: TimestampOracle,
@@ -397,11 +503,30 @@ def compute_watermarks(
 ) -> dict[str, ObserverWatermark]:
     """The watermark of every registered observer (see the module docstring for the
     guarantee and the order of reads).  ``publish``: store the result as the observer's
-    last published watermark (compare-and-set; a lost race leaves the other value).
+    last published watermark (compare-and-set; a lost race leaves the other value, and the
+    result returned is then no higher than it).
 
     Read-only apart from the published values and finished floors.  Cost: one scan of the
     lock and notify families of every watched column, one read per dirty row batch."""
     regs = list(registrations(store).values())
+    now_ts = oracle.get_timestamp()
+    # Published values and floors first: a catch-up that resets them after this read makes
+    # the compare-and-set below fail (see begin_catch_up).  The registrations used are read
+    # *after* them: a registration (or a change of one) that this computation does not see
+    # starts its catch-up later, which resets the published value under us.  Read the other
+    # way round, a whole registration and catch-up could fit between the two reads: the
+    # floor would be read, but the columns it covers not scanned.
+    meta: dict[str, tuple[bytes | None, bytes | None]] = {}
+    for _ in range(100):
+        for name in sorted({reg.observer for reg in regs} - meta.keys()):
+            meta[name] = _read_meta(store, name)
+        reread = list(registrations(store).values())
+        if {reg.observer for reg in reread} <= meta.keys():
+            regs = reread
+            break
+        regs = reread
+    else:
+        raise PercolatorError("observer registrations kept changing; try again")
     by_observer: dict[str, list[Registration]] = {}
     for reg in regs:
         by_observer.setdefault(reg.observer, []).append(reg)
@@ -411,10 +536,9 @@ def compute_watermarks(
         declared = None if reg.outputs is None else set(reg.outputs)
         known = outputs.get(reg.observer, set())
         outputs[reg.observer] = None if declared is None or known is None else known | declared
-    now_ts = oracle.get_timestamp()
-    # Published values and floors first: a catch-up that resets them after this read makes
-    # the compare-and-set below fail (see begin_catch_up).
-    meta = {name: _read_meta(store, name) for name in by_observer}
+    # Bulk loads in progress (fenced, not yet published) on the watched tables, read after
+    # ``now_ts`` and before the scans (see "Bulk loads" in the module docstring).
+    loads = _loads_in_progress(store, sorted({reg.table for reg in regs}))
     histories = {name: _decode_published(meta[name][0])[1] for name in by_observer}
     parked = _parked_counts(store)
     results: dict[str, ObserverWatermark] = {}
@@ -444,6 +568,10 @@ def compute_watermarks(
         result.columns = sorted((r.table, r.column) for r in own_regs)
         bound = now_ts
         for table, columns in watched_tables(name).items():
+            load = loads.get(table)
+            if load is not None:
+                bound = min(bound, load.bound)
+                result.loads.append((table, load.load_id, load.bound))
             bound = min(bound, _scan_own(store, result, table, columns, origin_for(name)))
         floor_bytes = meta[name][1]
         floor = Floor.decode(floor_bytes) if floor_bytes else None
@@ -492,7 +620,17 @@ def compute_watermarks(
             record = _encode_published(
                 result.watermark, [*history, (finished_ts, result.watermark)]
             )
-            _cas(store, name, _PUBLISHED, published_bytes, record)
+            if _cas(store, name, _PUBLISHED, published_bytes, record):
+                continue
+        # Lost the race (or did not publish): the record changed since it was read, maybe
+        # reset by a catch-up whose floor this computation did not see.  What is published
+        # now is safe (its computation won its compare-and-set, or it is the reset's 0),
+        # so is anything below it: never return more than that.
+        current_bytes = _read_meta(store, name)[0]
+        if current_bytes != published_bytes:
+            current = _decode_published(current_bytes)[0]
+            if current < result.watermark:
+                result.watermark, result.held_by = current, None
     return results
 
 
