@@ -483,6 +483,13 @@ def load_input(
     from pyspark.errors import PySparkException
 
     try:
+        if schema is None and fmt == "csv" and options.get("header", "").lower() == "true":
+            # Without a schema Spark fits every row to the header silently: a row with
+            # more fields drops the extra ones, one with fewer gets nulls, so a row that
+            # does not fit would be written half.  Every header column as a string is the
+            # schema the input had anyway, and with it such rows are reported as bad.
+            columns = spark.read.format(fmt).options(**options).load(list(inputs)).columns
+            schema = ", ".join(f"`{name.replace('`', '``')}` STRING" for name in columns)
         reader = spark.read.format(fmt).options(**options)
         if schema is not None and fmt in ("csv", "json"):
             options_corrupt = options.get("columnNameOfCorruptRecord", CORRUPT_COLUMN)

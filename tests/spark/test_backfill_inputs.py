@@ -150,3 +150,22 @@ def test_csv_with_a_schema_counts_records_that_do_not_parse(
         run_backfill(spark, options(embedded_url, str(csv), schema="id STRING, rank INT"))
     assert exc.value.report.bad_by_reason == {"malformed-record": 1}
     assert "b,two" in str(exc.value)
+
+
+def test_csv_rows_that_do_not_fit_the_header_are_bad_rows_without_a_schema(
+    spark: Any, embedded_url: str, tmp_path: Path
+) -> None:
+    """Without a schema Spark fits every row to the header silently (extra fields dropped,
+    missing ones null): such rows must be reported, not written half."""
+    csv = tmp_path / "in.csv"
+    csv.write_text('id,a,b\nk1,x1,y1\nk2,hello, world,y2\nk3,x3\nk4,"unterminated,y4\nk5,x5,y5\n')
+    with pytest.raises(BadRowsError) as exc:
+        run_backfill(spark, options(embedded_url, str(csv)))
+    assert exc.value.report.bad_by_reason == {"malformed-record": 3}
+    assert "k2,hello, world,y2" in str(exc.value)
+    assert nothing_written(embedded_url)
+    # Rows that fit go in as strings, as before.
+    csv.write_text("id,a,b\nk1,007,y1\nk5,x5,\n")
+    run_backfill(spark, options(embedded_url, str(csv)))
+    with connect(embedded_url) as client:
+        assert table_rows(client, ITEMS) == {b"k1": {"a": b"007", "b": b"y1"}, b"k5": {"a": b"x5"}}
