@@ -311,17 +311,20 @@ def write_export(
     *,
     mode: str = "errorifexists",
 ) -> ExportReport:
-    """Export to Parquet at ``output``.  While it runs, an open (read-only) transaction on
-    the driver keeps the GC safe point below ``read_ts``; when ``options.read_ts`` is None,
-    that transaction's ``start_ts`` is the read timestamp.  ``mode`` is Spark's save mode."""
+    """Export to Parquet at ``output``.  While it runs, a reader open on the driver at
+    ``read_ts`` keeps the GC safe point at or below it: a snapshot at ``options.read_ts``
+    (which fails at once with SafePointError if GC passed it already), or, when that is
+    None, a read-only transaction whose ``start_ts`` is the read timestamp.  ``mode`` is
+    Spark's save mode."""
     started = time.monotonic()
     check_output(output, mode)
     with percolator.connect(options.store, oracle=options.oracle, **options.client_options) as c:
-        guard = c.transaction()
+        # A guard at a fresh timestamp would not protect an older options.read_ts.
+        guard = c.transaction() if options.read_ts is None else c.snapshot(options.read_ts)
         try:
             # Published now (not only by the client's periodic publisher): GC sees it at once.
             c.publish_min_start_ts()
-            read_ts = options.read_ts or guard.start_ts
+            read_ts = guard.read_ts
             export = export_table(spark, options, read_ts=read_ts)
             from pyspark.errors import PySparkException
 
@@ -337,7 +340,7 @@ def write_export(
                     f"export of {options.table} to {output} failed: {spark_failure_reason(exc)}"
                 ) from None
         finally:
-            guard.rollback()
+            guard.close()
     return ExportReport(
         options.table, read_ts, rows, len(export.ranges), output, time.monotonic() - started
     )

@@ -187,3 +187,37 @@ def test_sampled_split_keys_balance_the_rows() -> None:
         ]
         assert sum(sizes) == 1000 and min(sizes) >= 200, sizes
         assert sample_split_keys(client, "t", 1) == []
+
+
+@pytest.mark.spark
+def test_an_export_at_a_given_read_ts_keeps_gc_below_it(
+    spark: Any, embedded_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """write_export at an explicit, older read_ts holds GC below that read_ts (not below a
+    fresh timestamp of its own) while it runs: a GC pass with life time 0 meanwhile must
+    not make it fail or read newer data."""
+    from percolator.spark_jobs import export as export_module
+
+    with connect(embedded_url) as client:
+        client.create_table("t")
+        client.run(lambda t: t.set("t", b"r1", "a", b"old"))
+        read_ts = client.oracle.get_timestamp()
+        client.run(lambda t: t.set("t", b"r1", "a", b"new"))
+    real_export_table = export_module.export_table
+    collected: list[int] = []
+
+    def gc_first(*args: Any, **kwargs: Any) -> Any:
+        with connect(embedded_url) as operator:
+            collected.append(operator.gc(life_time_ms=0).bound)
+        return real_export_table(*args, **kwargs)
+
+    monkeypatch.setattr(export_module, "export_table", gc_first)
+    out = tmp_path / "old.parquet"
+    report = write_export(
+        spark, ExportOptions(embedded_url, "t", columns=("a",), read_ts=read_ts), str(out)
+    )
+    assert collected and collected[0] <= read_ts
+    assert report.read_ts == read_ts
+    assert [(bytes(r["row"]), bytes(r["a"])) for r in spark.read.parquet(str(out)).collect()] == [
+        (b"r1", b"old")
+    ]
