@@ -79,7 +79,7 @@ from percolator.observers import catchup
 from percolator.observers.catchup import CatchUpReport
 
 from percolator import notifications, watermark
-from percolator.errors import InvalidArgumentError
+from percolator.errors import ConfigError, InvalidArgumentError
 from percolator.layout import RESERVED_PREFIX, check_table_name, encode_column, encode_row
 from percolator.notifications import Registration, registrations
 from percolator.protocol.cells import CellKey
@@ -311,13 +311,30 @@ def register_observers(
     (new, or registered again after :func:`unregister_observer`) processes what is there,
     each change at most once.  With ``wait=False`` the caller must call
     :func:`finish_registration` after the wait.  Returns the wall-clock time (seconds) since
-    which the newest of the registrations is visible.  Raises ConfigError (nothing more is
-    registered) when a column is already watched by another observer."""
+    which the newest of the registrations is visible.  Raises ConfigError, having registered
+    nothing, when a column is already watched by another observer (or by two of
+    ``observers``); only a registration racing this one can leave part of it claimed."""
     visible_since = 0.0
     chosen = list(observers)
     for observer in chosen:
         check_observer(observer)
     current = registrations(client.store)
+    # Every column checked before any is claimed: a conflict on the last column must not
+    # leave the first ones registered (a concurrent registration can still win a claim
+    # below; then what was claimed before it stays, and re-running after resolving the
+    # conflict finishes it).
+    wanted_by: dict[tuple[str, str], str] = {}
+    for observer in chosen:
+        for column in observer.columns:
+            key = (observer.table, column)
+            holder = current[key].observer if key in current else wanted_by.get(key)
+            if holder is not None and holder != observer.name:
+                raise ConfigError(
+                    f"column {observer.table}/{column} is already watched by observer "
+                    f"{holder!r}; observer {observer.name!r} cannot watch it too (one "
+                    "observer per column: unregister the other first); nothing was registered"
+                )
+            wanted_by[key] = observer.name
     for observer in chosen:
         held_by = {
             column: current[(observer.table, column)].observer
@@ -395,6 +412,11 @@ def trigger(client: Client, table: str, rows: Iterable[bytes | str], column: str
     encode_column(column)
     if column.startswith(RESERVED_PREFIX):
         raise InvalidArgumentError(f"cannot trigger reserved column {column!r}")
+    if isinstance(rows, (str, bytes, bytearray)):
+        # A single row would be taken as its characters: one notification on each.
+        raise InvalidArgumentError(
+            f"rows must be a collection of row keys, got the single row {rows!r} (use [row])"
+        )
     keys = [CellKey(table, encode_row(row), column) for row in rows]
     notify_ts = client.oracle.get_timestamp()
     notifications.put_notifications(client.store, keys, notify_ts)

@@ -83,6 +83,39 @@ def test_one_observer_per_column(memory_client: percolator.Client) -> None:
     assert registrations(memory_client.store)[(EVENTS, "value")].observer == "run-logger"
 
 
+def test_a_conflict_on_one_column_registers_nothing(memory_client: percolator.Client) -> None:
+    """All or nothing: an observer (or a list of them) with one column already taken
+    leaves no other column registered."""
+    register_observers(memory_client, [RunLogger()])
+
+    class Wider(RunLogger):
+        name = "wider"
+        columns: Sequence[str] = ("weak", "value")
+
+    class First(RunLogger):
+        name = "first"
+        columns: Sequence[str] = ("other",)
+
+    with pytest.raises(ConfigError, match="nothing was registered"):
+        register_observers(memory_client, [First(), Wider()])
+    assert set(registrations(memory_client.store)) == {(EVENTS, "value")}
+
+    class Twin(First):
+        name = "twin"
+
+    with pytest.raises(ConfigError, match="already watched by observer 'first'"):
+        register_observers(memory_client, [First(), Twin()])
+    assert set(registrations(memory_client.store)) == {(EVENTS, "value")}
+
+
+def test_trigger_refuses_a_single_row_given_as_rows(memory_client: percolator.Client) -> None:
+    register_observers(memory_client, [RunLogger()], catch_up=False)
+    for single in ("row1", b"row1"):
+        with pytest.raises(InvalidArgumentError, match="single row"):
+            trigger(memory_client, EVENTS, single, "value")
+    assert notified(memory_client) == []
+
+
 def test_unregister_stops_notifications_and_allows_another_observer(
     memory_client: percolator.Client,
 ) -> None:
