@@ -22,9 +22,13 @@ The fence (table state in the meta table)
 Row ``b"tables/" + table`` of the meta table, qualifier ``state``, JSON (format 1)::
 
     {"v": 1, "state": "loading" | "ready", "load_id": ID, "start_ts": S, "commit_ts": C,
-     "lease_expires_ms": T, "created": "pending" | "yes" | "no"}
+     "lease_expires_ms": T, "created": "pending" | "yes" | "no", "fingerprint": F}
 
 written only by compare-and-set.  A table without this row is an ordinary table.
+``fingerprint`` (absent in records written before it existed, and when the loader gave
+none) identifies what the load writes - the Spark job records its input's row count and
+digest, the ones its transactional mode keeps in the job record - see "Same load id,
+other input" below.
 
 * A load begins only on a table that does not exist or holds no lock cell (is empty), by
   setting the state to ``loading`` (compare-and-set from what it read).  The row is written
@@ -49,6 +53,11 @@ written only by compare-and-set.  A table without this row is an ordinary table.
   the lease runs and afterwards too (the table holds part of the other load: re-run it, or
   drop the table).  A re-run after the publish (``ready`` with the same load id) writes
   nothing.
+* **Same load id, other input.**  A load id may name the input by where it is rather than
+  by what it holds (the Spark job's default id hashes the input *paths*).  A take-over that
+  wrote other rows than the load began with would publish rows of both inputs, and a
+  "published before" answer would be false; so a run whose ``fingerprint`` differs from
+  the recorded one is refused (:class:`BulkLoadError`, nothing changed) in both cases.
 
 Garbage collection
 ------------------
@@ -119,9 +128,17 @@ class LoadState:
     commit_ts: int
     lease_expires_ms: int
     created: str = "pending"
+    # What the load writes ("" unknown: a record written before fingerprints, or a loader
+    # that gave none); see "Same load id, other input" in the module docstring.
+    fingerprint: str = ""
 
     def encode(self) -> bytes:
-        return json.dumps({"v": 1, **asdict(self)}, sort_keys=True).encode()
+        doc = {"v": 1, **asdict(self)}
+        if not self.fingerprint:
+            # Unknown: the record keeps the earlier format byte for byte (readers of that
+            # format build a LoadState of exactly its fields).
+            del doc["fingerprint"]
+        return json.dumps(doc, sort_keys=True).encode()
 
     @staticmethod
     def decode(raw: bytes) -> LoadState:
@@ -196,20 +213,29 @@ def begin_load(
     load_id: str,
     *,
     lease_ms: int = DEFAULT_LEASE_MS,
+    fingerprint: str = "",
 ) -> Begun:
     """Fence ``table`` for load ``load_id`` (or take over / recognise that load).
 
     Refuses (:class:`BulkLoadError`, nothing changed) a table that holds cells, or one that
-    another load fences.  ``timestamp`` draws oracle timestamps (twice, for a new load:
-    ``commit_ts`` after the fence is visible, see the module docstring)."""
+    another load fences, or load ``load_id`` recorded with another ``fingerprint`` (what
+    the load writes; "" does not say, and is not checked).  ``timestamp`` draws oracle
+    timestamps (twice, for a new load: ``commit_ts`` after the fence is visible, see the
+    module docstring)."""
     check_table_name(table)
     ensure_meta_table(store)
     for _ in range(20):
         state, raw = read_state(store, table)
         if state is not None and state.load_id == load_id:
+            _check_same_input(table, state, fingerprint)
             if state.state == READY:
                 return Begun(state, published=True)
-            renewed = replace(state, lease_expires_ms=now_ms() + lease_ms)
+            renewed = replace(
+                state,
+                lease_expires_ms=now_ms() + lease_ms,
+                # An unknown fingerprint is adopted: later re-runs are checked against it.
+                fingerprint=state.fingerprint or fingerprint,
+            )
             if renewed.commit_ts == 0:
                 # Fenced (we read the fence) but ``commit_ts`` not drawn yet: draw it now.
                 renewed = replace(renewed, commit_ts=timestamp())
@@ -249,6 +275,7 @@ def begin_load(
             0,
             now_ms() + lease_ms,
             "no" if existed else "pending",
+            fingerprint,
         )
         if not _cas(store, table, raw, new):
             continue
@@ -259,6 +286,34 @@ def begin_load(
             raise BulkLoadError(f"table {table!r} was written while the load began; refused")
         # The next pass finds our load id fenced and draws ``commit_ts`` (see above).
     raise BulkLoadError(f"the state of table {table!r} kept changing; try again")
+
+
+def _check_same_input(table: str, state: LoadState, fingerprint: str) -> None:
+    """Refuse to take over (or call published) load ``state`` for a run that writes
+    something else: the load id names the input, not its content (see the module
+    docstring).
+
+    A recorded fingerprint that is unknown (a record written before fingerprints existed)
+    is accepted, as it was then: refusing would leave a load begun by the earlier version
+    impossible to finish except by dropping the table, and accepting is no worse than
+    that version; the take-over records the new fingerprint, so the next re-run is
+    checked.  A caller that gives none is not checked (it has nothing to compare)."""
+    if not state.fingerprint or not fingerprint or state.fingerprint == fingerprint:
+        return
+    ran = f"bulk load {state.load_id!r} of table {table!r} ran before on different input"
+    differ = f"({state.fingerprint}; now {fingerprint})"
+    if state.state == READY:
+        raise BulkLoadError(
+            f"{ran} {differ} and was published: the table holds that input; nothing written. "
+            "To load this input instead, drop the table and run the load again; to change "
+            "rows of the live table, use the transactional mode"
+        )
+    raise BulkLoadError(
+        f"{ran} {differ} and did not finish: the table holds part of that input and stays "
+        "fenced; taking the load over would publish rows of both. Drop the table (which "
+        "forgets the load) and run this load again, or finish the earlier load on its "
+        "original input (another load id is refused while the table is fenced)"
+    )
 
 
 def _unfence(store: Store, table: str, ours: LoadState, previous: bytes | None) -> None:

@@ -716,6 +716,17 @@ class _CheckStats:
         self.examples.extend(other.examples[: max(0, room)])
         self.digest_sum = (self.digest_sum + other.digest_sum) % (1 << 256)
 
+    @property
+    def digest(self) -> str:
+        """The input's digest as recorded (hex; the job record's ``digest``, the bulk
+        load's fingerprint)."""
+        return f"{self.digest_sum:064x}"
+
+    def fingerprint(self) -> str:
+        """What a run over this input writes, as a bulk load records it: the good rows'
+        count and digest, the two values the job record compares."""
+        return f"{self.good} rows, digest {self.digest}"
+
 
 def _check_partition(
     plan: MappingPlan, max_examples: int, rows: Iterable[Sequence[object]]
@@ -1178,7 +1189,7 @@ def prepare_input(
         job_id = default_job_id(options, fmt, plan)
     else:
         # A DataFrame has no paths to name it: its content does (same rows, same id).
-        doc = json.dumps([plan.fingerprint(), options.table, f"{checked.digest_sum:064x}"])
+        doc = json.dumps([plan.fingerprint(), options.table, checked.digest])
         job_id = f"{options.table}-{hashlib.sha256(doc.encode()).hexdigest()[:16]}"
     report = BackfillReport(job_id=job_id, table=options.table)
     report.check_seconds = time.monotonic() - started
@@ -1223,7 +1234,7 @@ def run_backfill(
             "table": options.table,
             "mapping": plan.fingerprint(),
             "rows": checked.good,
-            "digest": f"{checked.digest_sum:064x}",
+            "digest": checked.digest,
             "buckets": options.buckets
             or default_buckets(checked.good, batch_size, spark.sparkContext.defaultParallelism),
             "batch_size": batch_size,

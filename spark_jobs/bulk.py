@@ -20,6 +20,12 @@ re-run of a killed job (the same load id: the same timestamps) re-puts identical
 identical versions: each cell ends with one version per family, and observers see one
 change per cell.  A re-run after the publish writes nothing and says so.
 
+The load's state records a fingerprint of what it writes (the check pass's row count and
+digest, the values the transactional mode's job record compares).  The default load id
+hashes the input *paths*, so a re-run after the file at a path was replaced has the same
+id: it is refused ("ran before on different input") rather than taking over the old load
+(which would publish rows of both inputs) or reporting the old input's publish as its own.
+
 Which mode when: ``bulk`` for the initial load of a table nobody uses yet (new or empty;
 it is unreadable until the load is published); ``transactional`` (the default) for a table
 that is live, or to add rows to one that already holds data.
@@ -216,7 +222,8 @@ def run_bulk_load(
     docstring.  The load id is the job id (``options.job_id`` or derived from the input).
 
     Raises ConfigError / BadRowsError before anything is written (bad arguments or input,
-    a table that holds cells or is fenced by another load); SparkJobError if the write job
+    a table that holds cells or is fenced by another load, a load id that ran before on
+    different input: BulkLoadError); SparkJobError if the write job
     fails (the table stays fenced: re-run the same load to finish it); BulkLoadError if the
     publish finds cells the load did not write."""
     emit = progress or (lambda message: log.info("%s", message))
@@ -240,7 +247,12 @@ def _load(
     report.mode = "bulk"
     with percolator.connect(options.store, oracle=options.oracle) as client:
         begun = begin_load(
-            client.store, client.oracle.get_timestamp, options.table, load_id, lease_ms=lease_ms
+            client.store,
+            client.oracle.get_timestamp,
+            options.table,
+            load_id,
+            lease_ms=lease_ms,
+            fingerprint=checked.fingerprint(),
         )
         observed = {
             column
