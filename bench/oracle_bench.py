@@ -83,6 +83,7 @@ def oracle_server(store_url: str) -> Iterator[OracleServer]:
             "percolator",
             "oracle",
             "serve",
+            "--create",
             "--store",
             store_url,
             "--listen",

@@ -17,7 +17,16 @@ from typing import Any
 
 import percolator
 from percolator import config
-from percolator.command_options import add_oracle_option, add_store_option, connect_existing
+from percolator.command_options import (
+    PORT,
+    POSITIVE_INT,
+    SECONDS,
+    add_oracle_option,
+    add_store_option,
+    connect_existing,
+    int_option,
+    row_key,
+)
 from percolator.errors import ConfigError, StoreNotFoundError
 
 
@@ -54,15 +63,15 @@ def register_worker(subparsers: Any) -> None:
     )
     worker.add_argument(
         "--threads",
-        type=int,
+        type=POSITIVE_INT,
         default=None,
         help="observer runs in parallel (default: 1 on the embedded store, where more threads "
         "cost CPU and add nothing; 4 on HBase)",
     )
-    worker.add_argument("--scanners", type=int, default=1, help="scanner threads")
+    worker.add_argument("--scanners", type=POSITIVE_INT, default=1, help="scanner threads")
     worker.add_argument(
         "--batch",
-        type=int,
+        type=POSITIVE_INT,
         default=None,
         help="run up to this many queued notifications of one observer in one transaction "
         "(default 32; only what has piled up: an idle worker runs each change alone; "
@@ -75,27 +84,30 @@ def register_worker(subparsers: Any) -> None:
         "their notifications (fenced); default: random scanning of everything",
     )
     worker.add_argument(
-        "--key-groups", type=int, default=64, help="key groups (the same in every worker)"
+        "--key-groups", type=POSITIVE_INT, default=64, help="key groups (the same in every worker)"
     )
     worker.add_argument(
-        "--lease-ms", type=int, default=10_000, help="how long a worker's key groups stay leased"
+        "--lease-ms",
+        type=int_option(100),
+        default=10_000,
+        help="how long a worker's key groups stay leased",
     )
     worker.add_argument(
         "--failure-limit",
-        type=int,
+        type=POSITIVE_INT,
         default=5,
         help="failures in a row after which a notification is parked (default %(default)s)",
     )
     worker.add_argument(
         "--drain-timeout",
-        type=float,
+        type=SECONDS,
         default=30.0,
         metavar="SECONDS",
         help="on shutdown, how long runs in flight may finish before they roll back",
     )
     worker.add_argument(
         "--metrics-port",
-        type=int,
+        type=PORT,
         default=None,
         help="serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port)",
     )
@@ -127,8 +139,12 @@ def register_notifications(subparsers: Any) -> None:
         action="store_true",
         help="list notifications waiting to be processed (needs --table) instead of parked",
     )
-    listing.add_argument("--limit", type=int, default=None, help="at most this many rows")
-    retry.add_argument("--row", help="only this row (UTF-8; use --row-hex for bytes)")
+    listing.add_argument("--limit", type=POSITIVE_INT, default=None, help="at most this many rows")
+    retry.add_argument(
+        "--row",
+        type=row_key,
+        help="only this row (the argument's bytes: UTF-8 for text; --row-hex for any bytes)",
+    )
     retry.add_argument("--row-hex", help="only this row, hex-encoded")
     retry.add_argument("--column", help="only this column")
     retry.add_argument(
@@ -331,7 +347,7 @@ def run_retry(args: argparse.Namespace) -> int:
         raise ConfigError("give --row or --row-hex, not both")
     row: bytes | None = None
     if args.row is not None:
-        row = args.row.encode("utf-8")
+        row = args.row
     elif args.row_hex is not None:
         try:
             row = bytes.fromhex(args.row_hex)
@@ -400,8 +416,15 @@ def run_observers_register(args: argparse.Namespace) -> int:
 
 
 def run_observers_unregister(args: argparse.Namespace) -> int:
-    from percolator.observers.api import unregister_observer
+    from percolator.observers.api import _NAME, unregister_observer
 
+    # The rule registration checks names with (check_observer): a name it would refuse
+    # was never registered, so it is a typo, not an observer that watches nothing.
+    if not _NAME.match(args.name):
+        raise ConfigError(
+            f"observer name {args.name!r} is invalid: use letters, digits, '_', '-', '.', "
+            "starting with a letter or digit (at most 100 characters)"
+        )
     with connect_existing(args.store, args.oracle) as client:
         removed = unregister_observer(client, args.name)
     for table, column in removed:

@@ -75,6 +75,16 @@ def find(
     return found
 
 
+def describe(exc: BaseException) -> str:
+    """``Type: message`` of an exception raised by plugin code, on one line.  Plugin code
+    that calls ``sys.exit()`` while loading is a broken plugin like any other: the program
+    goes on (and says so) instead of ending silently with the plugin's exit status."""
+    if isinstance(exc, SystemExit):
+        return f"SystemExit: called sys.exit({exc.code!r}) while loading"
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 #: observer name -> its configuration table (``[worker.observers.NAME]``)
 Configs = Mapping[str, Mapping[str, Any]]
 
@@ -87,10 +97,10 @@ def load(
     name = entry_point.name
     try:
         target = entry_point.load()
-    except Exception as exc:  # any import-time failure of third-party code
-        raise PluginError(
-            name, f"cannot load {entry_point.value!r}: {type(exc).__name__}: {exc}"
-        ) from exc
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # any import-time failure of third-party code, sys.exit too
+        raise PluginError(name, f"cannot load {entry_point.value!r}: {describe(exc)}") from exc
     observer = _instantiate(name, entry_point.value, target, config)
     try:
         check_observer(observer)
@@ -163,10 +173,11 @@ def _instantiate(
     if callable(target):
         try:
             made = target(*args)
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
             raise PluginError(
-                name,
-                f"{where!r} raised while creating the observer: {type(exc).__name__}: {exc}",
+                name, f"{where!r} raised while creating the observer: {describe(exc)}"
             ) from exc
         if not isinstance(made, Observer):
             raise PluginError(
@@ -194,10 +205,10 @@ def load_from_path(spec: str, configs: Configs | None = None) -> list[Observer]:
         sys.path.insert(0, cwd)
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:  # any import-time failure of the user's code
-        raise PluginError(
-            spec, f"cannot import {module_name!r}: {type(exc).__name__}: {exc}"
-        ) from exc
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # any import-time failure of the user's code, sys.exit too
+        raise PluginError(spec, f"cannot import {module_name!r}: {describe(exc)}") from exc
     target: Any = module
     for part in attribute.split("."):
         try:

@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Any
 
-from percolator.command_options import add_oracle_option, add_store_option
+from percolator.command_options import SECONDS, TIMESTAMP, add_oracle_option, add_store_option
 
 
 def register_wait(subparsers: Any) -> None:
@@ -32,9 +32,11 @@ def register_wait(subparsers: Any) -> None:
         help="wait for this observer (repeatable; default: every registered observer)",
     )
     wait.add_argument(
-        "--timeout", type=float, default=60.0, metavar="SECONDS", help="default %(default)s"
+        "--timeout", type=SECONDS, default=60.0, metavar="SECONDS", help="default %(default)s"
     )
-    wait.add_argument("--ts", type=int, default=None, help="the timestamp (default: a fresh one)")
+    wait.add_argument(
+        "--ts", type=TIMESTAMP, default=None, help="the timestamp (default: a fresh one)"
+    )
     wait.add_argument("--json", action="store_true", help="one JSON object per observer")
     wait.set_defaults(func=run_wait)
 

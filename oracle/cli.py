@@ -14,6 +14,7 @@ from typing import Any
 from percolator.oracle.addressing import TOKEN_ENV, parse_oracle_url
 from percolator.oracle.lease import DEFAULT_MAX_COUNT, LeaseConfig
 
+from percolator.command_options import NON_NEGATIVE_INT, PORT, POSITIVE_INT, int_option
 from percolator.errors import ConfigError, OracleError
 from percolator.timestamps import describe
 
@@ -43,6 +44,12 @@ def register(subparsers: Any) -> None:
         help="store URL holding the oracle record (embedded:PATH, hbase://...)",
     )
     serve.add_argument(
+        "--create",
+        action="store_true",
+        help="create the store if it does not exist yet (default: the store must already "
+        "hold a deployment, so a mistyped path or HBase prefix is an error, not a new store)",
+    )
+    serve.add_argument(
         "--listen",
         default="127.0.0.1:7070",
         metavar="HOST:PORT",
@@ -57,31 +64,31 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--token-file", metavar="PATH", help="require the token in this file")
     serve.add_argument(
         "--lease-ms",
-        type=int,
+        type=POSITIVE_INT,
         default=LeaseConfig.lease_ms,
         help="lease duration (default %(default)s)",
     )
     serve.add_argument(
         "--window-ms",
-        type=int,
+        type=POSITIVE_INT,
         default=LeaseConfig.window_ms,
         help="how far ahead of the clock the high-water mark is persisted (default %(default)s)",
     )
     serve.add_argument(
         "--margin-ms",
-        type=int,
+        type=POSITIVE_INT,
         default=LeaseConfig.margin_ms,
         help="allowance for clock drift and delays (default %(default)s)",
     )
     serve.add_argument(
         "--max-count",
-        type=int,
+        type=int_option(1, 1 << 24),
         default=DEFAULT_MAX_COUNT,
         help="largest count one Allocate may ask for (default %(default)s)",
     )
     serve.add_argument(
         "--metrics-port",
-        type=int,
+        type=PORT,
         metavar="PORT",
         help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics (health: /healthz)",
     )
@@ -92,11 +99,11 @@ def register(subparsers: Any) -> None:
     )
     serve.add_argument(
         "--stream-slots",
-        type=int,
+        type=NON_NEGATIVE_INT,
         default=64,
         metavar="N",
-        help="AllocateStream calls served at once, a thread each (default %(default)s); "
-        "a client refused one uses Allocate calls",
+        help="AllocateStream calls served at once, a thread each (default %(default)s; 0: "
+        "none); a client refused one uses Allocate calls",
     )
     serve.set_defaults(func=run_serve, default_log_level="INFO")  # see percolator.cli
 
@@ -156,6 +163,7 @@ def run_serve(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
         stream_slots=args.stream_slots,
+        create=args.create,
     )
     return serve(options)
 

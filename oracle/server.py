@@ -34,11 +34,13 @@ from percolator.oracle.lease import LeaseConfig, OracleNode, Role
 from percolator.oracle.metrics import OracleMetrics
 from percolator.oracle.proto_gen import oracle_pb2, oracle_pb2_grpc
 
+from percolator.command_options import open_existing_store
 from percolator.errors import (
     ConfigError,
     FencedError,
     InvalidArgumentError,
     OracleUnavailableError,
+    StoreNotFoundError,
 )
 from percolator.failpoints import failpoint
 from percolator.metrics import MetricsServer
@@ -75,6 +77,9 @@ class ServerOptions:
     metrics_host: str = "127.0.0.1"
     workers: int = 8  # threads for unary calls (Allocate, Health, Info)
     stream_slots: int = 64  # AllocateStream calls served at once, each on a thread of its own
+    #: create the store if it does not exist; False (``oracle serve`` without ``--create``):
+    #: a store that holds no deployment is an error naming the URL, never a new one
+    create: bool = True
 
     def __post_init__(self) -> None:
         check_listen_address(self.listen)
@@ -89,6 +94,16 @@ class ServerOptions:
             )
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics port {self.metrics_port} outside [0, 65535]")
+
+
+def _existing(options: ServerOptions) -> Store:
+    """The store of ``options`` if it already holds a deployment (see
+    :func:`~percolator.command_options.open_existing_store`); the error says how to create
+    one on purpose."""
+    try:
+        return open_existing_store(options.store_url)
+    except StoreNotFoundError as exc:
+        raise StoreNotFoundError(f"{exc} (pass --create to make a new store)") from None
 
 
 def _read_file(path: str, what: str) -> bytes:
@@ -294,7 +309,7 @@ class OracleServer:
                 ]
             )
         if self._store is None:
-            self._store = open_store(options.store_url)
+            self._store = open_store(options.store_url) if options.create else _existing(options)
         server = grpc.server(
             # Streams hold a thread each while open; the unary calls keep threads of their
             # own, so a server whose stream slots are all taken still answers them.

@@ -116,20 +116,32 @@ def find_commands(
     return [found[name] for name in sorted(found)]
 
 
+def _describe(exc: BaseException) -> str:
+    """``Type: message`` of an exception raised by a plugin's code, on one line."""
+    if isinstance(exc, SystemExit):
+        return f"SystemExit: called sys.exit({exc.code!r})"
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def _register(entry_point: importlib.metadata.EntryPoint, subparsers: Any) -> None:
     """Load one plugin and let it add its command; raises :class:`CommandPluginError`."""
     name, value = entry_point.name, entry_point.value
     try:
         register = entry_point.load()
-    except Exception as exc:  # any import-time failure of a plugin's code
-        raise CommandPluginError(name, value, f"cannot load: {type(exc).__name__}: {exc}") from exc
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # any import-time failure of a plugin's code, sys.exit too
+        raise CommandPluginError(name, value, f"cannot load: {_describe(exc)}") from exc
     if not callable(register):
         raise CommandPluginError(name, value, f"{register!r} is not a register(subparsers)")
     try:
         register(subparsers)
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # SystemExit included: a plugin never ends the program
         raise CommandPluginError(
-            name, value, f"failed to add its command: {type(exc).__name__}: {exc}"
+            name, value, f"failed to add its command: {_describe(exc)}"
         ) from exc
     if name not in subparsers.choices:
         added = ", ".join(sorted(subparsers.choices)) or "nothing"
@@ -365,7 +377,37 @@ def _complete(parser: argparse.ArgumentParser) -> None:
     argcomplete.autocomplete(parser)
 
 
+#: the exit code of a command whose output pipe was closed early (``... | head``): what a
+#: shell reports for a program ended by SIGPIPE (128 + 13)
+BROKEN_PIPE_EXIT = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns its exit code.  A reader that closes stdout early
+    (``percolator observers list | head -1``) ends the command quietly, without a
+    traceback, with :data:`BROKEN_PIPE_EXIT` (Python's documented recipe for SIGPIPE)."""
+    try:
+        try:
+            code = _main(argv)
+        finally:
+            # A broken pipe shows here when the output fit in the buffer (also after
+            # --help, whose SystemExit it then replaces).
+            sys.stdout.flush()
+    except KeyboardInterrupt:  # e.g. while the command plugins load
+        print("percolator: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # Point stdout at /dev/null so the interpreter's flush at exit does not fail again.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):  # no real stdout (embedded, tests)
+            pass
+        return BROKEN_PIPE_EXIT
+    return code
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = load_commands()
     parser = commands.parser

@@ -4,6 +4,13 @@ and how a command that must not create a store opens one.
 In the engine so that each package's commands (observers, Spark jobs, the oracle, operator
 commands) declare ``--store`` and ``--oracle`` the same way without importing the command line.
 
+The checked option types live here too (:func:`int_option`, :func:`float_option`,
+:data:`SECONDS`, :data:`POSITIVE_INT`, :data:`PORT`, ...): every numeric option of every
+command uses one, so a value out of range, ``nan``, ``inf`` or an overflowing ``1e400`` is
+a one-line usage error naming the option, whether it came from a flag, the environment or
+the config file (:mod:`percolator.config` converts file and environment values with the
+option's type, for every table of the file, whichever command runs).
+
 The environment (``PERCOLATOR_STORE``, ``PERCOLATOR_ORACLE``) and the config file are
 applied by :mod:`percolator.config` for every command, so these helpers declare only the
 flags and their built-in defaults.
@@ -13,13 +20,95 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from collections.abc import Iterator
+import math
+import os
+from collections.abc import Callable, Iterator
 
 from percolator.client import Client, connect
 from percolator.errors import StoreNotFoundError
 from percolator.layout import META_TABLE
 from percolator.store.base import Store
 from percolator.store.url import DEFAULT_STORE_URL, open_store, parse_store_url
+
+
+class _Checked:
+    """An argparse ``type`` that parses a number and checks its range.  Raises
+    :class:`argparse.ArgumentTypeError` with a message saying what is accepted (argparse
+    prints it after the option's name; :mod:`percolator.config` after the value's source)."""
+
+    def __init__(
+        self,
+        parse: Callable[[str], float],
+        kind: str,
+        minimum: float | None,
+        maximum: float | None,
+        *,
+        above: bool = False,
+    ) -> None:
+        self._parse = parse
+        self._minimum = minimum
+        self._maximum = maximum
+        self._above = above
+        if minimum is not None and maximum is not None:
+            opening = "(" if above else "["
+            self.expected = f"{kind} in {opening}{minimum}, {maximum}]"
+        elif minimum is not None:
+            self.expected = f"{kind} {'>' if above else '>='} {minimum}"
+        elif maximum is not None:
+            self.expected = f"{kind} <= {maximum}"
+        else:
+            self.expected = kind
+        # argparse names a type by __name__ in its own messages
+        self.__name__ = kind
+
+    def __call__(self, text: str) -> float:
+        try:
+            value = self._parse(text.strip())
+        except (TypeError, ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a number: expected {self.expected}"
+            ) from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not finite: expected {self.expected}")
+        low, high = self._minimum, self._maximum
+        too_low = low is not None and (value <= low if self._above else value < low)
+        if too_low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{text!r} is out of range: expected {self.expected}")
+        return value
+
+    def __repr__(self) -> str:
+        return f"<option type: {self.expected}>"
+
+
+def int_option(minimum: int | None = None, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type``: a decimal integer in ``[minimum, maximum]``."""
+    return _Checked(int, "an integer", minimum, maximum)  # type: ignore[return-value]
+
+
+def float_option(
+    minimum: float | None = None, maximum: float | None = None, *, above: bool = False
+) -> Callable[[str], float]:
+    """An argparse ``type``: a finite number in ``[minimum, maximum]`` (``above``: greater
+    than ``minimum``); ``nan``, ``inf`` and values that overflow (``1e400``) are refused."""
+    return _Checked(float, "a finite number", minimum, maximum, above=above)
+
+
+#: a duration in seconds: finite and >= 0
+SECONDS = float_option(0)
+#: a count that must be at least one (threads, batch sizes, limits)
+POSITIVE_INT = int_option(1)
+#: a count or timestamp that may be zero
+NON_NEGATIVE_INT = int_option(0)
+#: a TCP port to listen on (0: any free port)
+PORT = int_option(0, 65535)
+#: a timestamp of the oracle's (a positive 64-bit integer)
+TIMESTAMP = int_option(1, (1 << 63) - 1)
+
+
+def row_key(text: str) -> bytes:
+    """An argparse ``type`` for a row key: the argument's bytes as the shell passed them
+    (``os.fsencode``), so text is its UTF-8 and ``$'\\xff'`` is the byte 0xff."""
+    return os.fsencode(text)
 
 
 def add_store_option(parser: argparse.ArgumentParser) -> None:

@@ -37,7 +37,11 @@ Every option of every sub-command can be set three ways.  Precedence, highest fi
 
 The whole file is checked whichever command runs, so a misspelt table or option fails at
 once with one line naming the file, the table and the option; a value that does not parse
-names its source (file table or environment variable) the same way.  Settings reach argparse
+or is out of range names its source (file table or environment variable) the same way.
+Range checks belong to the options' types (:mod:`percolator.command_options`), so a
+``[worker] threads = -3`` fails ``percolator status`` too, not first at a deployment's
+worker start; only checks that relate several options (a lease at least three margins
+long) wait for the command that uses them.  Settings reach argparse
 as defaults, so a flag given on the command line always wins and a required option supplied
 by the file or the environment is no longer required.
 """
@@ -105,6 +109,11 @@ def load_config_file(path: Path) -> dict[str, Any]:
             return tomllib.load(handle)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file {path}: not UTF-8 text (TOML must be UTF-8): byte "
+            f"{exc.object[exc.start]:#04x} at offset {exc.start}"
+        ) from None
     except OSError as exc:
         raise ConfigError(f"config file {path}: cannot be read: {exc.strerror}") from None
 

@@ -112,7 +112,12 @@ def check_table_name(name: object, *, allow_system: bool = False) -> str:
 def encode_row(row: object) -> bytes:
     """Rows are bytes; str is accepted and encoded as UTF-8."""
     if isinstance(row, str):
-        row = row.encode("utf-8")
+        try:
+            row = row.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidArgumentError(
+                f"row {row!r} is not valid UTF-8 text; give it as bytes"
+            ) from None
     if not isinstance(row, bytes):
         raise InvalidArgumentError(f"row must be bytes or str, got {type(row).__name__}: {row!r}")
     if not 0 < len(row) <= MAX_ROW_LENGTH:
@@ -131,7 +136,10 @@ def encode_column(column: object, *, allow_reserved: bool = False) -> bytes:
             f"column {column!r} is reserved: names starting with {RESERVED_PREFIX!r} "
             "belong to the engine"
         )
-    encoded = column.encode("utf-8")
+    try:
+        encoded = column.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgumentError(f"column {column!r} is not valid UTF-8 text") from None
     if len(encoded) > MAX_COLUMN_BYTES:
         raise InvalidArgumentError(
             f"column {column[:40]!r}... is {len(encoded)} bytes; the limit is {MAX_COLUMN_BYTES}"

@@ -31,7 +31,7 @@ import prometheus_client
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from percolator.errors import InvalidArgumentError
+from percolator.errors import ConfigError, InvalidArgumentError
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
@@ -248,9 +248,13 @@ class MetricsServer:
                 start_response, "404 Not Found", "only /metrics and /healthz are served here"
             )
 
-        self._server = make_server(
-            host, port, app, server_class=_ThreadingWSGIServer, handler_class=_QuietHandler
-        )
+        try:
+            self._server = make_server(
+                host, port, app, server_class=_ThreadingWSGIServer, handler_class=_QuietHandler
+            )
+        except OSError as exc:  # port in use, unknown host (socket.gaierror), no permission
+            reason = exc.strerror or str(exc) or type(exc).__name__
+            raise ConfigError(f"cannot serve metrics on {host}:{port}: {reason}") from None
         self.port = int(self._server.server_port)
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="metrics-http", daemon=True

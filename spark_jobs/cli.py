@@ -19,7 +19,14 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from percolator.command_options import add_oracle_option, add_store_option
+from percolator.command_options import (
+    NON_NEGATIVE_INT,
+    POSITIVE_INT,
+    TIMESTAMP,
+    add_oracle_option,
+    add_store_option,
+    float_option,
+)
 from percolator.errors import ConfigError, PercolatorError
 
 
@@ -93,24 +100,30 @@ def register_backfill(subparsers: Any) -> None:
         default="backfill_progress",
         help="table of progress markers (default %(default)s)",
     )
-    backfill.add_argument("--batch-size", type=int, help="rows per transaction (default 200)")
     backfill.add_argument(
-        "--buckets", type=int, help="number of write tasks (default: from the row count)"
+        "--batch-size", type=POSITIVE_INT, help="rows per transaction (default 200)"
     )
     backfill.add_argument(
-        "--max-bad-rows", type=int, help="fail if more rows than this cannot be mapped (default 0)"
+        "--buckets", type=POSITIVE_INT, help="number of write tasks (default: from the row count)"
+    )
+    backfill.add_argument(
+        "--max-bad-rows",
+        type=NON_NEGATIVE_INT,
+        help="fail if more rows than this cannot be mapped (default 0)",
     )
     backfill.add_argument(
         "--max-bad-fraction",
-        type=float,
+        type=float_option(0, 1),
         help="fail if more than this fraction of rows cannot be mapped",
     )
     backfill.add_argument(
-        "--max-value-bytes", type=int, help="larger values make their row bad (default 64 MiB)"
+        "--max-value-bytes",
+        type=POSITIVE_INT,
+        help="larger values make their row bad (default 64 MiB)",
     )
     backfill.add_argument(
         "--progress-interval",
-        type=float,
+        type=float_option(0, above=True),
         default=5.0,
         metavar="SECONDS",
         help="how often progress is printed (default %(default)s)",
@@ -162,8 +175,8 @@ def register_export(subparsers: Any) -> None:
         choices=("wide", "cells"),
         help="one row per table row (wide, needs --column) or one per cell",
     )
-    export.add_argument("--read-ts", type=int, help="snapshot timestamp (default: now)")
-    export.add_argument("--splits", type=int, help="row ranges (default: four per core)")
+    export.add_argument("--read-ts", type=TIMESTAMP, help="snapshot timestamp (default: now)")
+    export.add_argument("--splits", type=POSITIVE_INT, help="row ranges (default: four per core)")
     export.add_argument(
         "--strings", action="store_true", help="decode rows and values as UTF-8 strings"
     )
@@ -237,7 +250,7 @@ def run_backfill_command(args: argparse.Namespace) -> int:
         max_bad_rows=args.max_bad_rows,
         max_bad_fraction=args.max_bad_fraction,
         progress_interval_s=args.progress_interval,
-        **({"max_value_bytes": args.max_value_bytes} if args.max_value_bytes else {}),
+        **({} if args.max_value_bytes is None else {"max_value_bytes": args.max_value_bytes}),
     )
     # Checked before the JVM starts (tens of seconds): a typo fails at once.
     check_inputs_exist(options.inputs)
@@ -259,6 +272,13 @@ def run_backfill_command(args: argparse.Namespace) -> int:
 def run_export_command(args: argparse.Namespace) -> int:
     from percolator.spark_jobs.export import ExportOptions, check_output, write_export
 
+    from percolator.layout import encode_column
+
+    for column in args.column:
+        try:
+            encode_column(column)  # reserved (!...), empty, too long or not UTF-8
+        except ConfigError as exc:
+            raise ConfigError(f"--column: {exc}") from None
     options = ExportOptions(
         store=args.store,
         table=args.table,

@@ -77,4 +77,7 @@ def test_missing_table_and_bad_options(store_url: str, capsys: pytest.CaptureFix
     assert main(["inspect", "--store", store_url, "nope"]) == 2
     assert "'nope' does not exist" in capsys.readouterr().err
     assert main(["inspect", "--store", store_url, "t", "--row", "a", "--start", "b"]) == 2
-    assert main(["inspect", "--store", store_url, "t", "--limit", "0"]) == 2
+    with pytest.raises(SystemExit) as exit_info:  # a usage error, from the option's type
+        main(["inspect", "--store", store_url, "t", "--limit", "0"])
+    assert exit_info.value.code == 2
+    assert "argument --limit: '0' is out of range" in capsys.readouterr().err

@@ -212,7 +212,6 @@ def test_json_output_of_the_listings(deployment: str, capsys: pytest.CaptureFixt
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["status", "--scan-limit", "0"], "--scan-limit must be > 0"),
         (["status", "--table", "nope"], "no such percolator table 'nope'"),
         (["notifications", "list", "--pending"], "--pending needs --table"),
         (["notifications", "retry", "--row", "a", "--row-hex", "61"], "not both"),
@@ -229,6 +228,17 @@ def test_bad_input_is_one_line(
     assert code == 2
     assert message in one_error_line(err)
     assert out == ""
+
+
+def test_an_out_of_range_number_is_a_usage_error(
+    deployment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["status", "--store", deployment, "--scan-limit", "0"])
+    assert exit_info.value.code == 2
+    assert "argument --scan-limit: '0' is out of range: expected an integer >= 1" in (
+        capsys.readouterr().err
+    )
 
 
 def test_an_unknown_flag_is_a_usage_error(

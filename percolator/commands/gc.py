@@ -7,7 +7,12 @@ import json
 import sys
 from typing import Any
 
-from percolator.command_options import add_oracle_option, add_store_option, connect_existing
+from percolator.command_options import (
+    SECONDS,
+    add_oracle_option,
+    add_store_option,
+    connect_existing,
+)
 
 
 def register(subparsers: Any) -> None:
@@ -22,7 +27,7 @@ def register(subparsers: Any) -> None:
     add_oracle_option(parser)
     parser.add_argument(
         "--life-time",
-        type=float,
+        type=SECONDS,
         default=600.0,
         metavar="SECONDS",
         help="keep versions younger than this (default %(default)s s)",
@@ -33,10 +38,6 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from percolator.errors import ConfigError
-
-    if args.life_time < 0:
-        raise ConfigError(f"--life-time must be >= 0, got {args.life_time}")
     with connect_existing(args.store, args.oracle) as client:
         quiet = args.json
 

@@ -23,7 +23,12 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from percolator.command_options import add_store_option, open_existing_store
+from percolator.command_options import (
+    POSITIVE_INT,
+    add_store_option,
+    open_existing_store,
+    row_key,
+)
 from percolator.commands.display import show_bytes
 from percolator.errors import ConfigError
 from percolator.layout import DATA, LOCK, NOTIFY, WRITE, encode_row
@@ -176,8 +181,6 @@ def render(table: str, states: list[CellState]) -> str:
 def run(args: argparse.Namespace) -> int:
     if args.row is not None and (args.start is not None or args.stop is not None):
         raise ConfigError("give either --row or --start/--stop, not both")
-    if args.limit <= 0:
-        raise ConfigError(f"--limit must be a positive integer, got {args.limit}")
     if args.row is not None:
         start = encode_row(args.row)
         stop: bytes | None = start + b"\x00"
@@ -205,9 +208,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     add_store_option(parser)
     parser.add_argument("table", help="the user table")
-    parser.add_argument("--row", help="one row (UTF-8 text)")
-    parser.add_argument("--start", help="first row of a range (inclusive)")
-    parser.add_argument("--stop", help="end of a range (exclusive)")
-    parser.add_argument("--limit", type=int, default=1000, help="at most this many cells")
+    parser.add_argument(
+        "--row", type=row_key, help="one row (the argument's bytes: UTF-8 for text)"
+    )
+    parser.add_argument("--start", type=row_key, help="first row of a range (inclusive)")
+    parser.add_argument("--stop", type=row_key, help="end of a range (exclusive)")
+    parser.add_argument("--limit", type=POSITIVE_INT, default=1000, help="at most this many cells")
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.set_defaults(func=run)

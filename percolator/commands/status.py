@@ -44,7 +44,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from percolator import notifications
-from percolator.command_options import add_oracle_option, add_store_option, connect_existing
+from percolator.command_options import (
+    NON_NEGATIVE_INT,
+    POSITIVE_INT,
+    add_oracle_option,
+    add_store_option,
+    connect_existing,
+)
 from percolator.commands.display import show_bytes
 from percolator.errors import ConfigError, OracleError
 from percolator.layout import LOCK, META_TABLE, engine_tables
@@ -91,11 +97,15 @@ def register(subparsers: Any) -> None:
     add_oracle_option(parser)
     parser.add_argument("--table", action="append", help="only this table (repeatable)")
     parser.add_argument(
-        "--oldest", type=int, default=10, metavar="N", help="list the N oldest locks (default 10)"
+        "--oldest",
+        type=NON_NEGATIVE_INT,
+        default=10,
+        metavar="N",
+        help="list the N oldest locks (default 10)",
     )
     parser.add_argument(
         "--scan-limit",
-        type=int,
+        type=POSITIVE_INT,
         default=1_000_000,
         metavar="CELLS",
         help="stop counting locks of a table after this many lock cells (default %(default)s)",
@@ -453,10 +463,6 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.oldest < 0:
-        raise ConfigError(f"--oldest must be >= 0, got {args.oldest}")
-    if args.scan_limit <= 0:
-        raise ConfigError(f"--scan-limit must be > 0, got {args.scan_limit}")
     # The oracle is only asked for its info: the client itself never needs a timestamp.
     # A missing or empty store (or a wrong prefix) is an error, never created: see
     # connect_existing.

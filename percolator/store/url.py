@@ -72,16 +72,20 @@ def parse_store_url(url: str) -> StoreURL:
 
 
 def _parse_hbase(url: str) -> StoreURL:
-    parts = urlsplit(url)
     if not url.lower().startswith("hbase://"):
         raise ConfigError(f"store URL {url!r} must look like hbase://HOST:PORT")
+    try:
+        parts = urlsplit(url)
+        hostname = parts.hostname
+    except ValueError as exc:  # e.g. "Invalid IPv6 URL" for hbase://[::1
+        raise ConfigError(f"store URL {url!r} is malformed: {exc}") from None
     if parts.path not in ("", "/"):
         raise ConfigError(f"store URL {url!r} must not have a path (got {parts.path!r})")
     try:
         port = parts.port
     except ValueError as exc:
         raise ConfigError(f"store URL {url!r} has a bad port: {exc}") from None
-    host = parts.hostname or ""
+    host = hostname or ""
     if not host:
         raise ConfigError(f"store URL {url!r} has no host; use hbase://HOST:PORT")
     if port is None:

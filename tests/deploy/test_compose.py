@@ -111,7 +111,7 @@ MUTATIONS = {
     ),
     "bad value": (
         _set(["services", "worker", "command"], ["worker", "--threads", "many"]),
-        "invalid int value",
+        "argument --threads: 'many' is not a number",
     ),
     "wrong store port": (
         _env("worker", "PERCOLATOR_STORE", "hbase://hbase:9091"),

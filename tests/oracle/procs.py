@@ -71,6 +71,7 @@ class OracleProcess:
             "percolator",
             "oracle",
             "serve",
+            "--create",
             "--store",
             self.store_url,
             "--listen",

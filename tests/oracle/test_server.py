@@ -313,7 +313,8 @@ def test_serve_rejects_bad_options_with_one_clear_line(
 
 
 def test_serve_refuses_an_address_in_use(plain: OracleProcess, tmp_path: Path) -> None:
-    result = run_cli("serve", "--store", f"embedded:{tmp_path / 's'}", "--listen", plain.address)
+    store = f"embedded:{tmp_path / 's'}"
+    result = run_cli("serve", "--create", "--store", store, "--listen", plain.address)
     assert result.returncode == 2
     assert f"cannot listen on {plain.address}" in result.stderr
 

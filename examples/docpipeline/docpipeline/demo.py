@@ -132,6 +132,7 @@ class OracleServer:
                 "percolator",
                 "oracle",
                 "serve",
+                "--create",
                 "--store",
                 store_url,
                 "--listen",

@@ -1,0 +1,341 @@
+"""Bad input to the command line: one clear line naming the culprit and exit code 2 (a
+usage or config error), never a traceback, a hang or a silent exit 0."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import percolator
+from percolator import cli
+from percolator import command_options as options
+from percolator.errors import ConfigError
+from percolator.metrics import MetricsServer, Registry
+from percolator.store.url import parse_store_url
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("PERCOLATOR_")}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "percolator", *args],
+        cwd=ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> str:
+    url = f"embedded:{tmp_path / 'store'}"
+    percolator.connect(url).close()
+    return url
+
+
+def one_error_line(err: str) -> str:
+    """The ``percolator: error:`` line of ``err``, which holds no traceback."""
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+# ------------------------------------------------------------ numbers: one shared type
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf", "1e400", "NaN", "x", ""])
+def test_seconds_refuse_what_is_not_a_finite_number(text: str) -> None:
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError, match="expected a finite number >= 0"):
+        options.SECONDS(text)
+
+
+def test_the_checked_types_accept_their_range() -> None:
+    assert options.SECONDS("0") == 0.0 and options.SECONDS(" 2.5 ") == 2.5
+    assert options.int_option(1)("7") == 7
+    assert options.float_option(0, 1)("1") == 1.0
+    import argparse
+
+    for parse, text in [
+        (options.int_option(1), "0"),
+        (options.int_option(1), "1.5"),
+        (options.int_option(0, 10), "11"),
+        (options.float_option(0, above=True), "0"),
+        (options.float_option(0, 1), "1.01"),
+    ]:
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse(text)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["wait", "--timeout", "nan"], "argument --timeout: 'nan' is not finite"),
+        (["wait", "--ts", "-5"], "argument --ts: '-5' is out of range"),
+        (["gc", "--life-time", "nan"], "argument --life-time: 'nan' is not finite"),
+        (["gc", "--life-time", "inf"], "argument --life-time: 'inf' is not finite"),
+        (["gc", "--life-time", "1e400"], "argument --life-time: '1e400' is not finite"),
+        (["gc", "--life-time", "-1"], "argument --life-time: '-1' is out of range"),
+        (["worker", "--drain-timeout", "nan"], "argument --drain-timeout: 'nan' is not finite"),
+        (["worker", "--threads", "-3"], "argument --threads: '-3' is out of range"),
+        (["worker", "--metrics-port", "70000"], "argument --metrics-port: '70000' is out"),
+        (["oracle", "serve", "--stream-slots", "-1"], "argument --stream-slots: '-1' is out"),
+        (
+            ["backfill", "in.csv", "--table", "t", "--key", "k", "--progress-interval", "nan"],
+            "argument --progress-interval: 'nan' is not finite",
+        ),
+        (
+            ["backfill", "in.csv", "--table", "t", "--key", "k", "--max-value-bytes", "0"],
+            "argument --max-value-bytes: '0' is out of range: expected an integer >= 1",
+        ),
+        (["status", "--oldest", "-1"], "argument --oldest: '-1' is out of range"),
+        (["inspect", "t", "--limit", "0"], "argument --limit: '0' is out of range"),
+    ],
+)
+def test_bad_numbers_are_usage_errors(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    missing = f"embedded:{tmp_path / 'none'}"
+    with pytest.raises(SystemExit) as info:
+        cli.main(
+            [*args[:2], "--store", missing, *args[2:]]
+            if args[0] == "oracle"
+            else [args[0], "--store", missing, *args[1:]]
+        )
+    assert info.value.code == 2
+    assert message in one_error_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("env", "PERCOLATOR_GC_LIFE_TIME: bad value 'nan' for --life-time: 'nan' is not finite"),
+        ("file", "[gc]: bad value nan for --life-time: 'nan' is not finite"),
+    ],
+)
+def test_non_finite_settings_name_their_source(
+    source: str,
+    message: str,
+    store: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["gc", "--store", store]
+    if source == "env":
+        monkeypatch.setenv("PERCOLATOR_GC_LIFE_TIME", "nan")
+    else:
+        path = tmp_path / "p.toml"
+        path.write_text("[gc]\nlife-time = nan\n")
+        args += ["--config", str(path)]
+    assert cli.main(args) == 2
+    assert message in one_error_line(capsys.readouterr().err)
+
+
+def test_a_bad_value_in_another_commands_table_fails_every_command(
+    store: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Range checks are part of the options' types, so the whole-file check sees them."""
+    path = tmp_path / "p.toml"
+    path.write_text("[worker]\nthreads = -3\n")
+    assert cli.main(["status", "--store", store, "--config", str(path)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"config file {path} [worker]: bad value -3 for --threads" in line
+
+
+def test_wait_with_a_nan_timeout_does_not_hang(store: str) -> None:
+    result = run(["wait", "--store", store, "--timeout", "nan"])
+    assert result.returncode == 2
+    assert "argument --timeout: 'nan' is not finite" in result.stderr
+
+
+# ------------------------------------------------------------ plugins that call sys.exit
+
+
+def _exiting_distribution(tmp_path: Path, group: str, name: str, value: str) -> dict[str, str]:
+    (tmp_path / "exits_at_import.py").write_text("import sys\nsys.exit(0)\n")
+    info = tmp_path / "exits-0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: exits\nVersion: 0.0\n")
+    (info / "entry_points.txt").write_text(f"[{group}]\n{name} = {value}\n")
+    return {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    }
+
+
+def test_a_command_plugin_that_exits_at_import_is_a_broken_plugin(tmp_path: Path) -> None:
+    env = _exiting_distribution(tmp_path, cli.GROUP, "aa-exits", "exits_at_import:register")
+    result = run(["--help"], env)
+    assert result.returncode == 0 and "gc" in result.stdout  # the others still work
+    assert result.stderr.splitlines() == [
+        "percolator: warning: command plugin 'aa-exits' (exits_at_import:register): cannot "
+        "load: SystemExit: called sys.exit(0); left out"
+    ]
+    result = run(["aa-exits"], env)
+    assert result.returncode == 2
+    assert "command plugin 'aa-exits' (exits_at_import:register): cannot load: SystemExit" in (
+        one_error_line(result.stderr)
+    )
+
+
+def test_a_command_plugin_whose_register_exits_is_left_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "exits_in_register.py").write_text(
+        "import sys\ndef register(subparsers):\n    sys.exit(3)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    commands = cli.load_commands(
+        [importlib.metadata.EntryPoint("x", "exits_in_register:register", cli.GROUP)]
+    )
+    assert [str(e) for e in commands.errors] == [
+        "command plugin 'x' (exits_in_register:register): failed to add its command: "
+        "SystemExit: called sys.exit(3)"
+    ]
+
+
+def test_a_worker_whose_only_observer_plugin_exits_at_import_fails(
+    tmp_path: Path, store: str
+) -> None:
+    env = _exiting_distribution(
+        tmp_path, "percolator.observers", "exits", "exits_at_import:Observer"
+    )
+    result = run(["worker", "--store", store, "--observer", "exits"], env)
+    assert result.returncode == 2
+    assert (
+        "observer plugin 'exits': cannot load 'exits_at_import:Observer': SystemExit"
+        in result.stderr
+    )
+    assert "nothing to run" in one_error_line(result.stderr)
+    result = run(["worker", "--store", store, "--observers-from", "exits_at_import:x"], env)
+    assert result.returncode == 2
+    assert "observer plugin 'exits_at_import:x': cannot import 'exits_at_import': SystemExit" in (
+        one_error_line(result.stderr)
+    )
+
+
+# ------------------------------------------------------------ stores, files, ports, bytes
+
+
+def test_oracle_serve_refuses_a_store_that_does_not_exist(tmp_path: Path) -> None:
+    missing = tmp_path / "typo"
+    result = run(["oracle", "serve", "--store", f"embedded:{missing}", "--listen", "127.0.0.1:0"])
+    assert result.returncode == 2
+    line = one_error_line(result.stderr)
+    assert f"store 'embedded:{missing}' does not exist" in line and "--create" in line
+    assert not missing.exists()
+
+
+@pytest.mark.parametrize("url", ["hbase://[::1", "hbase://[::1:9090?prefix=p"])
+def test_a_malformed_hbase_url_is_a_config_error_naming_it(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(ConfigError, match=r"store URL 'hbase://\[::1.*malformed"):
+        parse_store_url(url)
+    with pytest.raises(ConfigError, match="malformed"):
+        percolator.connect(url)
+    assert cli.main(["status", "--store", url]) == 2
+    assert f"store URL {url!r} is malformed" in one_error_line(capsys.readouterr().err)
+
+
+def test_a_config_file_that_is_not_utf8_names_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "p.toml"
+    path.write_bytes(b"\xff\xfe[defaults]\n")
+    assert cli.main(["status", "--config", str(path)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"config file {path}: not UTF-8 text" in line
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield int(sock.getsockname()[1])
+
+
+def test_a_metrics_port_in_use_or_a_bad_host_names_host_and_port(busy_port: int) -> None:
+    with pytest.raises(ConfigError, match=f"cannot serve metrics on 127.0.0.1:{busy_port}: "):
+        MetricsServer(Registry(), "127.0.0.1", busy_port)
+    with pytest.raises(ConfigError, match=r"cannot serve metrics on 999\.1\.1\.1:0: "):
+        MetricsServer(Registry(), "999.1.1.1", 0)
+
+
+def test_oracle_serve_with_a_metrics_port_in_use(store: str, busy_port: int) -> None:
+    result = run(
+        [
+            *("oracle", "serve", "--store", store, "--listen", "127.0.0.1:0"),
+            *("--metrics-port", str(busy_port)),
+        ]
+    )
+    assert result.returncode == 2
+    assert f"cannot serve metrics on 127.0.0.1:{busy_port}" in one_error_line(result.stderr)
+
+
+def test_row_arguments_are_the_bytes_the_shell_passed() -> None:
+    assert options.row_key("abc") == b"abc"
+    assert options.row_key("\udcff") == b"\xff"  # $'\xff' on a UTF-8 system
+    assert options.row_key("é") == "é".encode()
+
+
+def test_rows_that_are_not_utf8_are_accepted_as_bytes(
+    store: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with percolator.connect(store) as client:
+        client.create_table("t")
+        with client.transaction() as txn:
+            txn.set("t", b"\xff", "c", b"v")
+    assert cli.main(["inspect", "t", "--store", store, "--row", "\udcff"]) == 0
+    assert "v" in capsys.readouterr().out
+    assert cli.main(["inspect", "t", "--store", store, "--start", "\udcff"]) == 0
+    assert cli.main(["notifications", "retry", "--store", store, "--row", "\udcff"]) == 1
+    assert "no parked notification matched" in capsys.readouterr().err
+
+
+def test_a_closed_pipe_ends_a_command_quietly(store: str) -> None:
+    """``percolator status | head -0``: no BrokenPipeError traceback, SIGPIPE's exit code."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "percolator", "status", "--store", store],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # like `| head -0`
+    err = proc.stderr.read().decode()
+    assert proc.wait(60) == 141  # cli.BROKEN_PIPE_EXIT: 128 + SIGPIPE
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+# ------------------------------------------------------------ names
+
+
+def test_export_refuses_a_reserved_column(store: str, tmp_path: Path) -> None:
+    out = tmp_path / "out.parquet"
+    result = run(
+        ["export", "--store", store, "--table", "t", "--output", str(out), "--column", "!x"]
+    )
+    assert result.returncode == 2
+    assert "--column: column '!x' is reserved" in one_error_line(result.stderr)
+    assert not out.exists()
+
+
+def test_observers_unregister_checks_the_name(
+    store: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["observers", "unregister", "bad name!", "--store", store]) == 2
+    assert "observer name 'bad name!' is invalid" in one_error_line(capsys.readouterr().err)
