@@ -38,9 +38,18 @@ other input" below.
   with :class:`TableLoadingError` (retryable: it succeeds after the publish); observers
   therefore back off on its notifications instead of running them early.
 * **Publish** flips ``loading`` to ``ready`` with compare-and-set: readers see none of the
-  load (refused) or all of it.  A client caches a table it saw ``ready`` or without a state
-  and never checks again: a table enters ``loading`` only while empty, and a table the
-  load itself created (``created = yes``) was never usable by any client before.
+  load (refused) or all of it.
+* **Clients re-check.**  A client trusts what it read of a table's state for at most
+  :data:`TABLE_STATE_REFRESH_MS` (percolator/client.py): each read or write of a table, and
+  each commit after its prewrite, re-reads the state row when the client's reading of it
+  started longer ago.  ``begin_load`` waits that long (plus a margin) after it saw its
+  fence in place before it draws ``commit_ts``, and then checks that the table still holds
+  no lock cell.  So a reader whose ``read_ts`` is above ``commit_ts`` (the only readers the
+  load's cells are visible to) checked the state after the fence was up and is refused,
+  even if it used the table before the load (an existing empty table, or a table dropped
+  and loaded again under its name); and a writer that passed its check after prewriting
+  placed its locks before that lock check, which then refuses the load, while one that
+  checks later is refused itself, before its commit point.
 * A table that existed before the load (``created`` is ``no``, or ``pending`` when a run
   died before creating it and someone else created it) may have been cached by a client
   that could still write it during the load.  Its publish therefore first **verifies** the
@@ -71,6 +80,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import asdict, dataclass, replace
 
@@ -96,6 +106,10 @@ STATE_QUALIFIER = b"state"
 LOADING = "loading"
 READY = "ready"
 DEFAULT_LEASE_MS = 60_000
+#: how long a client trusts what it read of a table's state (module docstring, "Clients
+#: re-check"); a load waits this long, plus the margin, between its fence and commit_ts
+TABLE_STATE_REFRESH_MS = 500
+_REFRESH_MARGIN_MS = 100
 
 
 class TableLoadingError(TransactionError):
@@ -169,8 +183,9 @@ def read_state(store: Store, table: str) -> tuple[LoadState | None, bytes | None
 
 
 def check_usable(store: Store, table: str) -> None:
-    """Raise :class:`TableLoadingError` if ``table`` is being loaded.  Once this returned,
-    the table never needs checking again (see the module docstring)."""
+    """Raise :class:`TableLoadingError` if ``table`` is being loaded (one read).  A client
+    trusts the answer for :data:`TABLE_STATE_REFRESH_MS` only (module docstring, "Clients
+    re-check")."""
     state, _ = read_state(store, table)
     if state is not None and state.state == LOADING:
         raise TableLoadingError(table, state)
@@ -237,7 +252,21 @@ def begin_load(
                 fingerprint=state.fingerprint or fingerprint,
             )
             if renewed.commit_ts == 0:
-                # Fenced (we read the fence) but ``commit_ts`` not drawn yet: draw it now.
+                # Fenced (we read the fence) but ``commit_ts`` not drawn yet.  Every client
+                # re-reads a table's state at this interval ("Clients re-check"): wait it
+                # out, so that every reader above commit_ts and every writer that commits
+                # into the table from now on has seen the fence...
+                time.sleep((TABLE_STATE_REFRESH_MS + _REFRESH_MARGIN_MS) / 1000)
+                # ...and a writer that checked before it has its locks in place by now.
+                if store.table_exists(table) and _has_lock_cells(store, table):
+                    # An ordinary table again (we hold the fence: nobody else writes it).
+                    ordinary = LoadState(READY, "", 0, 0, 0, "no").encode()
+                    store.compare_and_set(
+                        META_TABLE, state_row(table), META_FAMILY, STATE_QUALIFIER, raw, ordinary
+                    )
+                    raise BulkLoadError(
+                        f"table {table!r} was written while the load began; refused"
+                    )
                 renewed = replace(renewed, commit_ts=timestamp())
             if not _cas(store, table, raw, renewed):
                 continue

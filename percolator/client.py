@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from percolator import watermark
-from percolator.bulkload import check_usable, clear_state
+from percolator.bulkload import TABLE_STATE_REFRESH_MS, check_usable, clear_state
 from percolator.concurrency import renew_after_fork
 from percolator.context import ClientOptions, EngineContext
 from percolator.errors import (
@@ -85,7 +86,9 @@ class Client:
             readers=self._readers,
             check_table=self._check_table,
         )
-        self._tables: set[str] = set()
+        # table -> time.monotonic() at which the read that found it usable started
+        # (trusted for TABLE_STATE_REFRESH_MS, percolator/bulkload.py "Clients re-check")
+        self._tables: dict[str, float] = {}
         self._tables_lock = threading.Lock()
         self._closed = False
         self._init_observed()
@@ -124,9 +127,10 @@ class Client:
                     f"table {name!r} exists but is not an engine table "
                     f"(families {sorted(families)}, expected {sorted(expected)})"
                 ) from None
+        checked = time.monotonic()
         check_usable(self.store, name)
         with self._tables_lock:
-            self._tables.add(name)
+            self._tables[name] = checked
 
     def drop_table(self, name: str) -> None:
         """Drop a user table.  Locks in *other* tables whose primary is in this one are
@@ -155,7 +159,7 @@ class Client:
         forget_table_progress(self.store, name)
         clear_state(self.store, name)  # a dropped table is no longer being loaded
         with self._tables_lock:
-            self._tables.discard(name)
+            self._tables.pop(name, None)
 
     def list_tables(self) -> list[str]:
         """The engine's tables in the store (:func:`percolator.layout.engine_tables`): other
@@ -166,19 +170,26 @@ class Client:
 
     def _check_table(self, name: str, *, allow_loading: bool = False) -> None:
         """Raise at the call for an unknown or malformed table, or (TableLoadingError) one
-        being bulk-loaded unless ``allow_loading`` (cached: no round trip for a table this
-        client already knows; a usable table never becomes loading, see
-        percolator/bulkload.py)."""
-        if name in self._tables:
+        being bulk-loaded unless ``allow_loading``.  What it found is trusted for
+        :data:`~percolator.bulkload.TABLE_STATE_REFRESH_MS` (no round trip meanwhile), then
+        the table's state is read again: a bulk load waits that long after fencing a table
+        before its cells can be read or its lock check made (percolator/bulkload.py,
+        "Clients re-check").  The committer calls it again after its prewrite."""
+        checked = self._tables.get(name)
+        if checked is not None and (
+            allow_loading or time.monotonic() - checked <= TABLE_STATE_REFRESH_MS / 1000
+        ):
             return
-        check_table_name(name)
-        if not self.store.table_exists(name):
-            raise TableNotFoundError(name)
-        if allow_loading:
-            return
+        if checked is None:
+            check_table_name(name)
+            if not self.store.table_exists(name):
+                raise TableNotFoundError(name)
+            if allow_loading:
+                return
+        started = time.monotonic()  # before the read: the trust counts from here
         check_usable(self.store, name)
         with self._tables_lock:
-            self._tables.add(name)
+            self._tables[name] = started
 
     # ---------------------------------------------------------------- transactions
 

@@ -241,6 +241,11 @@ class Committer:
             # commit: it must not commit (protocol/gc.py, step 6).  Cheap while this
             # client's reader record is live (percolator/readers.py).
             self._ctx.readers.check(self.start_ts)
+            # A bulk load may have fenced a table since this transaction checked it: asked
+            # again now that every lock is in place, from a reading of its state at most
+            # one refresh interval old (percolator/bulkload.py, "Clients re-check").
+            for table in sorted({m.key.table for m in (self.primary, *self.secondaries)}):
+                self._ctx.check_table(table)
             commit_ts = self._ctx.oracle.get_timestamp()
             self.commit_ts = commit_ts
             failpoints.failpoint("commit.before_notify")

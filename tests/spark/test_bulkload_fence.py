@@ -3,10 +3,13 @@ refused, never silently overwritten; take-over, publish, GC and drop."""
 
 from __future__ import annotations
 
+import threading
 import time
+from typing import Any
 
 import pytest
 
+from percolator import failpoints
 from percolator.bulkload import (
     BulkLoadError,
     TableLoadingError,
@@ -44,17 +47,21 @@ def test_transaction_racing_the_fence_is_refused(embedded_url: str) -> None:
         publish_load(store, ITEMS, "load-1")
         racer.run(lambda t: t.set(ITEMS, b"r", "value", b"x"), max_attempts=1)
 
-        # An existing empty table a client already uses: a write racing the load is found at
-        # the publish, which refuses; the table stays fenced, nothing silently overwritten.
+        # An existing empty table a client already uses: the client re-checks the table's
+        # state, and the load waited that long before it could write, so the client's
+        # reads and writes are refused like everyone's.
         client.create_table("empty")
         racer.create_table("empty")
         begun = begin_load(store, client.oracle.get_timestamp, "empty", "load-2")
         assert begun.state.created == "no"
-        racer.run(lambda t: t.set("empty", b"r", "value", b"racer"), max_attempts=1)
-        with pytest.raises(BulkLoadError, match="written by a transaction during load"):
-            publish_load(store, "empty", "load-2")
-        with connect(embedded_url) as fresh, pytest.raises(TableLoadingError):
-            fresh.snapshot().get("empty", b"r", "value")
+        store.put("empty", cell_puts(begun.state, b"r", [(b"value", b"loaded")], ()))
+        with pytest.raises(TableLoadingError):
+            racer.snapshot().get("empty", b"r", "value")
+        with pytest.raises(TableLoadingError):
+            racer.run(lambda t: t.set("empty", b"r", "value", b"racer"), max_attempts=1)
+        publish_load(store, "empty", "load-2")
+        with connect(embedded_url) as fresh:
+            assert fresh.snapshot().get("empty", b"r", "value") == b"loaded"
         # A table holding cells cannot be bulk-loaded at all.
         with pytest.raises(BulkLoadError, match="already holds cells"):
             begin_load(store, client.oracle.get_timestamp, ITEMS, "load-3")
@@ -98,4 +105,85 @@ def test_take_over_publish_and_rerun(embedded_url: str) -> None:
         client.drop_table("other")
         assert read_state(store, "other")[0] is not None
         assert not begin_load(store, ts, "other", "load-4").published
+    store.close()
+
+
+def test_a_client_that_used_a_table_dropped_and_loaded_again_is_refused(
+    embedded_url: str,
+) -> None:
+    """A client knew the table before it was dropped and bulk-loaded again under its name:
+    it re-checks the table's state, so it reads none of the unpublished load and cannot
+    write into it."""
+    store = open_store(embedded_url)
+    with connect(embedded_url) as user, connect(embedded_url) as operator:
+        user.create_table(ITEMS)
+        user.run(lambda t: t.set(ITEMS, b"r", "value", b"old"))
+        assert user.snapshot().get(ITEMS, b"r", "value") == b"old"
+        operator.drop_table(ITEMS)
+        begun = begin_load(store, operator.oracle.get_timestamp, ITEMS, "reload")
+        assert begun.state.created == "yes"
+        store.put(ITEMS, cell_puts(begun.state, b"r", [(b"value", b"loaded")], ()))
+        with pytest.raises(TableLoadingError):
+            user.snapshot().get(ITEMS, b"r", "value")
+        with pytest.raises(TableLoadingError):
+            user.run(lambda t: t.set(ITEMS, b"zz", "value", b"user"), max_attempts=1)
+        publish_load(store, ITEMS, "reload")
+        with user.snapshot() as snap:
+            assert dict(snap.scan(ITEMS)) == {b"r": {"value": b"loaded"}}
+    store.close()
+
+
+def test_a_write_prewritten_before_the_fence_makes_the_load_refuse(
+    embedded_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer whose check of the table predates the fence (here: a client that trusts
+    it for a minute) locks a cell while the load waits out the clients' re-checks: the
+    load's lock check then refuses the load, and the writer commits into an ordinary
+    table."""
+    import percolator.bulkload as bulkload
+    import percolator.client as client_module
+
+    monkeypatch.setattr(client_module, "TABLE_STATE_REFRESH_MS", 60_000)
+    store = open_store(embedded_url)
+    with connect(embedded_url) as writer, connect(embedded_url) as loader:
+        writer.create_table("empty")
+        fenced, locked, go_on = threading.Event(), threading.Event(), threading.Event()
+        real_failpoint, real_sleep = failpoints.failpoint, time.sleep
+
+        def hold_the_writer(name: str) -> None:
+            real_failpoint(name)
+            if name == "commit.before_notify" and threading.current_thread().name == "w":
+                locked.set()
+                go_on.wait(30)
+
+        def wait_for_the_writer(seconds: float) -> None:
+            if threading.current_thread() is not threading.main_thread():
+                return real_sleep(seconds)  # another thread's sleep: not the load's wait
+            fenced.set()  # the load's fence is in place: let the writer prewrite
+            assert locked.wait(30)
+            real_sleep(seconds)
+
+        monkeypatch.setattr(failpoints, "failpoint", hold_the_writer)
+        monkeypatch.setattr(bulkload.time, "sleep", wait_for_the_writer)
+        outcome: list[Any] = []
+
+        def write() -> None:
+            try:
+                txn = writer.transaction()
+                txn.set("empty", b"r", "value", b"writer")  # checks the table: usable
+                assert fenced.wait(30)
+                outcome.append(txn.commit())
+            except Exception as exc:  # reported below
+                outcome.append(exc)
+
+        thread = threading.Thread(target=write, name="w")
+        thread.start()
+        with pytest.raises(BulkLoadError, match="was written while the load began"):
+            begin_load(store, loader.oracle.get_timestamp, "empty", "late")
+        go_on.set()
+        thread.join(10)
+        assert outcome and isinstance(outcome[0], int), outcome
+        state = read_state(store, "empty")[0]
+        assert state is None or state.state != "loading"
+        assert loader.snapshot().get("empty", b"r", "value") == b"writer"
     store.close()
