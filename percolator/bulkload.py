@@ -108,8 +108,8 @@ READY = "ready"
 DEFAULT_LEASE_MS = 60_000
 #: how long a client trusts what it read of a table's state (module docstring, "Clients
 #: re-check"); a load waits this long, plus the margin, between its fence and commit_ts
-TABLE_STATE_REFRESH_MS = 500
-_REFRESH_MARGIN_MS = 100
+TABLE_STATE_REFRESH_MS = 100
+_REFRESH_MARGIN_MS = 50
 
 
 class TableLoadingError(TransactionError):
