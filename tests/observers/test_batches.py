@@ -154,6 +154,7 @@ def _run_start_ts(client: percolator.Client) -> list[bytes]:
     ]
 
 
+@pytest.mark.usefixtures("steady_table_checks")
 def test_a_batch_costs_the_round_trips_of_one_run_except_per_cell_compare_and_sets(
     memory_client: percolator.Client,
 ) -> None:
@@ -205,6 +206,7 @@ class DeclaresTitle(ReadsTitle):
     reads = ("title",)
 
 
+@pytest.mark.usefixtures("steady_table_checks")
 @pytest.mark.parametrize("observer_class", [ReadsTitle, DeclaresTitle])
 def test_declared_reads_of_the_row_are_read_with_the_observed_cells(
     memory_client: percolator.Client, observer_class: type[ReadsTitle]

@@ -15,6 +15,8 @@ import percolator
 from percolator.errors import ConflictError
 from tests.conftest import ClientSettings
 
+pytestmark = pytest.mark.usefixtures("steady_table_checks")
+
 
 @pytest.fixture
 def client_settings() -> ClientSettings:
