@@ -40,7 +40,7 @@ from typing import Any
 
 from percolator.observers.api import Observer, check_observer
 
-from percolator.errors import ConfigError, InvalidArgumentError
+from percolator.errors import ConfigError, InvalidArgumentError, describe_plugin_error
 
 GROUP = "percolator.observers"
 
@@ -75,16 +75,6 @@ def find(
     return found
 
 
-def describe(exc: BaseException) -> str:
-    """``Type: message`` of an exception raised by plugin code, on one line.  Plugin code
-    that calls ``sys.exit()`` while loading is a broken plugin like any other: the program
-    goes on (and says so) instead of ending silently with the plugin's exit status."""
-    if isinstance(exc, SystemExit):
-        return f"SystemExit: called sys.exit({exc.code!r}) while loading"
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
 #: observer name -> its configuration table (``[worker.observers.NAME]``)
 Configs = Mapping[str, Mapping[str, Any]]
 
@@ -100,7 +90,9 @@ def load(
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # any import-time failure of third-party code, sys.exit too
-        raise PluginError(name, f"cannot load {entry_point.value!r}: {describe(exc)}") from exc
+        raise PluginError(
+            name, f"cannot load {entry_point.value!r}: {describe_plugin_error(exc)}"
+        ) from exc
     observer = _instantiate(name, entry_point.value, target, config)
     try:
         check_observer(observer)
@@ -177,7 +169,7 @@ def _instantiate(
             raise
         except BaseException as exc:
             raise PluginError(
-                name, f"{where!r} raised while creating the observer: {describe(exc)}"
+                name, f"{where!r} raised while creating the observer: {describe_plugin_error(exc)}"
             ) from exc
         if not isinstance(made, Observer):
             raise PluginError(
@@ -208,7 +200,9 @@ def load_from_path(spec: str, configs: Configs | None = None) -> list[Observer]:
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # any import-time failure of the user's code, sys.exit too
-        raise PluginError(spec, f"cannot import {module_name!r}: {describe(exc)}") from exc
+        raise PluginError(
+            spec, f"cannot import {module_name!r}: {describe_plugin_error(exc)}"
+        ) from exc
     target: Any = module
     for part in attribute.split("."):
         try:

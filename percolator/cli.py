@@ -49,7 +49,7 @@ from typing import Any
 
 import percolator
 from percolator import config
-from percolator.errors import ConfigError, PercolatorError
+from percolator.errors import ConfigError, PercolatorError, describe_plugin_error
 
 GROUP = "percolator.commands"
 
@@ -116,14 +116,6 @@ def find_commands(
     return [found[name] for name in sorted(found)]
 
 
-def _describe(exc: BaseException) -> str:
-    """``Type: message`` of an exception raised by a plugin's code, on one line."""
-    if isinstance(exc, SystemExit):
-        return f"SystemExit: called sys.exit({exc.code!r})"
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
 def _register(entry_point: importlib.metadata.EntryPoint, subparsers: Any) -> None:
     """Load one plugin and let it add its command; raises :class:`CommandPluginError`."""
     name, value = entry_point.name, entry_point.value
@@ -132,7 +124,7 @@ def _register(entry_point: importlib.metadata.EntryPoint, subparsers: Any) -> No
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # any import-time failure of a plugin's code, sys.exit too
-        raise CommandPluginError(name, value, f"cannot load: {_describe(exc)}") from exc
+        raise CommandPluginError(name, value, f"cannot load: {describe_plugin_error(exc)}") from exc
     if not callable(register):
         raise CommandPluginError(name, value, f"{register!r} is not a register(subparsers)")
     try:
@@ -141,7 +133,7 @@ def _register(entry_point: importlib.metadata.EntryPoint, subparsers: Any) -> No
         raise
     except BaseException as exc:  # SystemExit included: a plugin never ends the program
         raise CommandPluginError(
-            name, value, f"failed to add its command: {_describe(exc)}"
+            name, value, f"failed to add its command: {describe_plugin_error(exc)}"
         ) from exc
     if name not in subparsers.choices:
         added = ", ".join(sorted(subparsers.choices)) or "nothing"

@@ -147,3 +147,13 @@ class TimestampRegressionError(OracleError):
 
 class FencedError(OracleError):
     """This oracle lost its lease or its epoch: it must stop serving at once."""
+
+
+def describe_plugin_error(exc: BaseException) -> str:
+    """``Type: message`` on one line, for an exception raised by plugin code (a command or
+    an observer plugin).  Plugin code that calls ``sys.exit()`` is a broken plugin like any
+    other: the caller reports it instead of ending with the plugin's exit status."""
+    if isinstance(exc, SystemExit):
+        return f"SystemExit: called sys.exit({exc.code!r})"
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
