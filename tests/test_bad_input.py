@@ -19,21 +19,11 @@ from percolator import command_options as options
 from percolator.errors import ConfigError
 from percolator.metrics import MetricsServer, Registry
 from percolator.store.url import parse_store_url
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.cli_process import ROOT, run_percolator
 
 
 def run(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("PERCOLATOR_")}
-    full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "percolator", *args],
-        cwd=ROOT,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_percolator(args, env, timeout=60)
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ import pytest
 
 import percolator
 from percolator import cli
+from tests.cli_process import run_percolator
 
-ROOT = Path(__file__).resolve().parent.parent
 # The engine's own commands and those of the packages installed with it.
 ENGINE_COMMANDS = [
     "backfill",
@@ -38,16 +38,7 @@ def entry_point(name: str, value: str) -> importlib.metadata.EntryPoint:
 
 
 def run(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("PERCOLATOR_")}
-    full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "percolator", *args],
-        cwd=ROOT,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_percolator(args, env)
 
 
 def test_the_engine_declares_its_commands_as_entry_points() -> None:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import percolator
 from percolator import config
 from percolator.cli import build_parser
 from percolator.errors import ConfigError
+from tests.cli_process import run_percolator
 
 
 def parse(
@@ -145,16 +144,7 @@ def test_command_path_skips_option_values() -> None:
 
 
 def run_cli(args: list[str], cwd: Path, env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("PERCOLATOR_")}
-    full_env.update(env)
-    return subprocess.run(
-        [sys.executable, "-m", "percolator", *args],
-        cwd=cwd,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_percolator(args, env, cwd=cwd)
 
 
 def test_cli_reads_percolator_toml_from_the_working_directory(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import random
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from percolator.observers.api import Observer
 
@@ -207,3 +207,13 @@ def uncovered(
     finally:
         txn.rollback()
     return problems
+
+
+def wait_for(condition: Callable[[], object], timeout: float = 30, what: str = "") -> None:
+    """Poll ``condition`` every 20 ms until it holds; AssertionError after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what or condition}")

@@ -67,13 +67,8 @@ class Quits(Observer):
         helpers.log_run(txn, EVENTS, row, column, prefix=b"exit:")
 
 
-def wait_for(condition: Callable[[], object], timeout: float = 20, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what or condition}")
+def wait_for(condition: Callable[[], object], what: str = "") -> None:
+    helpers.wait_for(condition, timeout=20, what=what)
 
 
 def healthz(worker: Worker) -> tuple[int, str]:

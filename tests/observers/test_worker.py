@@ -21,7 +21,7 @@ from percolator.store.base import Store
 from percolator.testing import ProtocolHarness
 from percolator.transaction import Transaction
 from tests.observers import helpers
-from tests.observers.helpers import CONTROL, EVENTS, MIRROR, runs
+from tests.observers.helpers import CONTROL, EVENTS, MIRROR, runs, wait_for
 from tests.observers.procs import wait_quiet
 
 FAST = WorkerOptions(
@@ -35,15 +35,6 @@ FAST = WorkerOptions(
     parked_refresh_s=0.2,
     metrics_port=0,
 )
-
-
-def wait_for(condition: Callable[[], object], timeout: float = 30, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what or condition}")
 
 
 def scrape(worker: Worker) -> dict[str, float]:

@@ -201,6 +201,14 @@ def test_a_reader_registering_while_its_client_publishes_is_not_passed_by_gc(
     txn.rollback()
 
 
+def _short_lived_records(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Client records that expire 300 ms after they are stored and are not renewed (a
+    client paused, or idle for a minute, in little time)."""
+    monkeypatch.setattr(readers, "PUBLISH_TTL_MS", 300)
+    monkeypatch.setattr(readers, "_PROTECTION_MARGIN_MS", 100)
+    monkeypatch.setattr(readers, "RENEW_INTERVAL_S", 3600.0)
+
+
 def test_a_lapsed_transaction_cannot_miss_a_conflict_on_a_cell_gc_removed(
     app: percolator.Client, operator: percolator.Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -208,9 +216,7 @@ def test_a_lapsed_transaction_cannot_miss_a_conflict_on_a_cell_gc_removed(
     started before the delete and whose reader record lapsed (as if its process had been
     paused) then writes the cell blind: no history is left to conflict with, so only the
     safe point check before the commit point stops a lost update."""
-    monkeypatch.setattr(readers, "PUBLISH_TTL_MS", 300)
-    monkeypatch.setattr(readers, "_PROTECTION_MARGIN_MS", 100)
-    monkeypatch.setattr(readers, "RENEW_INTERVAL_S", 3600.0)
+    _short_lived_records(monkeypatch)
     monkeypatch.setattr(app.store, "stamp_skew_ms", 0)
     app.run(lambda t: t.set("a", b"k", "c", b"v1"))
     txn = app.transaction()
@@ -397,9 +403,7 @@ def test_gc_cleans_notifications_of_columns_nobody_observes(app: percolator.Clie
 def _expire_the_apps_record(app: percolator.Client, monkeypatch: pytest.MonkeyPatch) -> None:
     """The application reads once with a short-lived record and lets it expire (as a client
     idle for a minute does); later records live for the usual minute."""
-    monkeypatch.setattr(readers, "PUBLISH_TTL_MS", 300)
-    monkeypatch.setattr(readers, "_PROTECTION_MARGIN_MS", 100)
-    monkeypatch.setattr(readers, "RENEW_INTERVAL_S", 3600.0)
+    _short_lived_records(monkeypatch)
     with app.snapshot() as snap:
         assert snap.get("a", b"k1", "c") == b"v1"
     time.sleep(0.5)
@@ -407,12 +411,18 @@ def _expire_the_apps_record(app: percolator.Client, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(readers, "_PROTECTION_MARGIN_MS", 15_000)
 
 
-def _overwrite_and_collect(
-    app: percolator.Client, operator: percolator.Client, read_ts: int
+def _published_reader_survives_gc(
+    app: percolator.Client, operator: percolator.Client, snap: percolator.Snapshot
 ) -> None:
+    """``snap`` (of ``app``, which read k1 through it) is in its client's stored record;
+    k1 and k2 are overwritten and GC collects all it may: it stays below ``snap``, which
+    still reads its own k2."""
+    published = {p.row: p.min_start_ts for p in readers.scan_publications(app.store)}
+    assert published.get(app._readers.row) == snap.read_ts  # type: ignore[attr-defined]
     operator.run(lambda t: (t.set("a", b"k1", "c", b"v2"), t.set("a", b"k2", "c", b"v2")))
     report = operator.gc(life_time_ms=0)
-    assert report.bound <= read_ts, "GC passed a reader whose client published it"
+    assert report.bound <= snap.read_ts, "GC passed a reader whose client published it"
+    assert snap.get("a", b"k2", "c") == b"v1"
 
 
 def test_a_clients_record_stored_after_gc_removed_its_expired_one_stays_in_force(
@@ -428,10 +438,7 @@ def test_a_clients_record_stored_after_gc_removed_its_expired_one_stays_in_force
 
     snap = app.snapshot()
     assert snap.get("a", b"k1", "c") == b"v1"  # registers: publishes, then protected
-    published = {p.row: p.min_start_ts for p in readers.scan_publications(app.store)}
-    assert published.get(app._readers.row) == snap.read_ts  # type: ignore[attr-defined]
-    _overwrite_and_collect(app, operator, snap.read_ts)
-    assert snap.get("a", b"k2", "c") == b"v1"
+    _published_reader_survives_gc(app, operator, snap)
 
 
 def test_gc_removing_an_expired_record_spares_the_one_its_client_stored_meanwhile(
@@ -451,10 +458,7 @@ def test_gc_removing_an_expired_record_spares_the_one_its_client_stored_meanwhil
 
     assert operator.gc(life_time_ms=600_000, progress=open_reader_once).clients_expired == 1
     (snap,) = opened
-    published = {p.row: p.min_start_ts for p in readers.scan_publications(app.store)}
-    assert published.get(app._readers.row) == snap.read_ts  # type: ignore[attr-defined]
-    _overwrite_and_collect(app, operator, snap.read_ts)
-    assert snap.get("a", b"k2", "c") == b"v1"
+    _published_reader_survives_gc(app, operator, snap)
 
 
 def test_a_transaction_no_record_protects_cannot_lose_its_secondary_to_gc(
@@ -466,9 +470,7 @@ def test_a_transaction_no_record_protects_cannot_lose_its_secondary_to_gc(
     entry: it must first settle the secondary lock, or the secondary later resolves as
     rolled back once the primary's lock cell has moved on (a half-committed transaction)."""
     operator.run(lambda t: (t.set("a", b"p", "c", b"p0"), t.set("a", b"s", "c", b"s0")))
-    monkeypatch.setattr(readers, "PUBLISH_TTL_MS", 300)
-    monkeypatch.setattr(readers, "_PROTECTION_MARGIN_MS", 100)
-    monkeypatch.setattr(readers, "RENEW_INTERVAL_S", 3600.0)
+    _short_lived_records(monkeypatch)
     txn = app.transaction()
     assert txn.get("a", b"p", "c") == b"p0"
     time.sleep(0.5)  # its record lapses (a paused process, a failed renewal)
