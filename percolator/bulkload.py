@@ -19,11 +19,7 @@ fence holds its watermark at ``commit_ts`` (at ``start_ts`` while it is 0).
 
 The fence (table state in the meta table)
 -----------------------------------------
-Row ``b"tables/" + table`` of the meta table, qualifier ``state``, JSON (format 1)::
-
-    {"v": 1, "state": "loading" | "ready", "load_id": ID, "start_ts": S, "commit_ts": C,
-     "lease_expires_ms": T, "created": "pending" | "yes" | "no", "fingerprint": F}
-
+Row ``b"tables/" + table`` of the meta table (its format: :mod:`percolator.tablestate`),
 written only by compare-and-set.  A table without this row is an ordinary table.
 ``fingerprint`` (absent in records written before it existed, and when the loader gave
 none) identifies what the load writes - the Spark job records its input's row count and
@@ -79,10 +75,9 @@ GC sees the loaded cells as one ordinary committed transaction at ``commit_ts``.
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 from percolator.errors import ConfigError, TableExistsError, TransactionError
 from percolator.layout import (
@@ -97,14 +92,18 @@ from percolator.layout import (
 )
 from percolator.notifications import notification_put
 from percolator.readers import release_safe_point, reserve_safe_point
-from percolator.records import CommitInfo, Kind, LockCell, WriteRecord
+from percolator.records import Kind, LockCell, WriteRecord
 from percolator.store.base import Put, ScanOptions, Store
+from percolator.tablestate import (
+    LOADING,
+    READY,
+    STATE_QUALIFIER,
+    LoadState,
+    read_state,
+    state_row,
+)
 from percolator.timestamps import describe, now_ms, physical_ms
 
-STATE_PREFIX = b"tables/"
-STATE_QUALIFIER = b"state"
-LOADING = "loading"
-READY = "ready"
 DEFAULT_LEASE_MS = 60_000
 #: how long a client trusts what it read of a table's state (module docstring, "Clients
 #: re-check"); a load waits this long, plus the margin, between its fence and commit_ts
@@ -130,56 +129,6 @@ class TableLoadingError(TransactionError):
 class BulkLoadError(ConfigError):
     """A bulk load cannot begin or be published (the message says why); nothing of the
     table's earlier contents was changed."""
-
-
-@dataclass(frozen=True)
-class LoadState:
-    """A table's state in the meta table (see the module docstring)."""
-
-    state: str
-    load_id: str
-    start_ts: int
-    commit_ts: int
-    lease_expires_ms: int
-    created: str = "pending"
-    # What the load writes ("" unknown: a record written before fingerprints, or a loader
-    # that gave none); see "Same load id, other input" in the module docstring.
-    fingerprint: str = ""
-
-    def encode(self) -> bytes:
-        doc = {"v": 1, **asdict(self)}
-        if not self.fingerprint:
-            # Unknown: the record keeps the earlier format byte for byte (readers of that
-            # format build a LoadState of exactly its fields).
-            del doc["fingerprint"]
-        return json.dumps(doc, sort_keys=True).encode()
-
-    @staticmethod
-    def decode(raw: bytes) -> LoadState:
-        doc = json.loads(raw)
-        if doc.get("v") != 1:
-            raise ConfigError(f"table state has unknown format {doc.get('v')!r}")
-        doc.pop("v")
-        return LoadState(**doc)
-
-    def committed_lock(self) -> bytes:
-        """The exact bytes of every loaded cell's lock cell."""
-        return LockCell(last_commit=CommitInfo(self.commit_ts, self.start_ts, Kind.PUT)).encode()
-
-
-def state_row(table: str) -> bytes:
-    return STATE_PREFIX + table.encode("utf-8")
-
-
-def read_state(store: Store, table: str) -> tuple[LoadState | None, bytes | None]:
-    """The table's load state and its exact bytes (for compare-and-set); (None, None) for
-    an ordinary table."""
-    cells = store.read_row(META_TABLE, state_row(table), columns=[(META_FAMILY, STATE_QUALIFIER)])
-    versions = cells.get((META_FAMILY, STATE_QUALIFIER))
-    if not versions:
-        return None, None
-    raw = versions[0][1]
-    return LoadState.decode(raw), raw
 
 
 def check_usable(store: Store, table: str) -> None:

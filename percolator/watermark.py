@@ -124,11 +124,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from percolator.errors import InvalidArgumentError, PercolatorError
+from percolator.errors import ConfigError, InvalidArgumentError, PercolatorError
 from percolator.layout import LOCK, META_FAMILY, META_TABLE, NOTIFY
 from percolator.notifications import Notification, Registration, registrations
 from percolator.records import LockCell, RecordError
 from percolator.store.base import ScanOptions, Store
+from percolator.tablestate import LoadState, read_raw_states
 from percolator.timestamps.hybrid import physical_ms
 
 if TYPE_CHECKING:
@@ -145,10 +146,6 @@ _PARKED_QUALIFIER = b"p"
 # Every notify version of a dirty cell is read to find the oldest one.
 _ALL_VERSIONS = 2**31 - 1
 _SAMPLES = 5
-# The table state rows of percolator/bulkload.py (format 1, see there; that module builds
-# on this one, so the few fields read here are decoded here).
-_TABLE_STATE_PREFIX = b"tables/"
-_TABLE_STATE_QUALIFIER = b"state"
 
 
 class WatermarkTimeoutError(PercolatorError):
@@ -461,37 +458,24 @@ def _decode_load(value: bytes) -> _Load | None:
     """The load in progress a table state row records (None: the table is usable).  A
     record this module cannot read holds the watermark at 0: it cannot rule a load out."""
     try:
-        doc = json.loads(value)
-        if doc.get("v") != 1:
-            return _Load(f"<state format {doc.get('v')!r}>", 0)
-        if doc["state"] != "loading":
-            return None
-        start_ts, commit_ts = int(doc["start_ts"]), int(doc["commit_ts"])
-        load_id = str(doc["load_id"])
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return _Load("<unreadable state>", 0)
+        state = LoadState.decode(value)
+    except ConfigError as exc:
+        return _Load(f"<{exc}>", 0)
+    if not state.loading:
+        return None
     # Its changes are at ``commit_ts``: ``W <= commit_ts`` claims nothing about them.  While
     # it is 0 the load has fenced the table but not drawn it; it is drawn after the fence is
     # visible, so it will be above ``start_ts`` (drawn before).
-    return _Load(load_id, commit_ts if commit_ts else start_ts)
+    return _Load(state.load_id, state.commit_ts if state.commit_ts else state.start_ts)
 
 
 def _loads_in_progress(store: Store, tables: Sequence[str]) -> dict[str, _Load]:
     """The tables among ``tables`` fenced by a bulk load not yet published (one read)."""
-    if not tables:
-        return {}
-    rows = {_TABLE_STATE_PREFIX + table.encode("utf-8"): table for table in tables}
-    found = store.read_rows(
-        META_TABLE, sorted(rows), columns=[(META_FAMILY, _TABLE_STATE_QUALIFIER)]
-    )
     loads: dict[str, _Load] = {}
-    for row, cells in found.items():
-        versions = cells.get((META_FAMILY, _TABLE_STATE_QUALIFIER))
-        if not versions or row not in rows:
-            continue
-        load = _decode_load(versions[0][1])
+    for table, raw in read_raw_states(store, tables).items():
+        load = _decode_load(raw)
         if load is not None:
-            loads[rows[row]] = load
+            loads[table] = load
     return loads
 
 

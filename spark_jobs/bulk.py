@@ -64,7 +64,6 @@ from percolator.bulkload import (
     DEFAULT_LEASE_MS,
     BulkLoadError,
     CellWriter,
-    LoadState,
     begin_load,
     publish_load,
     renew_lease,
@@ -73,6 +72,7 @@ from percolator.errors import ConfigError, PercolatorError
 from percolator.notifications import load_observed_columns
 from percolator.store import open_store
 from percolator.store.base import Put
+from percolator.tablestate import LoadState
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

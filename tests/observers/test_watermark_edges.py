@@ -16,9 +16,11 @@ from percolator.observers.api import register_observers, unregister_observer
 from percolator.observers.drain import run_until_quiet
 
 import percolator
-from percolator import bulkload, watermark
+from percolator import bulkload, tablestate, watermark
+from percolator.layout import META_FAMILY, META_TABLE
 from percolator.notifications import read_ack
-from percolator.store.base import Store
+from percolator.store.base import Put, Store
+from percolator.tablestate import LoadState
 from percolator.timestamps.source import TimestampOracle
 from percolator.watermark import WatermarkTimeoutError, compute_watermarks
 from tests.observers.helpers import EVENTS, RunLogger
@@ -195,7 +197,7 @@ def test_a_computation_scans_the_columns_of_the_floor_it_applies(
 # --------------------------------------------------------------------------- bulk loads
 
 
-def _load_rows(client: percolator.Client, state: bulkload.LoadState, rows: int) -> None:
+def _load_rows(client: percolator.Client, state: LoadState, rows: int) -> None:
     writer = bulkload.CellWriter(state, {b"value"})
     puts = []
     for i in range(rows):
@@ -243,3 +245,26 @@ def test_a_watermark_computed_while_a_load_begins_stays_below_it(
     bulkload.publish_load(client.store, LOADED, "load-1")
     with pytest.raises(WatermarkTimeoutError):
         client.wait_for(commit_ts, observers=["loaded-logger"], timeout=0.3)
+
+
+@pytest.mark.parametrize(
+    "record",
+    [b"not json", b'{"v": 2, "state": "ready"}', b'{"v": 1, "state": "loading"}', b"[1]"],
+)
+def test_a_state_record_the_engine_cannot_read_holds_the_watermark(
+    local_client: percolator.Client, record: bytes
+) -> None:
+    """A table state this version cannot read cannot rule a load out: the watermark of the
+    table's observers stays at 0 and says why; a readable ``ready`` record lets it go."""
+    client = local_client
+    client.create_table(LOADED)
+    register_observers(client, [LoadedLogger()])
+    row = tablestate.state_row(LOADED)
+    client.store.put(META_TABLE, [Put(row, META_FAMILY, tablestate.STATE_QUALIFIER, 1, record)])
+    held = compute_watermarks(client.store, client.oracle)["loaded-logger"]
+    assert held.watermark == 0
+    assert "bulk-loaded" in held.describe()
+    ready = tablestate.LoadState(tablestate.READY, "", 0, 0, 0, "no").encode()
+    client.store.put(META_TABLE, [Put(row, META_FAMILY, tablestate.STATE_QUALIFIER, 2, ready)])
+    passed = compute_watermarks(client.store, client.oracle)["loaded-logger"]
+    assert passed.watermark > 0

@@ -22,14 +22,12 @@ from percolator.spark_jobs.backfill import InjectedFailure
 from percolator.spark_jobs.bulk import backfill, run_bulk_load
 from percolator.spark_jobs.session import SparkJobError
 
-from percolator.bulkload import (
-    TableLoadingError,
-    read_state,
-)
+from percolator.bulkload import TableLoadingError
 from percolator.layout import DATA, LOCK, NOTIFY, WRITE
 from percolator.store import open_store
 from percolator.store.backends import without_url_options
 from percolator.store.base import ScanOptions
+from percolator.tablestate import read_state
 from tests.spark.helpers import ITEMS, RUNS, RunCounter, connect, runs_per_row, table_rows
 from tests.spark.test_backfill import ROWS, item_rows, options, write_json, write_parquet
 from tests.spark.test_cli import JOB_MARKER, kill_marked

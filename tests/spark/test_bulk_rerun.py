@@ -21,15 +21,14 @@ from percolator.spark_jobs.session import SparkJobError
 
 from percolator.bulkload import (
     BulkLoadError,
-    LoadState,
     TableLoadingError,
     begin_load,
     publish_load,
-    read_state,
 )
 from percolator.layout import DATA
 from percolator.store import open_store
 from percolator.store.base import ScanOptions, Store
+from percolator.tablestate import LoadState, read_state
 from percolator.watermark import _decode_load
 from tests.spark.helpers import ITEMS, connect
 from tests.spark.test_backfill import item_rows, options, write_json

@@ -16,12 +16,12 @@ from percolator.bulkload import (
     begin_load,
     cell_puts,
     publish_load,
-    read_state,
     renew_lease,
 )
 from percolator.layout import DATA, WRITE
 from percolator.readers import live_readers, scan_reservations
 from percolator.store import open_store
+from percolator.tablestate import read_state
 from percolator.timestamps import now_ms
 from tests.spark.helpers import ITEMS, connect
 

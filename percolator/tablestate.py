@@ -1,0 +1,111 @@
+"""A table's state record in the meta table: the fence of a bulk load.
+
+The one home of the record's format.  :mod:`percolator.bulkload` writes it (and says what
+the states mean); clients read it to refuse a table being loaded, and low watermarks read
+it to hold a loaded table's observers back (:mod:`percolator.watermark`, "Bulk loads").
+
+Row ``b"tables/" + table`` of the meta table, qualifier ``state``, JSON (format 1)::
+
+    {"v": 1, "state": "loading" | "ready", "load_id": ID, "start_ts": S, "commit_ts": C,
+     "lease_expires_ms": T, "created": "pending" | "yes" | "no", "fingerprint": F}
+
+``fingerprint`` is absent in records written before it existed, and when the loader gave
+none.  A table without this row, or whose row is ``ready`` with no load id, is an ordinary
+table.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from percolator.errors import ConfigError
+from percolator.layout import META_FAMILY, META_TABLE
+from percolator.records import CommitInfo, Kind, LockCell
+from percolator.store.base import Store
+
+STATE_PREFIX = b"tables/"
+STATE_QUALIFIER = b"state"
+LOADING = "loading"
+READY = "ready"
+
+
+@dataclass(frozen=True)
+class LoadState:
+    """A table's state in the meta table (see the module docstring)."""
+
+    state: str
+    load_id: str
+    start_ts: int
+    commit_ts: int
+    lease_expires_ms: int
+    created: str = "pending"
+    # What the load writes ("" unknown: a record written before fingerprints, or a loader
+    # that gave none); see "Same load id, other input" in percolator/bulkload.py.
+    fingerprint: str = ""
+
+    def encode(self) -> bytes:
+        doc = {"v": 1, **asdict(self)}
+        if not self.fingerprint:
+            # Unknown: the record keeps the earlier format byte for byte (readers of that
+            # format build a LoadState of exactly its fields).
+            del doc["fingerprint"]
+        return json.dumps(doc, sort_keys=True).encode()
+
+    @staticmethod
+    def decode(raw: bytes) -> LoadState:
+        """Raises ConfigError for a record this version cannot read (another format, or
+        not a table state at all)."""
+        try:
+            doc = json.loads(raw)
+            version = doc.get("v")
+        except (ValueError, AttributeError) as exc:
+            raise ConfigError(f"table state is unreadable ({exc})") from None
+        if version != 1:
+            raise ConfigError(f"table state has unknown format {version!r}")
+        doc.pop("v")
+        try:
+            state = LoadState(**doc)
+        except TypeError as exc:
+            raise ConfigError(f"table state is unreadable ({exc})") from None
+        if not isinstance(state.start_ts, int) or not isinstance(state.commit_ts, int):
+            raise ConfigError("table state is unreadable (timestamps are not integers)")
+        return state
+
+    @property
+    def loading(self) -> bool:
+        return self.state == LOADING
+
+    def committed_lock(self) -> bytes:
+        """The exact bytes of every loaded cell's lock cell."""
+        return LockCell(last_commit=CommitInfo(self.commit_ts, self.start_ts, Kind.PUT)).encode()
+
+
+def state_row(table: str) -> bytes:
+    return STATE_PREFIX + table.encode("utf-8")
+
+
+def read_state(store: Store, table: str) -> tuple[LoadState | None, bytes | None]:
+    """The table's load state and its exact bytes (for compare-and-set); (None, None) for
+    an ordinary table."""
+    cells = store.read_row(META_TABLE, state_row(table), columns=[(META_FAMILY, STATE_QUALIFIER)])
+    versions = cells.get((META_FAMILY, STATE_QUALIFIER))
+    if not versions:
+        return None, None
+    raw = versions[0][1]
+    return LoadState.decode(raw), raw
+
+
+def read_raw_states(store: Store, tables: Sequence[str]) -> dict[str, bytes]:
+    """The exact bytes of the state records of ``tables`` that have one (one read)."""
+    if not tables:
+        return {}
+    rows = {state_row(table): table for table in tables}
+    found = store.read_rows(META_TABLE, sorted(rows), columns=[(META_FAMILY, STATE_QUALIFIER)])
+    raw: dict[str, bytes] = {}
+    for row, cells in found.items():
+        versions = cells.get((META_FAMILY, STATE_QUALIFIER))
+        if versions and row in rows:
+            raw[rows[row]] = versions[0][1]
+    return raw
