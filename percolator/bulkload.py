@@ -52,6 +52,18 @@ other input" below.
   table: every lock cell must hold exactly the load's committed state and every cell's
   newest write record must be the load's; otherwise the publish fails naming the cell and
   the table stays fenced (nothing is silently overwritten).
+* **Writers stop before the lease ends.**  Each writer of the load (a Spark task) checks,
+  before each batch and at most every :meth:`LeaseCheck.interval_ms`, that the state still
+  names its load (id and timestamps) as ``loading`` with at least a quarter of the lease
+  left by its own clock (:class:`LeaseCheck`), and stops with :class:`BulkLoadError`
+  otherwise.  A loaded table is dropped only once its lease has expired
+  (:func:`check_droppable`), and a loader that gives up shortens its lease to that quarter
+  (:func:`release_lease`).  So a writer that outlived its load (paused, cut off, or left
+  running after its job failed) cannot put cells of the old load into the table that
+  replaced it - unless a single store call of it stays in flight, or it stays paused
+  between its check and its put, for longer than a quarter of the lease less the check
+  interval (15 s less 1 s with the default lease): what a lease without a fencing token
+  in the store can promise.
 * The **lease** (``lease_expires_ms``) is renewed by the running loader.  A re-run with the
   same load id takes the load over at once (it writes the same cells at the same
   versions, so two writers of one load never disagree); another load id is refused while
@@ -334,6 +346,93 @@ def clear_state(store: Store, table: str) -> None:
             return
 
 
+def writer_margin_ms(lease_ms: int) -> int:
+    """How much of a load's lease its writers must see left to write: a quarter of it."""
+    return max(1, lease_ms // 4)
+
+
+class LeaseCheck:
+    """Keeps one writer of a load from writing once the load may have lost its table
+    (module docstring, "Writers stop before the lease ends").
+
+    :meth:`check` before each batch: at most every :attr:`interval_ms` it reads the table's
+    state (one read) and raises :class:`BulkLoadError` unless the state is ``loading`` for
+    this very load (same id, ``start_ts`` and ``commit_ts``) with at least
+    :func:`writer_margin_ms` of the lease left.  Not thread-safe: one per writer."""
+
+    def __init__(self, store: Store, table: str, state: LoadState, lease_ms: int) -> None:
+        self._store = store
+        self._table = table
+        self._state = state
+        self.margin_ms = writer_margin_ms(lease_ms)
+        self.interval_ms = max(1, min(1000, lease_ms // 20))
+        self._checked_ms: float | None = None
+
+    def check(self) -> None:
+        now = time.monotonic() * 1000
+        if self._checked_ms is not None and now - self._checked_ms < self.interval_ms:
+            return
+        current, _ = read_state(self._store, self._table)
+        ours = self._state
+        if (
+            current is None
+            or not current.loading
+            or (current.load_id, current.start_ts, current.commit_ts)
+            != (ours.load_id, ours.start_ts, ours.commit_ts)
+        ):
+            what = (
+                "an ordinary table"
+                if current is None or not current.load_id
+                else (
+                    f"{current.state} by load {current.load_id!r} begun at "
+                    f"{describe(current.start_ts)}"
+                )
+            )
+            raise BulkLoadError(
+                f"load {ours.load_id!r} (begun at {describe(ours.start_ts)}) no longer holds "
+                f"table {self._table!r}, now {what}: this writer stops before writing more"
+            )
+        left_ms = current.lease_expires_ms - now_ms()
+        if left_ms < self.margin_ms:
+            raise BulkLoadError(
+                f"the lease of load {ours.load_id!r} on table {self._table!r} runs out in "
+                f"{left_ms / 1000:.1f} s (its loader stopped renewing it): this writer stops "
+                "before writing more; re-run the load to finish it"
+            )
+        self._checked_ms = now
+
+
+def check_droppable(store: Store, table: str) -> None:
+    """Raise :class:`BulkLoadError` if ``table`` is fenced by a load whose lease has not
+    expired: its writers may still be putting cells, which would land in whatever table
+    takes the name next (module docstring, "Writers stop before the lease ends")."""
+    state, _ = read_state(store, table)
+    if state is None or not state.loading:
+        return
+    left_ms = state.lease_expires_ms - now_ms()
+    if left_ms > 0:
+        raise BulkLoadError(
+            f"cannot drop table {table!r}: load {state.load_id!r} holds it and may still be "
+            f"writing (its lease runs {left_ms / 1000:.1f} s more). Stop the load, and drop "
+            "the table once the lease has expired"
+        )
+
+
+def release_lease(
+    store: Store, table: str, state: LoadState, lease_ms: int = DEFAULT_LEASE_MS
+) -> None:
+    """A loader giving up (its job failed): shorten the lease to the writers' margin, so
+    that they stop at their next check and the table can be dropped soon after.  The load
+    stays fenced; a re-run of it takes it over as before.  Best effort: a no-op if the
+    state moved on."""
+    current, raw = read_state(store, table)
+    if current is None or not current.loading or current.start_ts != state.start_ts:
+        return
+    soon = now_ms() + writer_margin_ms(lease_ms)
+    if current.load_id == state.load_id and current.lease_expires_ms > soon:
+        _cas(store, table, raw, replace(current, lease_expires_ms=soon))
+
+
 def renew_lease(store: Store, table: str, load_id: str, lease_ms: int = DEFAULT_LEASE_MS) -> None:
     """Extend the lease (and the GC reservation) of a running load; a no-op after the
     publish.  Raises BulkLoadError if another load took the table."""
@@ -402,14 +501,26 @@ def verify_table(store: Store, table: str, state: LoadState) -> None:
                 )
 
 
-def publish_load(store: Store, table: str, load_id: str) -> LoadState:
+def publish_load(
+    store: Store, table: str, load_id: str, *, start_ts: int | None = None
+) -> LoadState:
     """Make the load visible: verify a table the load did not create, then compare-and-set
     ``loading`` to ``ready`` and drop the GC reservation.  Idempotent (a published load
-    returns its state)."""
+    returns its state).
+
+    ``start_ts``: the load's, as :func:`begin_load` returned it.  Given, a load of the same
+    id begun again since (the table dropped and loaded anew while this loader was away) is
+    refused rather than published before its writers finished."""
     for _ in range(20):
         state, raw = read_state(store, table)
         if state is None or state.load_id != load_id:
             raise BulkLoadError(f"load {load_id!r} does not hold table {table!r}")
+        if start_ts is not None and state.start_ts != start_ts:
+            raise BulkLoadError(
+                f"load {load_id!r} of table {table!r} was begun again since this loader began "
+                f"it (at {describe(start_ts)}, now at {describe(state.start_ts)}): not "
+                "published by this loader"
+            )
         if state.state == READY:
             break
         if state.commit_ts == 0:

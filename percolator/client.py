@@ -22,7 +22,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from percolator import watermark
-from percolator.bulkload import TABLE_STATE_REFRESH_MS, check_usable, clear_state
+from percolator.bulkload import (
+    TABLE_STATE_REFRESH_MS,
+    check_droppable,
+    check_usable,
+    clear_state,
+)
 from percolator.concurrency import renew_after_fork
 from percolator.context import ClientOptions, EngineContext
 from percolator.errors import (
@@ -136,8 +141,13 @@ class Client:
         """Drop a user table.  Locks in *other* tables whose primary is in this one are
         resolved first (their transactions' fate is recorded there, and would be lost with
         it); if one of them is still alive, nothing is dropped and ConflictError says which.
-        Not atomic with concurrent writers of the other tables: stop them first."""
+        Not atomic with concurrent writers of the other tables: stop them first.
+
+        A table a bulk load holds is dropped only once the load's lease has expired
+        (BulkLoadError before: its writers may still be putting cells, which would land in
+        the next table of that name)."""
         check_table_name(name)
+        check_droppable(self.store, name)
         for other in self.list_tables():
             if other == name:
                 continue

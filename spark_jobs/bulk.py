@@ -33,6 +33,7 @@ that is live, or to add rows to one that already holds data.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -64,8 +65,10 @@ from percolator.bulkload import (
     DEFAULT_LEASE_MS,
     BulkLoadError,
     CellWriter,
+    LeaseCheck,
     begin_load,
     publish_load,
+    release_lease,
     renew_lease,
 )
 from percolator.errors import ConfigError, PercolatorError
@@ -93,6 +96,7 @@ class _BulkPlan:
     notify: frozenset[bytes]
     batch_size: int
     inject: InjectedFailure | None
+    lease_ms: int
 
 
 @dataclass
@@ -132,7 +136,9 @@ def _bulk_partition(
     """Put the committed state of every row of one bucket, ``batch_size`` rows per call.
 
     One batch is in flight while the next one is built.  Idempotent: a retry puts the same
-    cells at the same versions."""
+    cells at the same versions.  Before each batch the task checks that its load still
+    holds the table with enough lease left (percolator.bulkload.LeaseCheck), and fails
+    otherwise: a task that outlived its load writes nothing into the table's next use."""
     stats = _BulkStats(partition=partition)
     store = open_store(plan.store)
     # A store that sends each version of a put in a call of its own (Store.put_call_per_version)
@@ -140,12 +146,14 @@ def _bulk_partition(
     split_versions = store.put_call_per_version
     pool = ThreadPoolExecutor(3 if split_versions else 1, thread_name_prefix="bulk-put")
     pending: list[Future[None]] = []
+    lease = LeaseCheck(store, plan.table, plan.state, plan.lease_ms)
 
     def flush(puts: list[Put]) -> None:
         # One batch in flight while the next one is built.
         for future in pending:
             future.result()
         pending.clear()
+        lease.check()
         if not split_versions:
             pending.append(pool.submit(store.put, plan.table, puts))
             return
@@ -285,6 +293,7 @@ def _load(
         notify=notify_q,
         batch_size=batch_size,
         inject=options.inject_failure,
+        lease_ms=lease_ms,
     )
 
     def keyed(
@@ -311,6 +320,10 @@ def _load(
                 lambda index, it: _bulk_partition(bulk_plan, accumulator, index, it)
             ).collect()
         except Exception as exc:
+            # Tasks still running stop at their next lease check; the table can be dropped
+            # once the shortened lease ran out.
+            with contextlib.suppress(PercolatorError), open_store(prepared.store) as store:
+                release_lease(store, options.table, state, lease_ms)
             raise SparkJobError(
                 f"bulk load {load_id} failed: {spark_failure_reason(exc)}. The table stays "
                 "fenced (unreadable); re-run the same load to finish it"
@@ -321,7 +334,7 @@ def _load(
         report.batches_written += result.batches
         report.duplicate_keys += result.duplicates
     with open_store(prepared.store) as store:
-        publish_load(store, options.table, load_id)
+        publish_load(store, options.table, load_id, start_ts=state.start_ts)
     report.seconds = time.monotonic() - started
     emit(report.summary())
     return report

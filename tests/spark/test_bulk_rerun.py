@@ -29,6 +29,7 @@ from percolator.layout import DATA
 from percolator.store import open_store
 from percolator.store.base import ScanOptions, Store
 from percolator.tablestate import LoadState, read_state
+from percolator.timestamps import now_ms
 from percolator.watermark import _decode_load
 from tests.spark.helpers import ITEMS, connect
 from tests.spark.test_backfill import item_rows, options, write_json
@@ -123,10 +124,12 @@ def test_rerun_on_changed_input_under_the_same_load_id_is_refused(
     path = write_json(tmp_path / "in", v1, files=2)
     inject = InjectedFailure(after_batches=1, action="raise", attempts=4, partitions=(0,))
     with pytest.raises(SparkJobError, match="stays fenced"):
-        run_bulk_load(spark, options(embedded_url, path, inject_failure=inject))
+        run_bulk_load(spark, options(embedded_url, path, inject_failure=inject), lease_ms=4000)
     _quiet(embedded_url)
     fenced = _state(embedded_url)
     assert fenced.state == "loading"
+    # The failed job shortened its lease to a quarter (1 s): the table can be dropped soon.
+    assert fenced.lease_expires_ms <= now_ms() + 1000
 
     # The same command (same paths: the same load id) after the file was replaced.
     shutil.rmtree(path)
@@ -138,7 +141,9 @@ def test_rerun_on_changed_input_under_the_same_load_id_is_refused(
     with connect(embedded_url) as client:
         with pytest.raises(TableLoadingError):
             client.snapshot().get(ITEMS, b"item00001", "value")
-        # What the message says to do: drop the table, then the load starts afresh.
+        # What the message says to do: drop the table (once the lease has run out), then
+        # the load starts afresh.
+        time.sleep(max(0, fenced.lease_expires_ms - now_ms()) / 1000 + 0.01)
         client.drop_table(ITEMS)
     report = run_bulk_load(spark, options(embedded_url, path))
     assert report.rows_written == 120

@@ -12,13 +12,15 @@ import pytest
 from percolator import failpoints
 from percolator.bulkload import (
     BulkLoadError,
+    LeaseCheck,
     TableLoadingError,
     begin_load,
     cell_puts,
     publish_load,
+    release_lease,
     renew_lease,
 )
-from percolator.layout import DATA, WRITE
+from percolator.layout import DATA, TABLE_FAMILIES, WRITE
 from percolator.readers import live_readers, scan_reservations
 from percolator.store import open_store
 from percolator.tablestate import read_state
@@ -100,8 +102,13 @@ def test_take_over_publish_and_rerun(embedded_url: str) -> None:
         # The reservation that held GC back is gone after the publish (clients' own reader
         # records aside: this test's client published its snapshots).
         assert [r for r in scan_reservations(store) if r.name.startswith("bulkload:")] == []
-        # Dropping a table forgets its load state; the name can be loaded again.
+        # A table whose load may still be writing is not dropped; once its lease expired
+        # it is, and dropping forgets its load state: the name can be loaded again.
         begin_load(store, ts, "other", "load-3")
+        with pytest.raises(BulkLoadError, match="may still be writing"):
+            client.drop_table("other")
+        renew_lease(store, "other", "load-3", lease_ms=1)
+        time.sleep(0.005)
         client.drop_table("other")
         assert read_state(store, "other")[0] is not None
         assert not begin_load(store, ts, "other", "load-4").published
@@ -186,4 +193,80 @@ def test_a_write_prewritten_before_the_fence_makes_the_load_refuse(
         state = read_state(store, "empty")[0]
         assert state is None or state.state != "loading"
         assert loader.snapshot().get("empty", b"r", "value") == b"writer"
+    store.close()
+
+
+def test_a_writer_that_outlived_its_load_writes_nothing_into_the_next_load(
+    embedded_url: str,
+) -> None:
+    """Load A's writer is paused past A's lease; meanwhile the operator drops the table and
+    the name is loaded again under the same load id (a re-run after the drop).  When A's
+    writer resumes, its lease check stops it before its next batch, and A's driver cannot
+    publish the new load: the new table holds no cell of A."""
+    from percolator.spark_jobs.bulk import _bulk_partition, _BulkPlan
+
+    lease_ms = 400
+    store = open_store(embedded_url)
+    with connect(embedded_url) as client:
+        ts = client.oracle.get_timestamp
+        first = begin_load(store, ts, ITEMS, "load-1", lease_ms=lease_ms).state
+        plan = _BulkPlan(
+            store=embedded_url,
+            table=ITEMS,
+            state=first,
+            notify=frozenset(),
+            batch_size=1,
+            inject=None,
+            lease_ms=lease_ms,
+        )
+        again: list[Any] = []
+
+        def rows() -> Any:
+            for i in range(4):
+                if i == 2:  # row 0 is written, row 1 is about to be: the writer pauses
+                    time.sleep(lease_ms * 1.5 / 1000)
+                    client.drop_table(ITEMS)  # allowed: A's lease has expired
+                    again.append(begin_load(store, ts, ITEMS, "load-1").state)
+                key = b"r%d" % i
+                yield (0, key, b""), {"value": b"from load A"}
+
+        class _Progress:
+            def add(self, n: int) -> None:
+                pass
+
+        with pytest.raises(BulkLoadError, match="no longer holds table"):
+            list(_bulk_partition(plan, _Progress(), 0, rows()))
+        second = again[0]
+        assert second.start_ts != first.start_ts
+        with pytest.raises(BulkLoadError, match="was begun again since"):
+            publish_load(store, ITEMS, "load-1", start_ts=first.start_ts)
+        # Nothing of A in the new table: the raw cells, every family.
+        for family in TABLE_FAMILIES:
+            assert list(store.scan(ITEMS, family.name)) == [], family.name
+        assert read_state(store, ITEMS)[0] == second
+    store.close()
+
+
+def test_lease_check_and_release(embedded_url: str) -> None:
+    """The check passes while the load holds the table with a quarter of its lease left;
+    a released lease stops the writers at once and lets the table be dropped a quarter of
+    a lease later; a published load stops them too."""
+    lease_ms = 2000
+    store = open_store(embedded_url)
+    with connect(embedded_url) as client:
+        state = begin_load(
+            store, client.oracle.get_timestamp, ITEMS, "load-1", lease_ms=lease_ms
+        ).state
+        LeaseCheck(store, ITEMS, state, lease_ms).check()
+        release_lease(store, ITEMS, state, lease_ms)
+        with pytest.raises(BulkLoadError, match="runs out in"):
+            LeaseCheck(store, ITEMS, state, lease_ms).check()
+        with pytest.raises(BulkLoadError, match="may still be writing"):
+            client.drop_table(ITEMS)
+        renew_lease(store, ITEMS, "load-1", lease_ms)  # a re-run took it over
+        LeaseCheck(store, ITEMS, state, lease_ms).check()
+        publish_load(store, ITEMS, "load-1", start_ts=state.start_ts)
+        with pytest.raises(BulkLoadError, match="no longer holds table"):
+            LeaseCheck(store, ITEMS, state, lease_ms).check()
+        client.drop_table(ITEMS)  # published: an ordinary table
     store.close()
