@@ -407,11 +407,22 @@ def trigger(client: Client, table: str, rows: Iterable[bytes | str], column: str
     written before the column was registered.  Returns the notification's timestamp.
 
     Safe at any time: a strong observer whose ack already covers the cell's latest commit
-    only cleans the notification up; a cell never written is skipped.  Idempotent."""
+    only cleans the notification up; a cell never written is skipped.  Idempotent.
+
+    Refuses (InvalidArgumentError, nothing written) a column no observer watches: nothing
+    would ever process the notifications (a misspelt table or column, or an observer not
+    registered yet - register it, which catches up on existing data by itself)."""
     check_table_name(table)
     encode_column(column)
     if column.startswith(RESERVED_PREFIX):
         raise InvalidArgumentError(f"cannot trigger reserved column {column!r}")
+    observed = notifications.load_observed_columns(client.store)
+    if (table, column) not in observed:
+        watched = ", ".join(f"{t}/{c}" for t, c in sorted(observed)) or "none"
+        raise InvalidArgumentError(
+            f"no observer watches {table}/{column}: its notifications would never be "
+            f"processed (observed columns: {watched})"
+        )
     if isinstance(rows, (str, bytes, bytearray)):
         # A single row would be taken as its characters: one notification on each.
         raise InvalidArgumentError(

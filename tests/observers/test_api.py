@@ -187,3 +187,15 @@ def test_something_else_is_not_an_observer() -> None:
     ):
         check_observer(object())
     assert check_observer(_Good()).name == "good"
+
+
+def test_trigger_refuses_a_column_no_observer_watches(memory_client: percolator.Client) -> None:
+    register_observers(memory_client, [RunLogger()], catch_up=False)
+    for table, column in ((EVENTS, "valeu"), ("evnets", "value")):
+        with pytest.raises(InvalidArgumentError, match=f"no observer watches {table}/{column}"):
+            trigger(memory_client, table, [b"r"], column)
+    assert notified(memory_client) == []
+    assert unregister_observer(memory_client, "run-logger")
+    with pytest.raises(InvalidArgumentError, match="observed columns: none"):
+        trigger(memory_client, EVENTS, [b"r"], "value")
+    assert notified(memory_client) == []
