@@ -428,7 +428,8 @@ def release_lease(
     current, raw = read_state(store, table)
     if current is None or not current.loading or current.start_ts != state.start_ts:
         return
-    soon = now_ms() + writer_margin_ms(lease_ms)
+    # Just under the margin: the next check of a writer (on a clock in step) finds too little.
+    soon = now_ms() + writer_margin_ms(lease_ms) - 1
     if current.load_id == state.load_id and current.lease_expires_ms > soon:
         _cas(store, table, raw, replace(current, lease_expires_ms=soon))
 
