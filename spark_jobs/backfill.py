@@ -728,25 +728,6 @@ class _CheckStats:
         return f"{self.good} rows, digest {self.digest}"
 
 
-def _check_partition(
-    plan: MappingPlan, max_examples: int, rows: Iterable[Sequence[object]]
-) -> Iterator[_CheckStats]:
-    stats = _CheckStats()
-    for values in rows:
-        stats.rows += 1
-        mapped = map_row(values, plan)
-        if isinstance(mapped, BadRow):
-            stats.by_reason[mapped.reason] = stats.by_reason.get(mapped.reason, 0) + 1
-            if len(stats.examples) < max_examples:
-                stats.examples.append(mapped)
-            continue
-        stats.good += 1
-        # Order-independent digest of the whole input: the sum of the rows' digests.
-        digest = int.from_bytes(row_digest(*mapped), "big")
-        stats.digest_sum = (stats.digest_sum + digest) % (1 << 256)
-    yield stats
-
-
 def _mapped_with_digest(
     values: Sequence[object], plan: MappingPlan
 ) -> tuple[bytes, Cells, bytes] | BadRow:
@@ -759,7 +740,8 @@ def _mapped_with_digest(
 def _check_mapped(
     max_examples: int, items: Iterable[tuple[bytes, Cells, bytes] | BadRow]
 ) -> Iterator[_CheckStats]:
-    """:func:`_check_partition` over rows mapped by :func:`_mapped_with_digest`."""
+    """Count the rows of one partition mapped by :func:`_mapped_with_digest`, sample the bad
+    ones, and sum the good ones' digests (an order-independent digest of the input)."""
     stats = _CheckStats()
     for item in items:
         stats.rows += 1
@@ -1134,16 +1116,15 @@ def prepare_input(
     options: BackfillOptions,
     emit: Callable[[str], None],
     df: DataFrame | None = None,
-    *,
-    persist: bool = False,
 ) -> PreparedInput:
     """Read (or take ``df``), map and check the whole input; BadRowsError or ConfigError
     before anything is written.
 
-    ``persist``: map each row once, keep the result (memory, else disk) and return it as
-    ``rows`` - items ``(key, cells, row digest)`` or :class:`BadRow` - so the write pass
-    neither reads the input again nor maps it twice (the caller unpersists).  Otherwise
-    ``rows`` are the projected input tuples."""
+    Each row is mapped once and the result kept (memory, else disk) as ``rows`` - items
+    ``(key, cells, row digest)`` or :class:`BadRow` - so the write pass writes exactly what
+    was checked: it neither reads the input again (a file replaced meanwhile would be
+    written unchecked) nor maps it twice.  The caller unpersists ``rows``.  (Spark reads a
+    persisted partition again only if an executor holding it is lost.)"""
     import_pyspark()
     started = time.monotonic()
     master = session_master(spark)
@@ -1161,24 +1142,23 @@ def prepare_input(
         df, options.key, options.columns, max_value_bytes=options.max_value_bytes
     )
     examples = options.examples
-    rows: RDD[Any] = projected.rdd.map(tuple)
-    if persist:
-        from pyspark import StorageLevel
+    from pyspark import StorageLevel
 
-        rows = rows.map(lambda values: _mapped_with_digest(values, plan)).persist(
-            StorageLevel.MEMORY_AND_DISK
-        )
+    rows: RDD[Any] = (
+        projected.rdd.map(tuple)
+        .map(lambda values: _mapped_with_digest(values, plan))
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
 
     def check(it: Iterable[Any]) -> Iterator[_CheckStats]:
-        if persist:
-            return _check_mapped(examples, it)
-        return _check_partition(plan, examples, it)
+        return _check_mapped(examples, it)
 
     # Pass 1: map every row, count and sample the bad ones, digest the good ones.
     emit(f"checking input {what}")
     try:
         parts = rows.mapPartitions(check).collect()
     except Exception as exc:
+        rows.unpersist()
         raise ConfigError(f"cannot read input {read_as}: {spark_failure_reason(exc)}") from None
     checked = _CheckStats()
     for part in parts:
@@ -1198,6 +1178,7 @@ def prepare_input(
     report.bad_by_reason, report.examples = checked.by_reason, checked.examples
     why = _too_many_bad(options, report.bad_rows, report.rows_read)
     if why:
+        rows.unpersist()
         details = "\n".join(_bad_row_lines(report.bad_by_reason, report.examples))
         raise BadRowsError(f"backfill {job_id}: {why}; nothing was written\n{details}", report)
     if report.bad_rows:
@@ -1221,7 +1202,22 @@ def run_backfill(
     be mapped; :class:`SparkJobError` if the write job fails (batches committed so far stay
     committed: re-run to finish)."""
     emit = progress or (lambda message: log.info("%s", message))
+    # Persisted: the write pass writes the rows the check pass mapped and counted, not a
+    # second reading of the input (a file replaced in between would be written unchecked).
     prepared = prepare_input(spark, options, emit, df)
+    try:
+        return _write_checked(spark, options, prepared, emit)
+    finally:
+        prepared.rows.unpersist()
+
+
+def _write_checked(
+    spark: SparkSession,
+    options: BackfillOptions,
+    prepared: PreparedInput,
+    emit: Callable[[str], None],
+) -> BackfillReport:
+    """The write pass of :func:`run_backfill` over the checked, persisted rows."""
     store, plan, rows, checked = prepared.store, prepared.plan, prepared.rows, prepared.checked
     job_id, report, started = prepared.job_id, prepared.report, prepared.started
 
@@ -1255,11 +1251,12 @@ def run_backfill(
         inject=options.inject_failure,
     )
 
-    def keyed(values: Sequence[object]) -> Iterator[tuple[tuple[int, bytes, bytes], Cells]]:
-        mapped = map_row(values, plan)
-        if not isinstance(mapped, BadRow):
-            key, cells = mapped
-            yield (bucket_of(key, buckets), key, row_digest(key, cells)), cells
+    def keyed(
+        item: tuple[bytes, Cells, bytes] | BadRow,
+    ) -> Iterator[tuple[tuple[int, bytes, bytes], Cells]]:
+        if not isinstance(item, BadRow):
+            key, cells, digest = item
+            yield (bucket_of(key, buckets), key, digest), cells
 
     accumulator = spark.sparkContext.accumulator(0)
     sorted_rows = rows.flatMap(keyed).repartitionAndSortWithinPartitions(

@@ -235,7 +235,7 @@ def run_bulk_load(
     fails (the table stays fenced: re-run the same load to finish it); BulkLoadError if the
     publish finds cells the load did not write."""
     emit = progress or (lambda message: log.info("%s", message))
-    prepared = prepare_input(spark, options, emit, df, persist=True)
+    prepared = prepare_input(spark, options, emit, df)
     try:
         return _load(spark, options, prepared, emit, notify, lease_ms)
     finally:

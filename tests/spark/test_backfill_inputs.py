@@ -169,3 +169,28 @@ def test_csv_rows_that_do_not_fit_the_header_are_bad_rows_without_a_schema(
     run_backfill(spark, options(embedded_url, str(csv)))
     with connect(embedded_url) as client:
         assert table_rows(client, ITEMS) == {b"k1": {"a": b"007", "b": b"y1"}, b"k5": {"a": b"x5"}}
+
+
+def test_input_replaced_after_the_check_is_not_written(
+    spark: Any, embedded_url: str, tmp_path: Path
+) -> None:
+    """The write pass writes the rows the check pass read and judged, not a second reading
+    of the input: a file replaced in between (here with a bad row and other values) changes
+    nothing that is written."""
+    path = tmp_path / "in.json"
+    checked = [{"id": f"k{i}", "value": f"checked{i}"} for i in range(20)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in checked))
+    replaced = [{"id": "", "value": "bad"}] + [
+        {"id": f"k{i}", "value": f"replaced{i}"} for i in range(30)
+    ]
+
+    def progress(line: str) -> None:
+        if line.startswith("writing "):  # checked, about to write
+            path.write_text("".join(json.dumps(row) + "\n" for row in replaced))
+
+    report = run_backfill(spark, options(embedded_url, str(path)), progress=progress)
+    assert (report.rows_read, report.bad_rows, report.rows_written) == (20, 0, 20)
+    with connect(embedded_url) as client:
+        assert table_rows(client, ITEMS) == {
+            f"k{i}".encode(): {"value": f"checked{i}".encode()} for i in range(20)
+        }
