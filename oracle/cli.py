@@ -196,6 +196,7 @@ def run_info(args: argparse.Namespace) -> int:
             print(
                 f"  issued {info.timestamps_issued} timestamps in {info.allocate_calls} "
                 f"calls; store {info.store_url}"
+                + (f" (deployment {info.deployment_id})" if info.deployment_id else "")
             )
     finally:
         client.close()

@@ -31,6 +31,7 @@ group ``percolator.oracles`` as ``grpc`` and ``grpcs`` (see
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -53,10 +54,13 @@ from percolator.errors import (
     OracleError,
     OracleUnavailableError,
 )
+from percolator.layout import deployment_id
 from percolator.retry import Backoff
 from percolator.store.base import Store
 from percolator.timestamps import TimestampOracle, now_ms
 from percolator.timestamps.coalesce import Coalescer, CoalescerStats
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BATCH = 1 << 16
 
@@ -97,10 +101,16 @@ _HINT = (
 def open_grpc_oracle(spec: str, store: Store) -> GrpcOracleClient:
     """The client for a ``grpc[s]://`` spec (see :mod:`percolator.oracle.addressing`); the
     engine's :func:`~percolator.timestamps.factory.open_oracle` calls it by scheme.  The
-    store is not used: the servers keep the oracle's state."""
+    servers keep the oracle's state; the client only reads ``store``'s deployment id (one
+    read), so that it takes timestamps only from the oracle of that deployment."""
     addresses, tls, token, (timeout_s, rpc_timeout_s) = parse_oracle_url(spec)
     return GrpcOracleClient(
-        addresses, token=token, tls=tls, timeout_s=timeout_s, rpc_timeout_s=rpc_timeout_s
+        addresses,
+        token=token,
+        tls=tls,
+        timeout_s=timeout_s,
+        rpc_timeout_s=rpc_timeout_s,
+        deployment=(deployment_id(store), store.url),
     )
 
 
@@ -110,6 +120,11 @@ class GrpcOracleClient(TimestampOracle):
     ``tls``: False for plaintext, True for TLS with the system's root certificates, or the
     path of a PEM file of root certificates (for a self-signed server certificate).
     ``token``: the shared secret the servers expect, sent as ``authorization: Bearer``.
+    ``deployment``: the deployment id and URL of the store the timestamps are for
+    (:func:`percolator.layout.deployment_id`); each address is asked for its own (one Info
+    call) before its first timestamp is used, and one that serves another deployment's
+    store raises :class:`~percolator.errors.OracleError`: its timestamps are not ordered
+    with this store's commits.  None: not checked.
     """
 
     def __init__(
@@ -121,6 +136,7 @@ class GrpcOracleClient(TimestampOracle):
         timeout_s: float = 10.0,
         rpc_timeout_s: float = 2.0,
         max_batch: int = DEFAULT_MAX_BATCH,
+        deployment: tuple[str, str] | None = None,
     ) -> None:
         if isinstance(addresses, str) or not addresses:
             raise ConfigError(
@@ -141,6 +157,8 @@ class GrpcOracleClient(TimestampOracle):
         self._stubs: dict[str, oracle_pb2_grpc.TimestampOracleStub] = {}
         self._streams: dict[str, _AllocateStream] = {}
         self._unary_until: dict[str, float] = {}  # address -> monotonic time
+        self._deployment = deployment
+        self._verified: set[str] = set()  # addresses known to serve our deployment
         self._current = 0
         self._max_epoch = 0
         self._closed = False
@@ -223,6 +241,30 @@ class GrpcOracleClient(TimestampOracle):
                 ) from None
             raise _translate(address, code, details) from None
 
+    def _verify(self, address: str) -> None:
+        """Check that ``address`` serves this client's deployment (one Info call); raises
+        OracleError if not, OracleUnavailableError if it does not answer."""
+        if self._deployment is None:
+            self._verified.add(address)
+            return
+        expected, store_url = self._deployment
+        info = self.info(address)
+        if info.deployment_id and info.deployment_id != expected:
+            raise OracleError(
+                f"oracle {address} serves another deployment (store {info.store_url!r}, "
+                f"deployment {info.deployment_id}) than this client's store ({store_url!r}, "
+                f"deployment {expected}): its timestamps are not ordered with this store's "
+                "commits; check the oracle URL and the store URL"
+            )
+        if not info.deployment_id:
+            log.warning(
+                "oracle %s does not report its deployment (an older server): not checked "
+                "that it serves the store %s",
+                address,
+                store_url,
+            )
+        self._verified.add(address)
+
     def _fetch(self, total: int) -> int:
         """One coalesced batch: Allocate ``total`` from the active oracle, failing over.
 
@@ -237,6 +279,12 @@ class GrpcOracleClient(TimestampOracle):
                     break
                 index = (self._current + offset) % len(self.addresses)
                 address = self.addresses[index]
+                if address not in self._verified:
+                    try:
+                        self._verify(address)
+                    except OracleUnavailableError as exc:
+                        errors[address] = str(exc)
+                        continue
                 self.rpcs += 1
                 try:
                     response = self._allocate(address, total, min(self._rpc_timeout_s, remaining))

@@ -43,6 +43,7 @@ from percolator.errors import (
     StoreNotFoundError,
 )
 from percolator.failpoints import failpoint
+from percolator.layout import deployment_id
 from percolator.metrics import MetricsServer
 from percolator.store.base import Store
 from percolator.store.url import open_store
@@ -123,6 +124,7 @@ class OracleServicer(oracle_pb2_grpc.TimestampOracleServicer):
         token: str | None,
         store_url: str,
         stream_slots: int,
+        deployment_id: str = "",
     ) -> None:
         self.node = node
         self.metrics = metrics
@@ -132,6 +134,7 @@ class OracleServicer(oracle_pb2_grpc.TimestampOracleServicer):
         self._streams_ended = False
         self._token = token
         self._store_url = store_url
+        self._deployment_id = deployment_id
 
     def _abort(
         self, context: grpc.ServicerContext, method: str, code: grpc.StatusCode, message: str
@@ -262,6 +265,7 @@ class OracleServicer(oracle_pb2_grpc.TimestampOracleServicer):
             timestamps_issued=info.timestamps_issued,
             allocate_calls=info.allocate_calls,
             store_url=self._store_url,
+            deployment_id=self._deployment_id,
         )
 
 
@@ -340,7 +344,12 @@ class OracleServer:
         )
         self.metrics = OracleMetrics(self.node)
         servicer = self._servicer = OracleServicer(
-            self.node, self.metrics, options.token, self._store.url, options.stream_slots
+            self.node,
+            self.metrics,
+            options.token,
+            self._store.url,
+            options.stream_slots,
+            deployment_id(self._store),
         )
         oracle_pb2_grpc.add_TimestampOracleServicer_to_server(servicer, server)
         # The standard gRPC health checking service: "" is SERVING while the process is

@@ -21,8 +21,14 @@ see percolator/notifications.py); user code cannot write them through the public
 from __future__ import annotations
 
 import contextlib
+import uuid
 
-from percolator.errors import InvalidArgumentError, TableExistsError, TableNotFoundError
+from percolator.errors import (
+    InvalidArgumentError,
+    StoreError,
+    TableExistsError,
+    TableNotFoundError,
+)
 from percolator.store import checks as store_checks
 from percolator.store.base import MAX_ROW_LENGTH, FamilySpec, ScanOptions, Store
 
@@ -58,6 +64,34 @@ def ensure_meta_table(store: Store) -> None:
     # Another process may create it between the check and the create: that is fine.
     with contextlib.suppress(TableExistsError):
         store.create_table(META_TABLE, META_FAMILIES)
+
+
+#: the deployment's identity: meta row ``deployment``, qualifier ``id``, a random hex string
+#: written once (compare-and-set from absent) and never changed
+DEPLOYMENT_ROW = b"deployment"
+DEPLOYMENT_QUALIFIER = b"id"
+
+
+def deployment_id(store: Store) -> str:
+    """The identity of the deployment ``store`` holds, made on first use (creating the
+    meta table if needed).  Race-safe: concurrent first callers agree on one id.  An
+    oracle server reports the id of its store, so a client can refuse timestamps from the
+    oracle of another deployment (percolator/oracle/client.py)."""
+    column = [(META_FAMILY, DEPLOYMENT_QUALIFIER)]
+    ensure_meta_table(store)
+    for _ in range(3):
+        versions = store.read_row(META_TABLE, DEPLOYMENT_ROW, columns=column).get(column[0])
+        if versions:
+            return versions[0][1].decode("ascii")
+        store.compare_and_set(
+            META_TABLE,
+            DEPLOYMENT_ROW,
+            META_FAMILY,
+            DEPLOYMENT_QUALIFIER,
+            None,
+            uuid.uuid4().hex.encode("ascii"),
+        )
+    raise StoreError("the deployment id could not be read back after it was written")
 
 
 def scan_meta_prefix(store: Store, prefix: bytes, qualifier: bytes) -> list[tuple[bytes, bytes]]:

@@ -20,7 +20,6 @@ Backends come from :data:`percolator.store.BACKENDS`; the HBase one is marked ``
   on any URL.
 * ``fast_observed_refresh``: a 200 ms observed-set refresh instead of 2 s (inherited by
   subprocesses), for directories that register observers.
-* ``grpc_oracle``: a real oracle server (subprocess) for the session.
 
 ``hbase_url`` (session scope, created only when a test asks for it) gives
 ``hbase://HOST:PORT?thrift2_port=PORT2`` of an HBase that answers through its Thrift-1 and
@@ -393,8 +392,9 @@ def connect_client(
     elif kind == "store":
         chosen = None
     elif kind == "grpc":
-        assert request is not None, "the gRPC oracle comes from the grpc_oracle fixture"
-        chosen = request.getfixturevalue("grpc_oracle")
+        assert request is not None, "the gRPC oracle is stopped by the test's finalizer"
+        assert not isinstance(store, str), "the gRPC oracle serves the test's store object"
+        chosen = _grpc_oracle_on(store, request)
     else:
         raise ValueError(f"unknown oracle kind {kind!r}")
     client = percolator.connect(
@@ -449,15 +449,18 @@ def client(
             store.close()
 
 
-@pytest.fixture(scope="session")
-def grpc_oracle(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real oracle server (subprocess) on its own embedded store, for the session."""
-    from tests.oracle.procs import OracleProcess
+def _grpc_oracle_on(store: Store, request: pytest.FixtureRequest) -> str:
+    """A real oracle server (gRPC, in this process) on the test's own ``store`` - a client
+    refuses an oracle of another deployment - stopped when the test ends."""
+    from percolator.oracle.lease import LeaseConfig
+    from percolator.oracle.server import OracleServer, ServerOptions
 
-    workdir = tmp_path_factory.mktemp("grpc-oracle")
-    server = OracleProcess(f"embedded:{workdir / 'store'}", workdir / "oracle.log").start()
-    yield f"grpc://{server.address}"
-    server.stop()
+    lease = LeaseConfig(lease_ms=600, window_ms=600, margin_ms=100)
+    options = ServerOptions(store_url=store.url, listen="127.0.0.1:0", lease=lease)
+    server = OracleServer(options, store=store)
+    server.start()
+    request.addfinalizer(server.stop)
+    return f"grpc://{server.address}"
 
 
 @pytest.fixture

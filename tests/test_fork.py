@@ -7,6 +7,7 @@ works in both processes, and checks the results from the store."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import subprocess
@@ -180,9 +181,17 @@ def published(client: percolator.Client) -> dict[str, int]:
 
 
 def test_a_forked_child_draws_timestamps_from_the_oracle_service(
-    grpc_oracle: str, tmp_path: os.PathLike[str]
+    tmp_path: os.PathLike[str],
 ) -> None:
-    with percolator.connect(f"embedded:{tmp_path}/store", oracle=grpc_oracle) as client:
+    from tests.oracle.procs import OracleProcess
+
+    store_url = f"embedded:{tmp_path}/store"
+    server = OracleProcess(store_url, Path(tmp_path) / "oracle.log").start()
+    with contextlib.ExitStack() as stack:
+        stack.callback(server.stop)
+        client = stack.enter_context(
+            percolator.connect(store_url, oracle=f"grpc://{server.address}")
+        )
         before = client.oracle.get_timestamp()  # the channel and its stream are open
 
         def child() -> str:

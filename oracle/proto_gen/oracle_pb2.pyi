@@ -186,6 +186,7 @@ class InfoResponse(_message.Message):
     TIMESTAMPS_ISSUED_FIELD_NUMBER: _builtins.int
     ALLOCATE_CALLS_FIELD_NUMBER: _builtins.int
     STORE_URL_FIELD_NUMBER: _builtins.int
+    DEPLOYMENT_ID_FIELD_NUMBER: _builtins.int
     role: Global___Role.ValueType
     holder_id: _builtins.str
     """This process's id, and the holder of the lease as last read from the store."""
@@ -206,6 +207,11 @@ class InfoResponse(_message.Message):
     """Counters since this process started."""
     allocate_calls: _builtins.int
     store_url: _builtins.str
+    deployment_id: _builtins.str
+    """The identity of the deployment the oracle's store holds (its meta table's
+    "deployment" row): a client refuses timestamps from an oracle whose id differs from
+    its own store's.  Empty from servers that predate it.
+    """
     def __init__(
         self,
         *,
@@ -222,10 +228,11 @@ class InfoResponse(_message.Message):
         timestamps_issued: _builtins.int = ...,
         allocate_calls: _builtins.int = ...,
         store_url: _builtins.str = ...,
+        deployment_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocate_calls", b"allocate_calls", "epoch", b"epoch", "holder_id", b"holder_id", "last_issued", b"last_issued", "lease_expiry_ms", b"lease_expiry_ms", "lease_holder_id", b"lease_holder_id", "lease_ms", b"lease_ms", "max_count", b"max_count", "persisted_high_water", b"persisted_high_water", "role", b"role", "store_url", b"store_url", "timestamps_issued", b"timestamps_issued", "window_ms", b"window_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocate_calls", b"allocate_calls", "deployment_id", b"deployment_id", "epoch", b"epoch", "holder_id", b"holder_id", "last_issued", b"last_issued", "lease_expiry_ms", b"lease_expiry_ms", "lease_holder_id", b"lease_holder_id", "lease_ms", b"lease_ms", "max_count", b"max_count", "persisted_high_water", b"persisted_high_water", "role", b"role", "store_url", b"store_url", "timestamps_issued", b"timestamps_issued", "window_ms", b"window_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

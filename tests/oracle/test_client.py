@@ -301,3 +301,47 @@ def test_an_old_stream_is_renewed_before_its_deadline(
         assert (live.calls, live.unary_calls, live.streams_opened) == (3, 0, 3)
     finally:
         client.close()
+
+
+class WithDeployment(Scripted):
+    def __init__(self, answers: list[Answer], deployment: str) -> None:
+        super().__init__(answers)
+        self.deployment = deployment
+        self.infos = 0
+
+    def Info(self, request: Any, context: Any) -> Any:
+        with self.lock:
+            self.infos += 1
+        return oracle_pb2.InfoResponse(deployment_id=self.deployment, store_url="embedded:x")
+
+
+def test_the_deployment_is_checked_once_per_address(
+    serve: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An address serving another deployment is refused before any of its timestamps is
+    used (not failed over: it is a configuration error); the right one is asked once; a
+    server that reports none (older) is used with a warning."""
+    wrong = WithDeployment([ok(T0)], "theirs")
+    client = GrpcOracleClient([serve(wrong)], timeout_s=5, deployment=("ours", "memory:ours"))
+    try:
+        with pytest.raises(OracleError, match=r"serves another deployment.*'embedded:x'"):
+            client.get_timestamp()
+        assert wrong.calls == 0, "no timestamp was asked of it"
+    finally:
+        client.close()
+    right = WithDeployment([ok(T0), ok(T0 + 10)], "ours")
+    client = GrpcOracleClient([serve(right)], timeout_s=5, deployment=("ours", "memory:ours"))
+    try:
+        assert client.get_timestamp() == T0
+        assert client.get_timestamp() == T0 + 10
+        assert right.infos == 1
+    finally:
+        client.close()
+    older = Scripted([ok(T0)])
+    client = GrpcOracleClient([serve(older)], timeout_s=5, deployment=("ours", "memory:ours"))
+    try:
+        with caplog.at_level("WARNING"):
+            assert client.get_timestamp() == T0
+        assert "does not report its deployment" in caplog.text
+    finally:
+        client.close()

@@ -465,3 +465,46 @@ def test_grpc_health_checking_names_the_active_oracle(
     assert status(active, "") == serving
     assert status(standby, "") == serving
     assert status(standby, ORACLE_SERVICE) == not_serving
+
+
+def test_a_client_refuses_the_oracle_of_another_deployment(
+    tmp_path: Path, spawn: Callable[..., OracleProcess]
+) -> None:
+    """An oracle serving another store (a copied URL, another HBase prefix) hands out
+    timestamps unordered with this store's commits: the client refuses it at its first
+    timestamp, naming both stores, and writes nothing; the oracle of its own store works."""
+    import percolator
+    from percolator.layout import TABLE_FAMILIES, deployment_id
+
+    ours, theirs = f"embedded:{tmp_path / 'ours'}", f"embedded:{tmp_path / 'theirs'}"
+    server = spawn(theirs, "oracle")
+    server.wait_role("ROLE_ACTIVE")
+    with percolator.connect(ours, oracle=f"grpc://{server.address}") as client:
+        client.create_table("t")
+        with pytest.raises(OracleError, match="serves another deployment") as refused:
+            client.run(lambda txn: txn.set("t", b"r", "c", b"v"))
+        assert theirs in str(refused.value) and ours in str(refused.value)
+        for family in TABLE_FAMILIES:
+            assert list(client.store.scan("t", family.name)) == []
+    with open_store(ours) as store, open_store(theirs) as other:
+        assert deployment_id(store) != deployment_id(other)
+        assert deployment_id(store) == deployment_id(store)  # stable
+    own = spawn(ours, "own")
+    own.wait_role("ROLE_ACTIVE")
+    with percolator.connect(ours, oracle=f"grpc://{own.address}") as client:
+        client.create_table("t")
+        client.run(lambda txn: txn.set("t", b"r", "c", b"v"))
+        assert client.snapshot().get("t", b"r", "c") == b"v"
+
+
+def test_concurrent_first_reads_of_the_deployment_id_agree() -> None:
+    from percolator.layout import deployment_id
+
+    store = MemoryStore()
+    ids: list[str] = []
+    threads = [threading.Thread(target=lambda: ids.append(deployment_id(store))) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(ids) == 8 and len(set(ids)) == 1
