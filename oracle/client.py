@@ -54,11 +54,11 @@ from percolator.errors import (
     OracleError,
     OracleUnavailableError,
 )
-from percolator.layout import deployment_id
 from percolator.retry import Backoff
 from percolator.store.base import Store
 from percolator.timestamps import TimestampOracle, now_ms
 from percolator.timestamps.coalesce import Coalescer, CoalescerStats
+from percolator.timestamps.domain import bind_timestamp_domain
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +101,8 @@ _HINT = (
 def open_grpc_oracle(spec: str, store: Store) -> GrpcOracleClient:
     """The client for a ``grpc[s]://`` spec (see :mod:`percolator.oracle.addressing`); the
     engine's :func:`~percolator.timestamps.factory.open_oracle` calls it by scheme.  The
-    servers keep the oracle's state; the client only reads ``store``'s deployment id (one
-    read), so that it takes timestamps only from the oracle of that deployment."""
+    servers keep the oracle's state; ``store`` is checked to take its timestamps from this
+    oracle service (percolator/timestamps/domain.py)."""
     addresses, tls, token, (timeout_s, rpc_timeout_s) = parse_oracle_url(spec)
     return GrpcOracleClient(
         addresses,
@@ -110,7 +110,7 @@ def open_grpc_oracle(spec: str, store: Store) -> GrpcOracleClient:
         tls=tls,
         timeout_s=timeout_s,
         rpc_timeout_s=rpc_timeout_s,
-        deployment=(deployment_id(store), store.url),
+        store=store,
     )
 
 
@@ -120,11 +120,11 @@ class GrpcOracleClient(TimestampOracle):
     ``tls``: False for plaintext, True for TLS with the system's root certificates, or the
     path of a PEM file of root certificates (for a self-signed server certificate).
     ``token``: the shared secret the servers expect, sent as ``authorization: Bearer``.
-    ``deployment``: the deployment id and URL of the store the timestamps are for
-    (:func:`percolator.layout.deployment_id`); each address is asked for its own (one Info
-    call) before its first timestamp is used, and one that serves another deployment's
-    store raises :class:`~percolator.errors.OracleError`: its timestamps are not ordered
-    with this store's commits.  None: not checked.
+    ``store``: the store the timestamps are for.  Before an address's first timestamp is
+    used, the address is asked which store its oracle record lives in (one Info call), and
+    ``store`` is bound to that timestamp domain, or refused with
+    :class:`~percolator.errors.OracleError` if it takes its timestamps from another oracle
+    (percolator/timestamps/domain.py).  None: not checked.
     """
 
     def __init__(
@@ -136,7 +136,7 @@ class GrpcOracleClient(TimestampOracle):
         timeout_s: float = 10.0,
         rpc_timeout_s: float = 2.0,
         max_batch: int = DEFAULT_MAX_BATCH,
-        deployment: tuple[str, str] | None = None,
+        store: Store | None = None,
     ) -> None:
         if isinstance(addresses, str) or not addresses:
             raise ConfigError(
@@ -157,8 +157,8 @@ class GrpcOracleClient(TimestampOracle):
         self._stubs: dict[str, oracle_pb2_grpc.TimestampOracleStub] = {}
         self._streams: dict[str, _AllocateStream] = {}
         self._unary_until: dict[str, float] = {}  # address -> monotonic time
-        self._deployment = deployment
-        self._verified: set[str] = set()  # addresses known to serve our deployment
+        self._store = store
+        self._verified: set[str] = set()  # addresses known to serve the store's domain
         self._current = 0
         self._max_epoch = 0
         self._closed = False
@@ -242,26 +242,25 @@ class GrpcOracleClient(TimestampOracle):
             raise _translate(address, code, details) from None
 
     def _verify(self, address: str) -> None:
-        """Check that ``address`` serves this client's deployment (one Info call); raises
-        OracleError if not, OracleUnavailableError if it does not answer."""
-        if self._deployment is None:
+        """Bind the store to the timestamp domain of ``address`` (one Info call, once per
+        address); raises OracleError if the store takes its timestamps from another
+        oracle, OracleUnavailableError if the address does not answer."""
+        if self._store is None:
             self._verified.add(address)
             return
-        expected, store_url = self._deployment
         info = self.info(address)
-        if info.deployment_id and info.deployment_id != expected:
-            raise OracleError(
-                f"oracle {address} serves another deployment (store {info.store_url!r}, "
-                f"deployment {info.deployment_id}) than this client's store ({store_url!r}, "
-                f"deployment {expected}): its timestamps are not ordered with this store's "
-                "commits; check the oracle URL and the store URL"
+        if info.deployment_id:
+            bind_timestamp_domain(
+                self._store,
+                info.deployment_id,
+                f"the oracle service at {address} (its store {info.store_url})",
             )
-        if not info.deployment_id:
+        else:
             log.warning(
-                "oracle %s does not report its deployment (an older server): not checked "
-                "that it serves the store %s",
+                "oracle %s does not report its store's deployment (an older server): not "
+                "checked that the store %s takes its timestamps from it",
                 address,
-                store_url,
+                self._store.url,
             )
         self._verified.add(address)
 

@@ -315,22 +315,30 @@ class WithDeployment(Scripted):
         return oracle_pb2.InfoResponse(deployment_id=self.deployment, store_url="embedded:x")
 
 
-def test_the_deployment_is_checked_once_per_address(
+def test_the_oracle_service_is_checked_once_per_address(
     serve: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """An address serving another deployment is refused before any of its timestamps is
-    used (not failed over: it is a configuration error); the right one is asked once; a
-    server that reports none (older) is used with a warning."""
+    """An address serving another store's domain than the one the store is bound to is
+    refused before any of its timestamps is used (not failed over: a configuration
+    error); a right one is asked once; a server that reports none (older) is used with a
+    warning."""
+    from percolator.store.memory import MemoryStore
+    from percolator.timestamps.domain import bind_timestamp_domain
+
+    store = MemoryStore()
+    bind_timestamp_domain(store, "ours", "the oracle service at a:1 (its store x)")
     wrong = WithDeployment([ok(T0)], "theirs")
-    client = GrpcOracleClient([serve(wrong)], timeout_s=5, deployment=("ours", "memory:ours"))
+    client = GrpcOracleClient([serve(wrong)], timeout_s=5, store=store)
     try:
-        with pytest.raises(OracleError, match=r"serves another deployment.*'embedded:x'"):
+        with pytest.raises(
+            OracleError, match=r"from the oracle service at a:1.*its store embedded:x"
+        ):
             client.get_timestamp()
         assert wrong.calls == 0, "no timestamp was asked of it"
     finally:
         client.close()
     right = WithDeployment([ok(T0), ok(T0 + 10)], "ours")
-    client = GrpcOracleClient([serve(right)], timeout_s=5, deployment=("ours", "memory:ours"))
+    client = GrpcOracleClient([serve(right)], timeout_s=5, store=store)
     try:
         assert client.get_timestamp() == T0
         assert client.get_timestamp() == T0 + 10
@@ -338,10 +346,10 @@ def test_the_deployment_is_checked_once_per_address(
     finally:
         client.close()
     older = Scripted([ok(T0)])
-    client = GrpcOracleClient([serve(older)], timeout_s=5, deployment=("ours", "memory:ours"))
+    client = GrpcOracleClient([serve(older)], timeout_s=5, store=store)
     try:
         with caplog.at_level("WARNING"):
             assert client.get_timestamp() == T0
-        assert "does not report its deployment" in caplog.text
+        assert "does not report its store's deployment" in caplog.text
     finally:
         client.close()

@@ -467,34 +467,42 @@ def test_grpc_health_checking_names_the_active_oracle(
     assert status(standby, ORACLE_SERVICE) == not_serving
 
 
-def test_a_client_refuses_the_oracle_of_another_deployment(
+def test_a_store_takes_its_timestamps_from_one_oracle_only(
     tmp_path: Path, spawn: Callable[..., OracleProcess]
 ) -> None:
-    """An oracle serving another store (a copied URL, another HBase prefix) hands out
-    timestamps unordered with this store's commits: the client refuses it at its first
-    timestamp, naming both stores, and writes nothing; the oracle of its own store works."""
+    """A store is bound to the oracle its first client uses (percolator/timestamps/
+    domain.py); a client given another oracle - another deployment's service, or the local
+    oracle of a store bound to a service - is refused, naming both, and writes nothing.
+    Several stores may share one oracle service."""
     import percolator
     from percolator.layout import TABLE_FAMILIES, deployment_id
 
     ours, theirs = f"embedded:{tmp_path / 'ours'}", f"embedded:{tmp_path / 'theirs'}"
+    shared = f"embedded:{tmp_path / 'shared'}"
+    with percolator.connect(ours) as client:  # its own (local) oracle
+        client.create_table("t")
+        client.run(lambda txn: txn.set("t", b"r", "c", b"v"))
     server = spawn(theirs, "oracle")
     server.wait_role("ROLE_ACTIVE")
-    with percolator.connect(ours, oracle=f"grpc://{server.address}") as client:
-        client.create_table("t")
-        with pytest.raises(OracleError, match="serves another deployment") as refused:
-            client.run(lambda txn: txn.set("t", b"r", "c", b"v"))
-        assert theirs in str(refused.value) and ours in str(refused.value)
+    service = f"grpc://{server.address}"
+    with percolator.connect(ours, oracle=service) as client:
+        client.create_table("u")
+        with pytest.raises(OracleError, match="takes its timestamps from the store's own") as no:
+            client.run(lambda txn: txn.set("u", b"r", "c", b"v"))
+        assert server.address in str(no.value) and theirs in str(no.value)
         for family in TABLE_FAMILIES:
-            assert list(client.store.scan("t", family.name)) == []
-    with open_store(ours) as store, open_store(theirs) as other:
-        assert deployment_id(store) != deployment_id(other)
-        assert deployment_id(store) == deployment_id(store)  # stable
-    own = spawn(ours, "own")
-    own.wait_role("ROLE_ACTIVE")
-    with percolator.connect(ours, oracle=f"grpc://{own.address}") as client:
+            assert list(client.store.scan("u", family.name)) == []
+    # A store whose first client used the service takes its timestamps from it...
+    with percolator.connect(shared, oracle=service) as client:
         client.create_table("t")
         client.run(lambda txn: txn.set("t", b"r", "c", b"v"))
         assert client.snapshot().get("t", b"r", "c") == b"v"
+    # ...and refuses the local oracle, at connect.
+    with pytest.raises(OracleError, match="from the oracle service at"):
+        percolator.connect(shared)
+    with open_store(ours) as store, open_store(theirs) as other:
+        assert deployment_id(store) != deployment_id(other)
+        assert deployment_id(store) == deployment_id(store)  # stable
 
 
 def test_concurrent_first_reads_of_the_deployment_id_agree() -> None:

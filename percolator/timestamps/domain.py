@@ -1,0 +1,98 @@
+"""Which oracle a deployment takes its timestamps from: its *timestamp domain*.
+
+Timestamps of two oracles are not ordered with each other.  A client of one deployment
+that drew its timestamps from another oracle than the deployment's other clients (an
+oracle URL copied from another deployment, one client left on the local oracle) would break
+snapshot isolation without a single error.  So a deployment is bound to one domain, and
+every client checks it:
+
+* a timestamp domain is named by the deployment id (:func:`percolator.layout.deployment_id`)
+  of the store whose oracle record issues the timestamps: the store's own for the local
+  oracle and for an oracle server on the store; another store's for an oracle server
+  running on that one (several deployments may share one oracle service, as long as each
+  uses only it);
+* the first client binds the store (meta row ``deployment``, qualifier ``ts``, JSON
+  ``{"v": 1, "domain": ID, "source": TEXT}``, compare-and-set from absent); a store whose
+  own oracle record already exists (it issued timestamps before the binding existed) is
+  bound to its own domain, whatever that first client uses;
+* every later client compares (one read) and refuses another domain with
+  :class:`~percolator.errors.OracleError` naming both.
+
+Moving a deployment to another oracle is not supported: the new oracle would first have to
+issue above everything the old one issued.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from percolator.errors import OracleError, StoreError
+from percolator.layout import (
+    DEPLOYMENT_ROW,
+    META_FAMILY,
+    META_TABLE,
+    deployment_id,
+)
+from percolator.store.base import Store
+from percolator.timestamps.record import OracleRecordRegister
+
+DOMAIN_QUALIFIER = b"ts"
+#: the source recorded for the store's own oracle (local, or a server on the store)
+OWN_ORACLE = "the store's own oracle (in-process, or an oracle server on this store)"
+
+
+@dataclass(frozen=True)
+class Binding:
+    domain: str
+    source: str
+
+    def encode(self) -> bytes:
+        return json.dumps({"v": 1, "domain": self.domain, "source": self.source}).encode()
+
+    @staticmethod
+    def decode(raw: bytes) -> Binding:
+        try:
+            doc = json.loads(raw)
+            if doc.get("v") != 1:
+                raise ValueError(f"unknown format {doc.get('v')!r}")
+            return Binding(str(doc["domain"]), str(doc["source"]))
+        except (ValueError, KeyError, AttributeError) as exc:
+            raise StoreError(f"the store's timestamp-domain record is unreadable ({exc})") from None
+
+
+def read_binding(store: Store) -> Binding | None:
+    """The store's binding, None if no client has bound it yet."""
+    column = (META_FAMILY, DOMAIN_QUALIFIER)
+    versions = store.read_row(META_TABLE, DEPLOYMENT_ROW, columns=[column]).get(column)
+    return Binding.decode(versions[0][1]) if versions else None
+
+
+def bind_timestamp_domain(store: Store, domain: str | None, source: str = OWN_ORACLE) -> None:
+    """Bind ``store`` to timestamp domain ``domain`` (None: the store's own; ``source``
+    describes the oracle) if it is not bound yet; raise OracleError if it is bound to
+    another (module docstring).  Idempotent and race-safe: concurrent first binders agree
+    on one binding."""
+    own = deployment_id(store)  # creates the meta table and the id if needed
+    if domain is None:
+        domain = own
+    for _ in range(3):
+        bound = read_binding(store)
+        if bound is not None:
+            if bound.domain != domain:
+                raise OracleError(
+                    f"store {store.url!r} takes its timestamps from {bound.source} (timestamp "
+                    f"domain {bound.domain}); this client was given {source} (domain "
+                    f"{domain}). Timestamps of two oracles are not ordered with each other, "
+                    "so snapshot isolation would break: use the oracle the store's other "
+                    "clients use"
+                )
+            return
+        first = Binding(domain, source)
+        if domain != own and OracleRecordRegister(store).read().record is not None:
+            # Its own oracle issued timestamps before any binding: that is its domain.
+            first = Binding(own, OWN_ORACLE + ", which has issued its timestamps")
+        store.compare_and_set(
+            META_TABLE, DEPLOYMENT_ROW, META_FAMILY, DOMAIN_QUALIFIER, None, first.encode()
+        )
+    raise StoreError("the store's timestamp-domain record could not be read back")
