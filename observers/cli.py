@@ -99,6 +99,14 @@ def register_worker(subparsers: Any) -> None:
         help="failures in a row after which a notification is parked (default %(default)s)",
     )
     worker.add_argument(
+        "--run-timeout",
+        type=SECONDS,
+        default=600.0,
+        metavar="SECONDS",
+        help="a run longer than this is logged as stuck and makes /healthz fail, so that the "
+        "worker is restarted (0: never; default %(default)s)",
+    )
+    worker.add_argument(
         "--drain-timeout",
         type=SECONDS,
         default=30.0,
@@ -215,6 +223,7 @@ def run_worker(args: argparse.Namespace) -> int:
         scanners=args.scanners,
         failure_limit=args.failure_limit,
         drain_timeout_s=args.drain_timeout,
+        run_timeout_s=args.run_timeout,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
         partitioned=args.partitioned,

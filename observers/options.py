@@ -47,6 +47,8 @@ class WorkerOptions:
     drain_timeout_s: float = 30.0
     housekeeping_s: float = 1.0
     parked_refresh_s: float = 2.0
+    #: a run longer than this is reported stuck: logged, and the worker unhealthy (0: never)
+    run_timeout_s: float = 600.0
     metrics_host: str = "127.0.0.1"
     #: serve metrics on this port (0: any free port); None: no endpoint
     metrics_port: int | None = None
@@ -88,6 +90,7 @@ class WorkerOptions:
             "drain_timeout_s",
             "housekeeping_s",
             "parked_refresh_s",
+            "run_timeout_s",
         ):
             value = getattr(self, name)
             if not isinstance(value, int | float) or value < 0:

@@ -19,6 +19,17 @@ Conflicts (another run or writer won) are not failures: they are retried after a
 back-off and counted separately.  An undetermined commit is not the observer's fault
 either: it backs off like a conflict, and the next run reads the ack and knows.
 
+Conflicts are retried for as long as they happen: a hot cell gets through eventually.  A
+cell whose runs conflict without end (an observer that raises a retryable error itself,
+say) is therefore logged at each tenfold of its streak (100, 1,000, ... conflicts in a row,
+with the last error), so that it does not hide among ordinary conflicts.
+
+A run that does not return (observer code waiting for ever) cannot be stopped from outside
+its thread.  A run longer than ``run_timeout_s`` is logged once as an error and makes the
+worker unhealthy (:meth:`NotificationProcessor.stuck_runs`, the worker's ``/healthz``), so
+that whatever polls it restarts the process; its cells are then run elsewhere (their
+notifications stay, its locks expire).
+
 "An exception" is any :class:`BaseException`, ``SystemExit`` included (a plugin calling
 ``sys.exit()``): a run thread is never lost to observer code.  The worker stops its threads
 with events and a sentinel in the queue, never with an exception, and a real Ctrl-C
@@ -61,6 +72,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def _is_power_of_ten(n: int) -> bool:
+    while n % 10 == 0 and n > 1:
+        n //= 10
+    return n == 1
+
+
 def _is_interrupt(exc: BaseException) -> bool:
     """Whether ``exc`` is a Ctrl-C to honour rather than a failure of a run: a
     ``KeyboardInterrupt`` in the main thread (Python raises it nowhere else; in another
@@ -78,6 +95,15 @@ class CellState:
     conflicts: int = 0
     not_before: float = 0.0  # time.monotonic() before which the cell is not run again
     last_error: str = ""
+
+
+@dataclass(frozen=True)
+class RunInProgress:
+    """A run task a run thread is in (for the stuck-run check)."""
+
+    observer: str
+    cells: tuple[Cell, ...]
+    started: float  # time.monotonic()
 
 
 class NotificationProcessor:
@@ -121,6 +147,10 @@ class NotificationProcessor:
         self._parked_here: dict[Cell, float] = {}
         #: monotonic time at which the last reload of the parked set started
         self.parked_loaded_at = float("-inf")
+        # Run tasks in progress, by run thread (threading.get_ident()); and those already
+        # reported stuck.
+        self._running: dict[int, RunInProgress] = {}
+        self._reported_stuck: set[int] = set()
 
     # ---------------------------------------------------------------- queue
 
@@ -240,6 +270,11 @@ class NotificationProcessor:
                     others.append(queued)
             others.extend(carried)
             carried = others
+            ident = threading.get_ident()
+            with self._lock:
+                self._running[ident] = RunInProgress(
+                    observer.name, tuple(n.cell for n in batch), time.monotonic()
+                )
             try:
                 self.run_batch(observer, batch)
             except BaseException as exc:  # never lose a pool thread to a bug in the bookkeeping
@@ -248,9 +283,40 @@ class NotificationProcessor:
                 log.exception("unexpected error handling %s", ", ".join(map(str, batch)))
             finally:
                 with self._lock:
+                    self._running.pop(ident, None)
+                    self._reported_stuck.discard(ident)
                     for notification in batch:
                         self._inflight.discard(notification.cell)
                         held.discard(notification.cell)
+
+    def stuck_runs(self) -> list[str]:
+        """The run tasks in progress for longer than ``run_timeout_s`` (0: never), each
+        described; each is logged as an error the first time it is found here."""
+        limit = self._options.run_timeout_s
+        if not limit:
+            return []
+        now = time.monotonic()
+        stuck: list[str] = []
+        with self._lock:
+            for ident, run in self._running.items():
+                took = now - run.started
+                if took <= limit:
+                    continue
+                cells = ", ".join(f"{t}/{r!r}/{c}" for t, r, c in run.cells[:3])
+                more = f" and {len(run.cells) - 3} more" if len(run.cells) > 3 else ""
+                what = (
+                    f"observer {run.observer} has run on {cells}{more} for {took:.0f} s "
+                    f"(run timeout {limit:g} s)"
+                )
+                stuck.append(what)
+                if ident not in self._reported_stuck:
+                    self._reported_stuck.add(ident)
+                    log.error(
+                        "%s: its thread cannot be stopped from here; restart the worker to "
+                        "run these cells elsewhere",
+                        what,
+                    )
+        return stuck
 
     def run(self, notification: Notification) -> None:
         """One run task for one notification (a batch of one, :meth:`run_batch`)."""
@@ -282,13 +348,13 @@ class NotificationProcessor:
                 self._run_one_by_one(observer, batch, "kept conflicting")
                 return
             for notification in batch:
-                self._back_off_conflict(notification.cell)
+                self._back_off_conflict(name, notification, exc)
             return
         except UndeterminedCommitError as exc:
             # Not the observer's fault: the next run reads the ack and knows.
             log.warning("run of %s on %s: %s", name, ", ".join(map(str, batch)), exc)
             for notification in batch:
-                self._back_off_conflict(notification.cell)
+                self._back_off_conflict(name, notification, exc)
             return
         except BaseException as exc:  # SystemExit from a plugin too (module docstring)
             if _is_interrupt(exc):
@@ -332,12 +398,25 @@ class NotificationProcessor:
         with self._lock:
             self._states.pop(notification.cell, None)
 
-    def _back_off_conflict(self, cell: Cell) -> None:
+    def _back_off_conflict(
+        self, observer: str, notification: Notification, exc: BaseException
+    ) -> None:
         with self._lock:
-            state = self._states.setdefault(cell, CellState())
+            state = self._states.setdefault(notification.cell, CellState())
             state.conflicts += 1
-            delay = Backoff(self._options.conflict_backoff_s, 5.0).delay(min(state.conflicts, 10))
+            streak = state.conflicts
+            delay = Backoff(self._options.conflict_backoff_s, 5.0).delay(min(streak, 10))
             state.not_before = time.monotonic() + delay
+        if streak >= 100 and _is_power_of_ten(streak):
+            log.warning(
+                "observer %s on %s: %d conflicts in a row, still retried (last: %s); if no "
+                "other writer contends for its cells, the observer may raise a retryable "
+                "error itself",
+                observer,
+                notification,
+                streak,
+                exc,
+            )
 
     def failed(self, observer: Observer, notification: Notification, exc: BaseException) -> None:
         """Count a failure of ``observer`` on ``notification``: back off, or park the cell

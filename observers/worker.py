@@ -309,7 +309,9 @@ class Worker:
         (observers/processor.py, observers/finder.py), so a dead thread is an unexpected
         error, already reported (a run thread logs it; Python prints the traceback of the
         others).  The worker goes on with the threads it has left and does not replace the
-        lost one: the process must be restarted (by whatever polls ``/healthz``)."""
+        lost one: the process must be restarted (by whatever polls ``/healthz``).  So is a
+        run that has taken longer than ``run_timeout_s`` (observers/processor.py: stuck
+        runs)."""
         if self._stopping.is_set():
             return None
         dead = [
@@ -319,6 +321,9 @@ class Worker:
         ]
         if dead:
             return f"worker thread(s) died: {', '.join(dead)} (see the worker's log)"
+        stuck = self.processor.stuck_runs()
+        if stuck:
+            return f"run(s) stuck: {'; '.join(stuck)}"
         return None
 
     def _columns_by_table(self) -> dict[str, list[str]]:
@@ -337,6 +342,7 @@ class Worker:
                 self._positions.sync()
                 if self.leases is not None:
                     self.leases.rebalance()
+                self.processor.stuck_runs()  # logs a run the first time it is found stuck
                 if self._record is None or (
                     roster.now_ms() - self._record.seen_ms >= roster.REFRESH_MS
                 ):
