@@ -118,5 +118,12 @@ def test_demo_bad_configuration_is_one_clear_line(tmp_path: Path) -> None:
     result = demo("--oracle", "grpc://127.0.0.1:1", "--work-dir", str(tmp_path), cwd=tmp_path)
     assert result.returncode == 2
     assert "no timestamp oracle among ['127.0.0.1:1'] answered" in result.stderr
-    result = demo("--change-fraction", "2", cwd=tmp_path)
-    assert result.returncode == 2 and "--change-fraction must be in (0, 1]" in result.stderr
+    for option, value, message in (
+        ("--change-fraction", "2", "expected a finite number in (0, 1]"),
+        ("--change-fraction", "nan", "'nan' is not finite"),
+        ("--documents", "5", "expected an integer >= 10"),
+        ("--threads", "0", "expected an integer >= 1"),
+    ):
+        result = demo(option, value, cwd=tmp_path)
+        assert result.returncode == 2 and f"argument {option}: " in result.stderr, result.stderr
+        assert message in result.stderr, result.stderr

@@ -42,7 +42,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from percolator.command_options import add_oracle_option
+from percolator.command_options import (
+    NON_NEGATIVE_INT,
+    POSITIVE_INT,
+    add_oracle_option,
+    float_option,
+    int_option,
+)
 from percolator.errors import ConfigError, PercolatorError
 
 if TYPE_CHECKING:
@@ -74,17 +80,25 @@ def register(subparsers: Any) -> None:
     )
     add_oracle_option(parser)
     parser.add_argument(
-        "--documents", type=int, default=1000, metavar="N", help="corpus size (%(default)s)"
+        "--documents",
+        type=int_option(10),
+        default=1000,
+        metavar="N",
+        help="corpus size (%(default)s)",
     )
     parser.add_argument(
         "--change-fraction",
-        type=float,
+        type=float_option(0, 1, above=True),
         default=0.01,
         metavar="F",
         help="fraction of documents changed live (%(default)s)",
     )
-    parser.add_argument("--seed", type=int, default=7, help="corpus seed (%(default)s)")
-    parser.add_argument("--threads", type=int, default=4, help="worker threads (%(default)s)")
+    parser.add_argument(
+        "--seed", type=NON_NEGATIVE_INT, default=7, help="corpus seed (%(default)s)"
+    )
+    parser.add_argument(
+        "--threads", type=POSITIVE_INT, default=4, help="worker threads (%(default)s)"
+    )
     parser.add_argument("--master", default="local[2]", help="Spark master (%(default)s)")
     parser.add_argument(
         "--work-dir",
@@ -100,12 +114,7 @@ def register(subparsers: Any) -> None:
 
 
 def _check_args(args: argparse.Namespace) -> None:
-    if args.documents < 10:
-        raise ConfigError(f"--documents must be >= 10, got {args.documents}")
-    if not 0 < args.change_fraction <= 1:
-        raise ConfigError(f"--change-fraction must be in (0, 1], got {args.change_fraction}")
-    if args.threads < 1:
-        raise ConfigError(f"--threads must be >= 1, got {args.threads}")
+    # The numbers are checked by their argparse types (percolator/command_options.py).
     for module, extra in (("pyspark", "demo"), ("matplotlib", "demo")):
         try:
             __import__(module)

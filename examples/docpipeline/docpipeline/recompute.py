@@ -43,7 +43,7 @@ from docpipeline.reference import (
     parse_terms,
     terms,
 )
-from percolator.command_options import add_oracle_option, add_store_option
+from percolator.command_options import TIMESTAMP, add_oracle_option, add_store_option
 from percolator.errors import ConfigError, PercolatorError
 
 if TYPE_CHECKING:
@@ -199,7 +199,7 @@ def register(subparsers: Any) -> None:
         "--input",
         help="Parquet of documents (row, body, links) instead of exporting them from --store",
     )
-    parser.add_argument("--read-ts", type=int, default=None, help="snapshot to read")
+    parser.add_argument("--read-ts", type=TIMESTAMP, default=None, help="snapshot to read")
     parser.add_argument("--output", required=True, help="Parquet output of the derived cells")
     parser.add_argument("--master", default=None, help="Spark master (default local[*])")
     parser.add_argument("--conf", action="append", metavar="KEY=VALUE", help="Spark setting")
