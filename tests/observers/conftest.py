@@ -14,10 +14,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from percolator.observers.api import Observer
+from percolator.observers.options import WorkerOptions
+from percolator.observers.worker import Worker
 
 import percolator
 from tests.conftest import FAST_OBSERVED_REFRESH_MS, ClientSettings, connect_client
@@ -50,6 +53,23 @@ def local_client(local_store_url: str) -> Iterator[percolator.Client]:
     c = connect_client(local_store_url, OBSERVER_CLIENT)
     yield c
     c.close()
+
+
+@pytest.fixture
+def start_worker(local_client: percolator.Client) -> Iterator[Callable[..., Worker]]:
+    """``start_worker(observers, options)``: a started Worker on ``local_client``, stopped
+    (draining up to 5 s) when the test ends."""
+    started: list[Worker] = []
+
+    def start(observers: list[Observer], options: WorkerOptions) -> Worker:
+        worker = Worker(local_client, observers, options)
+        worker.start()
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop(drain_timeout_s=5)
 
 
 @pytest.fixture

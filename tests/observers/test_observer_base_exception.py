@@ -13,7 +13,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from percolator.observers.api import Observer
@@ -78,21 +78,6 @@ def healthz(worker: Worker) -> tuple[int, str]:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
-
-
-@pytest.fixture
-def start_worker(local_client: percolator.Client) -> Iterator[Callable[..., Worker]]:
-    started: list[Worker] = []
-
-    def start(observers: list[Observer], options: WorkerOptions) -> Worker:
-        worker = Worker(local_client, observers, options)
-        worker.start()
-        started.append(worker)
-        return worker
-
-    yield start
-    for worker in started:
-        worker.stop(drain_timeout_s=5)
 
 
 def write(client: percolator.Client, column: str, values: dict[bytes, bytes]) -> list[Notification]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from percolator.observers.api import Observer
@@ -63,21 +63,6 @@ class AlwaysConflicts(Observer):
 
     def process(self, txn: Transaction, row: bytes, column: str) -> None:
         raise ConflictError("made up by the observer")
-
-
-@pytest.fixture
-def start_worker(local_client: percolator.Client) -> Iterator[Callable[..., Worker]]:
-    started: list[Worker] = []
-
-    def start(observers: list[Observer], options: WorkerOptions) -> Worker:
-        worker = Worker(local_client, observers, options)
-        worker.start()
-        started.append(worker)
-        return worker
-
-    yield start
-    for worker in started:
-        worker.stop(drain_timeout_s=5)
 
 
 def test_a_run_past_the_run_timeout_makes_the_worker_unhealthy_until_it_ends(

@@ -7,10 +7,9 @@ from __future__ import annotations
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
-from percolator.observers.api import Observer
 from percolator.observers.metrics import parse_text
 from percolator.observers.parking import ParkingLot, pending
 from percolator.observers.worker import Worker, WorkerOptions
@@ -44,21 +43,6 @@ def scrape(worker: Worker) -> dict[str, float]:
         return parse_text(response.read().decode())
 
 
-@pytest.fixture
-def start_worker(local_client: percolator.Client) -> Iterator[Callable[..., Worker]]:
-    started: list[Worker] = []
-
-    def start(observers: list[Observer], options: WorkerOptions = FAST) -> Worker:
-        worker = Worker(local_client, observers, options)
-        worker.start()
-        started.append(worker)
-        return worker
-
-    yield start
-    for worker in started:
-        worker.stop(drain_timeout_s=5)
-
-
 def set_cells(client: percolator.Client, column: str, values: dict[bytes, bytes]) -> None:
     with client.transaction() as txn:
         for row, value in values.items():
@@ -69,7 +53,7 @@ def test_chained_observers_run_at_most_once_per_change_and_end_acknowledged(
     local_client: percolator.Client, start_worker: Callable[..., Worker]
 ) -> None:
     client = local_client
-    start_worker([helpers.RunLogger(), helpers.Mirror(), helpers.MirrorLogger()])
+    start_worker([helpers.RunLogger(), helpers.Mirror(), helpers.MirrorLogger()], FAST)
     rows = [b"row%02d" % i for i in range(12)]
     for round_ in range(6):
         set_cells(client, "value", {r: b"v%d" % round_ for r in rows})
@@ -96,7 +80,7 @@ def test_a_failing_notification_is_parked_the_others_keep_running_and_retry_work
     client = local_client
     with client.transaction() as txn:
         txn.set(CONTROL, b"switch", "fail", b"1")
-    worker = start_worker([helpers.AlwaysFails(), helpers.Flaky(), helpers.RunLogger()])
+    worker = start_worker([helpers.AlwaysFails(), helpers.Flaky(), helpers.RunLogger()], FAST)
     lot = ParkingLot(client)
     set_cells(client, "poison", {b"p1": b"x", b"p2": b"x"})
     set_cells(client, "flaky", {b"f1": b"x"})
@@ -250,7 +234,7 @@ def test_an_observer_whose_setup_fails_is_left_out(
         def setup(self, client: percolator.Client) -> None:
             raise RuntimeError("cannot reach the index service")
 
-    worker = start_worker([BadSetup(), helpers.RunLogger()])
+    worker = start_worker([BadSetup(), helpers.RunLogger()], FAST)
     assert [o.name for o in worker.observers] == ["run-logger"]
     assert worker.errors == [("bad-setup", "RuntimeError: cannot reach the index service")]
     set_cells(local_client, "value", {b"r": b"x"})
