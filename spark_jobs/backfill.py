@@ -1251,17 +1251,8 @@ def _write_checked(
         inject=options.inject_failure,
     )
 
-    def keyed(
-        item: tuple[bytes, Cells, bytes] | BadRow,
-    ) -> Iterator[tuple[tuple[int, bytes, bytes], Cells]]:
-        if not isinstance(item, BadRow):
-            key, cells, digest = item
-            yield (bucket_of(key, buckets), key, digest), cells
-
     accumulator = spark.sparkContext.accumulator(0)
-    sorted_rows = rows.flatMap(keyed).repartitionAndSortWithinPartitions(
-        numPartitions=buckets, partitionFunc=_bucket_key, keyfunc=lambda k: k
-    )
+    sorted_rows = bucketed(rows, buckets)
     emit(
         f"writing {checked.good} rows into {options.table} as job {job_id} "
         f"({buckets} buckets, {report.batch_size} rows per transaction)"
@@ -1301,6 +1292,24 @@ def _write_checked(
         report.markers_removed = remove_batch_markers(c, job_id, options.progress_table)
     emit(report.summary())
     return report
+
+
+def bucketed(rows: RDD[Any], buckets: int) -> RDD[Any]:
+    """The good rows of :func:`prepare_input`'s ``rows`` as ``((bucket, key, row digest),
+    cells)``, one bucket per partition, sorted by that key within it: the rows of one key
+    meet in one task, in the same order on every run and retry (module docstring, "Exactly
+    once").  Both modes write from this."""
+
+    def keyed(
+        item: tuple[bytes, Cells, bytes] | BadRow,
+    ) -> Iterator[tuple[tuple[int, bytes, bytes], Cells]]:
+        if not isinstance(item, BadRow):
+            key, cells, digest = item
+            yield (bucket_of(key, buckets), key, digest), cells
+
+    return rows.flatMap(keyed).repartitionAndSortWithinPartitions(
+        numPartitions=buckets, partitionFunc=_bucket_key, keyfunc=lambda k: k
+    )
 
 
 def _bucket_key(key: tuple[int, bytes, bytes]) -> int:

@@ -46,13 +46,12 @@ from typing import TYPE_CHECKING, Any
 from percolator.spark_jobs.backfill import (
     BackfillOptions,
     BackfillReport,
-    BadRow,
     Cells,
     ColumnMapping,
     InjectedFailure,
     PreparedInput,
     _ProgressReporter,
-    bucket_of,
+    bucketed,
     default_buckets,
     inject_failure,
     prepare_input,
@@ -296,17 +295,8 @@ def _load(
         lease_ms=lease_ms,
     )
 
-    def keyed(
-        item: tuple[bytes, Cells, bytes] | BadRow,
-    ) -> Iterator[tuple[tuple[int, bytes, bytes], Cells]]:
-        if not isinstance(item, BadRow):
-            key, cells, digest = item
-            yield (bucket_of(key, buckets), key, digest), cells
-
     accumulator = spark.sparkContext.accumulator(0)
-    sorted_rows = rows.flatMap(keyed).repartitionAndSortWithinPartitions(
-        numPartitions=buckets, partitionFunc=lambda k: k[0], keyfunc=lambda k: k
-    )
+    sorted_rows = bucketed(rows, buckets)
     emit(
         f"bulk-loading {checked.good} rows into {options.table} as load {load_id} "
         f"({buckets} buckets, {batch_size} rows per put)"
