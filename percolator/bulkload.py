@@ -57,8 +57,11 @@ other input" below.
   names its load (id and timestamps) as ``loading`` with at least a quarter of the lease
   left by its own clock (:class:`LeaseCheck`), and stops with :class:`BulkLoadError`
   otherwise.  A loaded table is dropped only once its lease has expired
-  (:func:`check_droppable`), and a loader that gives up shortens its lease to that quarter
-  (:func:`release_lease`).  So a writer that outlived its load (paused, cut off, or left
+  (:func:`check_droppable`; the drop then holds the name, ``dropping``, from the exact
+  state it checked, so no load begins or takes over until the drop is done:
+  :func:`fence_for_drop`), and a loader that gives up shortens its lease to that quarter
+  once it stopped renewing it (:func:`release_lease`); a loader renews only the lease of
+  its own incarnation of the load (same ``start_ts``).  So a writer that outlived its load (paused, cut off, or left
   running after its job failed) cannot put cells of the old load into the table that
   replaced it - unless a single store call of it stays in flight, or it stays paused
   between its check and its put, for longer than a quarter of the lease less the check
@@ -107,6 +110,7 @@ from percolator.readers import release_safe_point, reserve_safe_point
 from percolator.records import Kind, LockCell, WriteRecord
 from percolator.store.base import Put, ScanOptions, Store
 from percolator.tablestate import (
+    DROPPING,
     LOADING,
     READY,
     STATE_QUALIFIER,
@@ -233,6 +237,11 @@ def begin_load(
                 continue
             _reserve(store, table, renewed)
             return Begun(_ensure_table(store, table, renewed), published=False)
+        if state is not None and state.state == DROPPING:
+            raise BulkLoadError(
+                f"table {table!r} is being dropped (or a drop of it died: drop it again); "
+                "load it once the drop finished"
+            )
         if state is not None and state.state == LOADING:
             lease = (
                 "its lease is live"
@@ -334,16 +343,59 @@ def _ensure_table(store: Store, table: str, state: LoadState) -> LoadState:
     return new
 
 
-def clear_state(store: Store, table: str) -> None:
-    """Forget a dropped table's load state (so the name can be created or loaded again).
-    Written as ``ready`` with no load, which means an ordinary table: a delete would mask
-    later compare-and-sets of the row."""
+#: how long a drop holds a table's name (``dropping``) against another dropper
+DROP_HOLD_MS = 60_000
+
+
+@dataclass(frozen=True)
+class DropFence:
+    """What :func:`fence_for_drop` replaced and wrote: the table's state before the drop
+    (exact bytes, None: no state row) and the ``dropping`` record now in its place."""
+
+    previous: bytes | None
+    dropping: bytes
+
+
+def fence_for_drop(store: Store, table: str) -> DropFence:
+    """Hold ``table``'s name for a drop: replace its exact state by ``dropping`` (one
+    compare-and-set), after :func:`check_droppable`'s checks on that very state.  From then
+    on no load begins or takes over the table and every writer of a load fails its lease
+    check, so nothing written after the drop belongs to a load of the old table.  Raises
+    BulkLoadError if a load holds the table, another drop holds the name, or the state kept
+    changing."""
     for _ in range(20):
         state, raw = read_state(store, table)
-        if state is None or (state.state == READY and not state.load_id):
-            return
-        if _cas(store, table, raw, LoadState(READY, "", 0, 0, 0, "no")):
-            return
+        _refuse_drop(table, state)
+        dropping = LoadState(DROPPING, "", 0, 0, now_ms() + DROP_HOLD_MS, "no")
+        if store.compare_and_set(
+            META_TABLE, state_row(table), META_FAMILY, STATE_QUALIFIER, raw, dropping.encode()
+        ):
+            return DropFence(raw, dropping.encode())
+    raise BulkLoadError(f"the state of table {table!r} kept changing; try the drop again")
+
+
+def unfence_drop(store: Store, table: str, fence: DropFence) -> None:
+    """Put back the state a drop that did not happen replaced (best effort: a no-op if the
+    state moved on).  Without a previous state the table is ordinary (``ready``, no load)."""
+    back = fence.previous or LoadState(READY, "", 0, 0, 0, "no").encode()
+    store.compare_and_set(
+        META_TABLE, state_row(table), META_FAMILY, STATE_QUALIFIER, fence.dropping, back
+    )
+
+
+def clear_state(store: Store, table: str, fence: DropFence) -> None:
+    """After the drop: the name is an ordinary table's again (``ready`` with no load; a
+    delete would mask later compare-and-sets of the row).  Only from the drop's own
+    ``dropping`` record: nothing else may have replaced it."""
+    ordinary = LoadState(READY, "", 0, 0, 0, "no").encode()
+    if not store.compare_and_set(
+        META_TABLE, state_row(table), META_FAMILY, STATE_QUALIFIER, fence.dropping, ordinary
+    ):
+        state, _ = read_state(store, table)
+        raise BulkLoadError(
+            f"table {table!r} was dropped, but its state changed under the drop (now {state}); "
+            "drop it again"
+        )
 
 
 def writer_margin_ms(lease_ms: int) -> int:
@@ -406,15 +458,23 @@ def check_droppable(store: Store, table: str) -> None:
     """Raise :class:`BulkLoadError` if ``table`` is fenced by a load whose lease has not
     expired: its writers may still be putting cells, which would land in whatever table
     takes the name next (module docstring, "Writers stop before the lease ends")."""
-    state, _ = read_state(store, table)
-    if state is None or not state.loading:
+    _refuse_drop(table, read_state(store, table)[0])
+
+
+def _refuse_drop(table: str, state: LoadState | None) -> None:
+    if state is None:
         return
     left_ms = state.lease_expires_ms - now_ms()
-    if left_ms > 0:
+    if state.loading and left_ms > 0:
         raise BulkLoadError(
             f"cannot drop table {table!r}: load {state.load_id!r} holds it and may still be "
             f"writing (its lease runs {left_ms / 1000:.1f} s more). Stop the load, and drop "
             "the table once the lease has expired"
+        )
+    if state.state == DROPPING and left_ms > 0:
+        raise BulkLoadError(
+            f"cannot drop table {table!r}: another client is dropping it (for up to "
+            f"{left_ms / 1000:.0f} s more)"
         )
 
 
@@ -425,20 +485,41 @@ def release_lease(
     that they stop at their next check and the table can be dropped soon after.  The load
     stays fenced; a re-run of it takes it over as before.  Best effort: a no-op if the
     state moved on."""
-    current, raw = read_state(store, table)
-    if current is None or not current.loading or current.start_ts != state.start_ts:
-        return
-    # Just under the margin: the next check of a writer (on a clock in step) finds too little.
-    soon = now_ms() + writer_margin_ms(lease_ms) - 1
-    if current.load_id == state.load_id and current.lease_expires_ms > soon:
-        _cas(store, table, raw, replace(current, lease_expires_ms=soon))
+    for _ in range(20):
+        current, raw = read_state(store, table)
+        if (
+            current is None
+            or not current.loading
+            or (current.load_id, current.start_ts) != (state.load_id, state.start_ts)
+        ):
+            return
+        # Just under the margin: the next check of a writer (on a clock in step) finds
+        # too little.
+        soon = now_ms() + writer_margin_ms(lease_ms) - 1
+        if current.lease_expires_ms <= soon:
+            return
+        if _cas(store, table, raw, replace(current, lease_expires_ms=soon)):
+            return
 
 
-def renew_lease(store: Store, table: str, load_id: str, lease_ms: int = DEFAULT_LEASE_MS) -> None:
+def renew_lease(
+    store: Store,
+    table: str,
+    load_id: str,
+    lease_ms: int = DEFAULT_LEASE_MS,
+    *,
+    start_ts: int | None = None,
+) -> None:
     """Extend the lease (and the GC reservation) of a running load; a no-op after the
-    publish.  Raises BulkLoadError if another load took the table."""
+    publish.  Raises BulkLoadError if another load took the table.  ``start_ts``: the
+    load's, as begun; given, a load of the same id begun again since (the table dropped
+    and loaded anew) is another load, whose lease this loader must not extend."""
     state, raw = read_state(store, table)
-    if state is None or state.load_id != load_id:
+    if (
+        state is None
+        or state.load_id != load_id
+        or (start_ts is not None and state.start_ts != start_ts)
+    ):
         raise BulkLoadError(f"load {load_id!r} lost table {table!r}")
     if state.state != LOADING:
         return

@@ -27,6 +27,8 @@ from percolator.bulkload import (
     check_droppable,
     check_usable,
     clear_state,
+    fence_for_drop,
+    unfence_drop,
 )
 from percolator.concurrency import renew_after_fork
 from percolator.context import ClientOptions, EngineContext
@@ -145,9 +147,11 @@ class Client:
 
         A table a bulk load holds is dropped only once the load's lease has expired
         (BulkLoadError before: its writers may still be putting cells, which would land in
-        the next table of that name)."""
+        the next table of that name).  The drop holds the name (state ``dropping``, from the
+        exact state it checked) while it drops, so no load begins or takes over meanwhile
+        (percolator/tablestate.py)."""
         check_table_name(name)
-        check_droppable(self.store, name)
+        check_droppable(self.store, name)  # early: before the work below
         for other in self.list_tables():
             if other == name:
                 continue
@@ -165,9 +169,14 @@ class Client:
                         column=raw.key.column,
                         conflict_ts=lock.start_ts,
                     )
-        self.store.drop_table(name)
+        fence = fence_for_drop(self.store, name)  # checks again, on the state it replaces
+        try:
+            self.store.drop_table(name)
+        except BaseException:
+            unfence_drop(self.store, name, fence)
+            raise
         forget_table_progress(self.store, name)
-        clear_state(self.store, name)  # a dropped table is no longer being loaded
+        clear_state(self.store, name, fence)  # an ordinary name again
         with self._tables_lock:
             self._tables.pop(name, None)
 

@@ -6,12 +6,15 @@ it to hold a loaded table's observers back (:mod:`percolator.watermark`, "Bulk l
 
 Row ``b"tables/" + table`` of the meta table, qualifier ``state``, JSON (format 1)::
 
-    {"v": 1, "state": "loading" | "ready", "load_id": ID, "start_ts": S, "commit_ts": C,
-     "lease_expires_ms": T, "created": "pending" | "yes" | "no", "fingerprint": F}
+    {"v": 1, "state": "loading" | "ready" | "dropping", "load_id": ID, "start_ts": S,
+     "commit_ts": C, "lease_expires_ms": T, "created": "pending" | "yes" | "no",
+     "fingerprint": F}
 
 ``fingerprint`` is absent in records written before it existed, and when the loader gave
 none.  A table without this row, or whose row is ``ready`` with no load id, is an ordinary
-table.
+table.  ``dropping`` (no load id; ``lease_expires_ms``: until when the dropper holds the
+name) is written by ``Client.drop_table`` just before it drops the table, so that no load
+can begin or take over meanwhile.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ STATE_PREFIX = b"tables/"
 STATE_QUALIFIER = b"state"
 LOADING = "loading"
 READY = "ready"
+DROPPING = "dropping"
 
 
 @dataclass(frozen=True)
@@ -69,8 +73,12 @@ class LoadState:
             state = LoadState(**doc)
         except TypeError as exc:
             raise ConfigError(f"table state is unreadable ({exc})") from None
-        if not isinstance(state.start_ts, int) or not isinstance(state.commit_ts, int):
-            raise ConfigError("table state is unreadable (timestamps are not integers)")
+        numbers = (state.start_ts, state.commit_ts, state.lease_expires_ms)
+        texts = (state.state, state.load_id, state.created, state.fingerprint)
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in numbers) or not all(
+            isinstance(t, str) for t in texts
+        ):
+            raise ConfigError(f"table state is unreadable (a field has the wrong type): {doc}")
         return state
 
     @property

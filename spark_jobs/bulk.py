@@ -191,10 +191,11 @@ def _bulk_partition(
 
 
 class _LeaseRenewer:
-    """Renews the load's lease (and GC reservation) from the driver while the job runs."""
+    """Renews the load's lease (and GC reservation) from the driver while the job runs:
+    this load's, as begun (``state``), never a load of the same id begun again since."""
 
-    def __init__(self, store_url: str, table: str, load_id: str, lease_ms: int) -> None:
-        self._args = (store_url, table, load_id, lease_ms)
+    def __init__(self, store_url: str, table: str, state: LoadState, lease_ms: int) -> None:
+        self._args = (store_url, table, state, lease_ms)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="bulk-lease")
 
@@ -207,13 +208,13 @@ class _LeaseRenewer:
         self._thread.join()
 
     def _loop(self) -> None:
-        url, table, load_id, lease_ms = self._args
+        url, table, state, lease_ms = self._args
         with open_store(url) as store:
             while not self._stop.wait(lease_ms / 3000):
                 try:
-                    renew_lease(store, table, load_id, lease_ms)
-                except PercolatorError as exc:
-                    log.warning("could not renew the lease of load %s: %s", load_id, exc)
+                    renew_lease(store, table, state.load_id, lease_ms, start_ts=state.start_ts)
+                except Exception as exc:  # keep renewing: a lapsed lease fails the whole load
+                    log.warning("could not renew the lease of load %s: %s", state.load_id, exc)
 
 
 def run_bulk_load(
@@ -301,8 +302,9 @@ def _load(
         f"bulk-loading {checked.good} rows into {options.table} as load {load_id} "
         f"({buckets} buckets, {batch_size} rows per put)"
     )
+    failure: str | None = None
     with (
-        _LeaseRenewer(prepared.store, options.table, load_id, lease_ms),
+        _LeaseRenewer(prepared.store, options.table, state, lease_ms),
         _ProgressReporter(accumulator, checked.good, options.progress_interval_s, emit),
     ):
         try:
@@ -310,14 +312,17 @@ def _load(
                 lambda index, it: _bulk_partition(bulk_plan, accumulator, index, it)
             ).collect()
         except Exception as exc:
-            # Tasks still running stop at their next lease check; the table can be dropped
-            # once the shortened lease ran out.
-            with contextlib.suppress(PercolatorError), open_store(prepared.store) as store:
-                release_lease(store, options.table, state, lease_ms)
-            raise SparkJobError(
-                f"bulk load {load_id} failed: {spark_failure_reason(exc)}. The table stays "
-                "fenced (unreadable); re-run the same load to finish it"
-            ) from None
+            failure = spark_failure_reason(exc)
+    if failure is not None:
+        # The renewer has stopped (the block above ended): shorten the lease, so that tasks
+        # still running stop at their next lease check and the table can be dropped once
+        # the short lease ran out.
+        with contextlib.suppress(PercolatorError), open_store(prepared.store) as store:
+            release_lease(store, options.table, state, lease_ms)
+        raise SparkJobError(
+            f"bulk load {load_id} failed: {failure}. The table stays fenced (unreadable); "
+            "re-run the same load to finish it"
+        )
     for result in results:
         # Input rows (a key given twice is two rows, merged into one table row).
         report.rows_written += result.rows_written + result.duplicates

@@ -270,3 +270,136 @@ def test_lease_check_and_release(embedded_url: str) -> None:
             LeaseCheck(store, ITEMS, state, lease_ms).check()
         client.drop_table(ITEMS)  # published: an ordinary table
     store.close()
+
+
+def _expired_load(store: Any, ts: Any, load_id: str = "load-x") -> Any:
+    """A load of ITEMS whose lease has expired (its loader stopped renewing)."""
+    state = begin_load(store, ts, ITEMS, load_id, lease_ms=1).state
+    time.sleep(0.005)
+    return state
+
+
+def test_a_take_over_racing_a_drop_is_refused_or_refuses_the_drop(
+    embedded_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The drop holds the name from the very state it checked: a re-run of the load that
+    takes it over before that refuses the drop; one that comes after is refused itself, and
+    the old load's writers fail their check."""
+    import percolator.client as client_module
+
+    store = open_store(embedded_url)
+    with connect(embedded_url) as client:
+        ts = client.oracle.get_timestamp
+        # Taken over between the drop's first check and its fence: the drop is refused.
+        old = _expired_load(store, ts)
+        real_fence = client_module.fence_for_drop
+
+        def take_over_first(store_: Any, table: str) -> Any:
+            begin_load(store, ts, ITEMS, "load-x")  # renews the lease: live again
+            return real_fence(store_, table)
+
+        monkeypatch.setattr(client_module, "fence_for_drop", take_over_first)
+        with pytest.raises(BulkLoadError, match="may still be writing"):
+            client.drop_table(ITEMS)
+        monkeypatch.undo()
+        assert store.table_exists(ITEMS)
+        state = read_state(store, ITEMS)[0]
+        assert state is not None and state.loading and state.start_ts == old.start_ts
+        # A take-over attempted while the table is being dropped is refused, and the old
+        # writers' checks fail.
+        renew_lease(store, ITEMS, "load-x", lease_ms=1)
+        time.sleep(0.005)
+        real_drop = store.drop_table
+        seen: list[BaseException] = []
+
+        def drop_while_someone_takes_over(name: str) -> None:
+            with pytest.raises(BulkLoadError, match="being dropped") as refused:
+                begin_load(store, ts, ITEMS, "load-x")
+            seen.append(refused.value)
+            with pytest.raises(BulkLoadError, match="no longer holds table"):
+                LeaseCheck(store, ITEMS, old, 60_000).check()
+            real_drop(name)
+
+        monkeypatch.setattr(client.store, "drop_table", drop_while_someone_takes_over)
+        client.drop_table(ITEMS)
+        assert seen and not store.table_exists(ITEMS)
+        state = read_state(store, ITEMS)[0]
+        assert state is not None and state.state == "ready" and not state.load_id
+    store.close()
+
+
+def test_a_drop_that_fails_puts_the_state_back(
+    embedded_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = open_store(embedded_url)
+    with connect(embedded_url) as client:
+        old = _expired_load(store, client.oracle.get_timestamp)
+        before = read_state(store, ITEMS)
+
+        def broken(name: str) -> None:
+            raise RuntimeError("the store went away")
+
+        monkeypatch.setattr(client.store, "drop_table", broken)
+        with pytest.raises(RuntimeError, match="went away"):
+            client.drop_table(ITEMS)
+        assert read_state(store, ITEMS) == before
+        assert read_state(store, ITEMS)[0] is not None
+        assert old.start_ts == before[0].start_ts  # type: ignore[union-attr]
+    store.close()
+
+
+def test_release_survives_a_racing_renewal_and_renewal_keeps_to_its_incarnation(
+    embedded_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import percolator.bulkload as bulkload
+
+    lease_ms = 60_000
+    store = open_store(embedded_url)
+    with connect(embedded_url) as client:
+        state = begin_load(
+            store, client.oracle.get_timestamp, ITEMS, "load-1", lease_ms=lease_ms
+        ).state
+        real_read = bulkload.read_state
+        renewed: list[bool] = []
+
+        def renewal_right_after_the_read(store_: Any, table: str) -> Any:
+            found = real_read(store_, table)
+            if not renewed:
+                renewed.append(True)
+                renew_lease(store, ITEMS, "load-1", lease_ms)  # the driver's renewer
+            return found
+
+        monkeypatch.setattr(bulkload, "read_state", renewal_right_after_the_read)
+        release_lease(store, ITEMS, state, lease_ms)
+        monkeypatch.undo()
+        assert renewed
+        left = read_state(store, ITEMS)[0].lease_expires_ms - now_ms()  # type: ignore[union-attr]
+        assert left < lease_ms // 4, left
+        with pytest.raises(BulkLoadError, match="lost table"):
+            renew_lease(store, ITEMS, "load-1", lease_ms, start_ts=state.start_ts + 1)
+    store.close()
+
+
+@pytest.mark.parametrize(
+    "field", [("lease_expires_ms", "soon"), ("start_ts", True), ("load_id", 7)]
+)
+def test_a_state_with_a_field_of_the_wrong_type_is_unreadable(
+    embedded_url: str, field: tuple[str, Any]
+) -> None:
+    import json
+
+    from percolator.errors import ConfigError
+    from percolator.layout import META_FAMILY, META_TABLE
+    from percolator.store.base import Put
+    from percolator.tablestate import STATE_QUALIFIER, LoadState, state_row
+
+    doc = json.loads(LoadState("loading", "l", 5, 6, 7, "yes").encode())
+    doc[field[0]] = field[1]
+    store = open_store(embedded_url)
+    with connect(embedded_url) as client:
+        client.create_table(ITEMS)
+        row = state_row(ITEMS)
+        store.put(META_TABLE, [Put(row, META_FAMILY, STATE_QUALIFIER, 1, json.dumps(doc).encode())])
+        with pytest.raises(ConfigError, match="wrong type"):
+            client.drop_table(ITEMS)
+    store.close()
