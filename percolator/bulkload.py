@@ -61,12 +61,12 @@ other input" below.
   state it checked, so no load begins or takes over until the drop is done:
   :func:`fence_for_drop`), and a loader that gives up shortens its lease to that quarter
   once it stopped renewing it (:func:`release_lease`); a loader renews only the lease of
-  its own incarnation of the load (same ``start_ts``).  So a writer that outlived its load (paused, cut off, or left
-  running after its job failed) cannot put cells of the old load into the table that
-  replaced it - unless a single store call of it stays in flight, or it stays paused
-  between its check and its put, for longer than a quarter of the lease less the check
-  interval (15 s less 1 s with the default lease): what a lease without a fencing token
-  in the store can promise.
+  its own incarnation of the load (same ``start_ts``).  So a writer that outlived its load
+  (paused, cut off, or left running after its job failed) cannot put cells of the old load
+  into the table that replaced it - unless a single store call of it stays in flight, or
+  it stays paused between its check and its put, for longer than a quarter of the lease
+  less the check interval (15 s less 1 s with the default lease): what a lease without a
+  fencing token in the store can promise.
 * The **lease** (``lease_expires_ms``) is renewed by the running loader.  A re-run with the
   same load id takes the load over at once (it writes the same cells at the same
   versions, so two writers of one load never disagree); another load id is refused while
