@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -93,8 +94,10 @@ class WorkerOptions:
             "run_timeout_s",
         ):
             value = getattr(self, name)
-            if not isinstance(value, int | float) or value < 0:
-                raise ConfigError(f"worker option {name} must be a number >= 0, got {value!r}")
+            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                raise ConfigError(
+                    f"worker option {name} must be a finite number >= 0, got {value!r}"
+                )
         if not isinstance(self.key_groups, int) or self.key_groups < 1:
             raise ConfigError(
                 f"worker option key_groups must be an int >= 1, got {self.key_groups!r}"

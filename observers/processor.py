@@ -72,10 +72,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _is_power_of_ten(n: int) -> bool:
-    while n % 10 == 0 and n > 1:
-        n //= 10
-    return n == 1
+def _tenfold_crossed(before: int, after: int) -> int:
+    """The largest power of ten in ``(before, after]`` (0 if none)."""
+    crossed, power = 0, 1
+    while power <= after:
+        if power > before:
+            crossed = power
+        power *= 10
+    return crossed
 
 
 def _is_interrupt(exc: BaseException) -> bool:
@@ -95,6 +99,7 @@ class CellState:
     conflicts: int = 0
     not_before: float = 0.0  # time.monotonic() before which the cell is not run again
     last_error: str = ""
+    conflict_streak: int = 0  # conflicts met in a row (a run meets up to ``attempts``)
 
 
 @dataclass(frozen=True)
@@ -270,11 +275,6 @@ class NotificationProcessor:
                     others.append(queued)
             others.extend(carried)
             carried = others
-            ident = threading.get_ident()
-            with self._lock:
-                self._running[ident] = RunInProgress(
-                    observer.name, tuple(n.cell for n in batch), time.monotonic()
-                )
             try:
                 self.run_batch(observer, batch)
             except BaseException as exc:  # never lose a pool thread to a bug in the bookkeeping
@@ -283,8 +283,6 @@ class NotificationProcessor:
                 log.exception("unexpected error handling %s", ", ".join(map(str, batch)))
             finally:
                 with self._lock:
-                    self._running.pop(ident, None)
-                    self._reported_stuck.discard(ident)
                     for notification in batch:
                         self._inflight.discard(notification.cell)
                         held.discard(notification.cell)
@@ -303,9 +301,11 @@ class NotificationProcessor:
                 if took <= limit:
                     continue
                 cells = ", ".join(f"{t}/{r!r}/{c}" for t, r, c in run.cells[:3])
-                more = f" and {len(run.cells) - 3} more" if len(run.cells) > 3 else ""
+                if len(run.cells) > 1:
+                    more = f", ... {len(run.cells) - 3} more" if len(run.cells) > 3 else ""
+                    cells = f"a batch of {len(run.cells)} cells ({cells}{more})"
                 what = (
-                    f"observer {run.observer} has run on {cells}{more} for {took:.0f} s "
+                    f"observer {run.observer} has run on {cells} for {took:.0f} s "
                     f"(run timeout {limit:g} s)"
                 )
                 stuck.append(what)
@@ -326,6 +326,28 @@ class NotificationProcessor:
         """One run task: the notifications of ``batch`` (all ``observer``'s) in one
         transaction (observers/runner.py: process_batch), then count each outcome (metrics,
         back-off on a conflict, failure counting and parking)."""
+        name = observer.name
+        ident = threading.get_ident()
+        with self._lock:
+            # What this thread runs now (stuck_runs); a batch run again one by one shows
+            # each single run in turn.
+            outer = self._running.get(ident)
+            self._running[ident] = RunInProgress(
+                name, tuple(n.cell for n in batch), time.monotonic()
+            )
+            self._reported_stuck.discard(ident)
+        try:
+            self._run_batch(observer, batch)
+        finally:
+            with self._lock:
+                if outer is None:
+                    self._running.pop(ident, None)
+                else:
+                    self._running[ident] = outer
+                self._reported_stuck.discard(ident)
+
+    def _run_batch(self, observer: Observer, batch: list[Notification]) -> None:
+        """:meth:`run_batch` without the bookkeeping of runs in progress."""
         name = observer.name
         fences = [self._fence_for(batch)] if self._fence_for is not None else []
         try:
@@ -348,13 +370,13 @@ class NotificationProcessor:
                 self._run_one_by_one(observer, batch, "kept conflicting")
                 return
             for notification in batch:
-                self._back_off_conflict(name, notification, exc)
+                self._back_off_conflict(name, notification, exc, exc.conflicts)
             return
         except UndeterminedCommitError as exc:
             # Not the observer's fault: the next run reads the ack and knows.
             log.warning("run of %s on %s: %s", name, ", ".join(map(str, batch)), exc)
             for notification in batch:
-                self._back_off_conflict(name, notification, exc)
+                self._back_off_conflict(name, notification, exc, 0)
             return
         except BaseException as exc:  # SystemExit from a plugin too (module docstring)
             if _is_interrupt(exc):
@@ -399,22 +421,24 @@ class NotificationProcessor:
             self._states.pop(notification.cell, None)
 
     def _back_off_conflict(
-        self, observer: str, notification: Notification, exc: BaseException
+        self, observer: str, notification: Notification, exc: BaseException, conflicts: int
     ) -> None:
         with self._lock:
             state = self._states.setdefault(notification.cell, CellState())
             state.conflicts += 1
-            streak = state.conflicts
-            delay = Backoff(self._options.conflict_backoff_s, 5.0).delay(min(streak, 10))
+            delay = Backoff(self._options.conflict_backoff_s, 5.0).delay(min(state.conflicts, 10))
             state.not_before = time.monotonic() + delay
-        if streak >= 100 and _is_power_of_ten(streak):
+            before = state.conflict_streak
+            state.conflict_streak = streak = before + conflicts
+        crossed = _tenfold_crossed(before, streak)
+        if crossed >= 100:
             log.warning(
                 "observer %s on %s: %d conflicts in a row, still retried (last: %s); if no "
                 "other writer contends for its cells, the observer may raise a retryable "
                 "error itself",
                 observer,
                 notification,
-                streak,
+                crossed,
                 exc,
             )
 

@@ -58,7 +58,11 @@ from percolator.retry import Backoff
 from percolator.store.base import Store
 from percolator.timestamps import TimestampOracle, now_ms
 from percolator.timestamps.coalesce import Coalescer, CoalescerStats
-from percolator.timestamps.domain import bind_timestamp_domain
+from percolator.timestamps.domain import (
+    bind_timestamp_domain,
+    check_timestamp_domain,
+    read_binding,
+)
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +108,7 @@ def open_grpc_oracle(spec: str, store: Store) -> GrpcOracleClient:
     servers keep the oracle's state; ``store`` is checked to take its timestamps from this
     oracle service (percolator/timestamps/domain.py)."""
     addresses, tls, token, (timeout_s, rpc_timeout_s) = parse_oracle_url(spec)
-    return GrpcOracleClient(
+    client = GrpcOracleClient(
         addresses,
         token=token,
         tls=tls,
@@ -112,6 +116,12 @@ def open_grpc_oracle(spec: str, store: Store) -> GrpcOracleClient:
         rpc_timeout_s=rpc_timeout_s,
         store=store,
     )
+    try:
+        client.check_store()
+    except BaseException:
+        client.close()
+        raise
+    return client
 
 
 class GrpcOracleClient(TimestampOracle):
@@ -120,10 +130,10 @@ class GrpcOracleClient(TimestampOracle):
     ``tls``: False for plaintext, True for TLS with the system's root certificates, or the
     path of a PEM file of root certificates (for a self-signed server certificate).
     ``token``: the shared secret the servers expect, sent as ``authorization: Bearer``.
-    ``store``: the store the timestamps are for.  Before an address's first timestamp is
-    used, the address is asked which store its oracle record lives in (one Info call), and
-    ``store`` is bound to that timestamp domain, or refused with
-    :class:`~percolator.errors.OracleError` if it takes its timestamps from another oracle
+    ``store``: the store the timestamps are for.  Every range received names the domain it
+    was issued in (the deployment id of the oracle's store); the first binds ``store`` to
+    it, and a range of another domain than ``store`` is bound to raises
+    :class:`~percolator.errors.OracleError` before it is used
     (percolator/timestamps/domain.py).  None: not checked.
     """
 
@@ -158,7 +168,9 @@ class GrpcOracleClient(TimestampOracle):
         self._streams: dict[str, _AllocateStream] = {}
         self._unary_until: dict[str, float] = {}  # address -> monotonic time
         self._store = store
-        self._verified: set[str] = set()  # addresses known to serve the store's domain
+        # The timestamp domain the store is known to be bound to (None: not yet checked).
+        self._domain: str | None = None
+        self._warned_no_domain = False
         self._current = 0
         self._max_epoch = 0
         self._closed = False
@@ -241,28 +253,22 @@ class GrpcOracleClient(TimestampOracle):
                 ) from None
             raise _translate(address, code, details) from None
 
-    def _verify(self, address: str) -> None:
-        """Bind the store to the timestamp domain of ``address`` (one Info call, once per
-        address); raises OracleError if the store takes its timestamps from another
-        oracle, OracleUnavailableError if the address does not answer."""
-        if self._store is None:
-            self._verified.add(address)
+    def check_store(self) -> None:
+        """Refuse now (OracleError) if the store is bound to another timestamp domain than
+        the one the first answering address serves (one Info call; nothing if the store is
+        unbound, or if no address answers: every range is checked on arrival anyway).  So
+        a client given the wrong oracle writes nothing (percolator/timestamps/domain.py)."""
+        store = self._store
+        if store is None or read_binding(store) is None:
             return
-        info = self.info(address)
-        if info.deployment_id:
-            bind_timestamp_domain(
-                self._store,
-                info.deployment_id,
-                f"the oracle service at {address} (its store {info.store_url})",
-            )
-        else:
-            log.warning(
-                "oracle %s does not report its store's deployment (an older server): not "
-                "checked that the store %s takes its timestamps from it",
-                address,
-                self._store.url,
-            )
-        self._verified.add(address)
+        for address in self.addresses:
+            try:
+                info = self.info(address)
+            except OracleUnavailableError:
+                continue
+            if info.deployment_id:
+                check_timestamp_domain(store, info.deployment_id, _source(address, info.store_url))
+            return
 
     def _fetch(self, total: int) -> int:
         """One coalesced batch: Allocate ``total`` from the active oracle, failing over.
@@ -278,12 +284,6 @@ class GrpcOracleClient(TimestampOracle):
                     break
                 index = (self._current + offset) % len(self.addresses)
                 address = self.addresses[index]
-                if address not in self._verified:
-                    try:
-                        self._verify(address)
-                    except OracleUnavailableError as exc:
-                        errors[address] = str(exc)
-                        continue
                 self.rpcs += 1
                 try:
                     response = self._allocate(address, total, min(self._rpc_timeout_s, remaining))
@@ -297,6 +297,8 @@ class GrpcOracleClient(TimestampOracle):
                     errors[address] = f"DEADLINE_EXCEEDED: {exc}"
                     continue
                 problem = self._check(response, total)
+                if problem is None:
+                    self._check_domain(address, response)
                 if problem is not None:
                     errors[address] = problem
                     continue
@@ -357,6 +359,33 @@ class GrpcOracleClient(TimestampOracle):
             if self._streams.get(address) is stream:
                 del self._streams[address]
         stream.close()
+
+    def _check_domain(self, address: str, response: oracle_pb2.AllocateResponse) -> None:
+        """Bind the store to the range's timestamp domain, or refuse a range of another
+        domain (OracleError: a configuration error, not failed over); before the range is
+        used.  Called by the coalescer's leader only."""
+        store = self._store
+        if store is None or response.deployment_id == self._domain:
+            return
+        if not response.deployment_id:
+            if not self._warned_no_domain:
+                self._warned_no_domain = True
+                log.warning(
+                    "oracle %s does not say which store's timestamps it issues (an older "
+                    "server): not checked that the store %s takes its timestamps from it",
+                    address,
+                    store.url,
+                )
+            return
+        source = _source(address, None)
+        if self._domain is not None:
+            raise OracleError(
+                f"oracle {address} answered with timestamps of another domain "
+                f"({response.deployment_id}) than the store {store.url!r} is bound to "
+                f"({self._domain}): another oracle now serves at that address; discarded"
+            )
+        bind_timestamp_domain(store, response.deployment_id, source)
+        self._domain = response.deployment_id
 
     def _check(self, response: oracle_pb2.AllocateResponse, total: int) -> str | None:
         """Why a response must be discarded (None: accept it)."""
@@ -442,6 +471,12 @@ class _AllocateStream:
         """End the call (idempotent); anything still on its way is discarded."""
         self._requests.put(None)
         self._call.cancel()
+
+
+def _source(address: str, store_url: str | None) -> str:
+    """How an oracle service is named in a binding and its errors."""
+    where = f" (its store {store_url})" if store_url else ""
+    return f"the oracle service at {address}{where}"
 
 
 def _channel_credentials(tls: bool | str) -> grpc.ChannelCredentials | None:

@@ -218,6 +218,7 @@ class OracleServicer(oracle_pb2_grpc.TimestampOracleServicer):
                 count=allocation.count,
                 epoch=allocation.epoch,
                 valid_until_ms=allocation.valid_until_ms,
+                deployment_id=self._deployment_id,
             )
             # Tests pause the process here, with a range prepared, through this failpoint.
             failpoint("oracle.before_confirm")

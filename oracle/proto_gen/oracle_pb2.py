@@ -24,27 +24,27 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(percolator/oracle/proto_gen/oracle.proto\x12\x14percolator.oracle.v1\" \n\x0f\x41llocateRequest\x12\r\n\x05\x63ount\x18\x01 \x01(\r\"W\n\x10\x41llocateResponse\x12\r\n\x05\x66irst\x18\x01 \x01(\x04\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x16\n\x0evalid_until_ms\x18\x04 \x01(\x04\"\x0f\n\rHealthRequest\"\\\n\x0eHealthResponse\x12(\n\x04role\x18\x01 \x01(\x0e\x32\x1a.percolator.oracle.v1.Role\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x11\n\tholder_id\x18\x03 \x01(\t\"\r\n\x0bInfoRequest\"\xd4\x02\n\x0cInfoResponse\x12(\n\x04role\x18\x01 \x01(\x0e\x32\x1a.percolator.oracle.v1.Role\x12\x11\n\tholder_id\x18\x02 \x01(\t\x12\x17\n\x0flease_holder_id\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\x1c\n\x14persisted_high_water\x18\x05 \x01(\x04\x12\x13\n\x0blast_issued\x18\x06 \x01(\x04\x12\x17\n\x0flease_expiry_ms\x18\x07 \x01(\x04\x12\x11\n\tmax_count\x18\x08 \x01(\r\x12\x10\n\x08lease_ms\x18\t \x01(\r\x12\x11\n\twindow_ms\x18\n \x01(\r\x12\x19\n\x11timestamps_issued\x18\x0b \x01(\x04\x12\x16\n\x0e\x61llocate_calls\x18\x0c \x01(\x04\x12\x11\n\tstore_url\x18\r \x01(\t\x12\x15\n\rdeployment_id\x18\x0e \x01(\t*R\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bROLE_ACTIVE\x10\x01\x12\x10\n\x0cROLE_STANDBY\x10\x02\x12\x11\n\rROLE_STOPPING\x10\x03\x32\xf5\x02\n\x0fTimestampOracle\x12Y\n\x08\x41llocate\x12%.percolator.oracle.v1.AllocateRequest\x1a&.percolator.oracle.v1.AllocateResponse\x12\x63\n\x0e\x41llocateStream\x12%.percolator.oracle.v1.AllocateRequest\x1a&.percolator.oracle.v1.AllocateResponse(\x01\x30\x01\x12S\n\x06Health\x12#.percolator.oracle.v1.HealthRequest\x1a$.percolator.oracle.v1.HealthResponse\x12M\n\x04Info\x12!.percolator.oracle.v1.InfoRequest\x1a\".percolator.oracle.v1.InfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(percolator/oracle/proto_gen/oracle.proto\x12\x14percolator.oracle.v1\" \n\x0f\x41llocateRequest\x12\r\n\x05\x63ount\x18\x01 \x01(\r\"n\n\x10\x41llocateResponse\x12\r\n\x05\x66irst\x18\x01 \x01(\x04\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x16\n\x0evalid_until_ms\x18\x04 \x01(\x04\x12\x15\n\rdeployment_id\x18\x05 \x01(\t\"\x0f\n\rHealthRequest\"\\\n\x0eHealthResponse\x12(\n\x04role\x18\x01 \x01(\x0e\x32\x1a.percolator.oracle.v1.Role\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x11\n\tholder_id\x18\x03 \x01(\t\"\r\n\x0bInfoRequest\"\xd4\x02\n\x0cInfoResponse\x12(\n\x04role\x18\x01 \x01(\x0e\x32\x1a.percolator.oracle.v1.Role\x12\x11\n\tholder_id\x18\x02 \x01(\t\x12\x17\n\x0flease_holder_id\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\x1c\n\x14persisted_high_water\x18\x05 \x01(\x04\x12\x13\n\x0blast_issued\x18\x06 \x01(\x04\x12\x17\n\x0flease_expiry_ms\x18\x07 \x01(\x04\x12\x11\n\tmax_count\x18\x08 \x01(\r\x12\x10\n\x08lease_ms\x18\t \x01(\r\x12\x11\n\twindow_ms\x18\n \x01(\r\x12\x19\n\x11timestamps_issued\x18\x0b \x01(\x04\x12\x16\n\x0e\x61llocate_calls\x18\x0c \x01(\x04\x12\x11\n\tstore_url\x18\r \x01(\t\x12\x15\n\rdeployment_id\x18\x0e \x01(\t*R\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bROLE_ACTIVE\x10\x01\x12\x10\n\x0cROLE_STANDBY\x10\x02\x12\x11\n\rROLE_STOPPING\x10\x03\x32\xf5\x02\n\x0fTimestampOracle\x12Y\n\x08\x41llocate\x12%.percolator.oracle.v1.AllocateRequest\x1a&.percolator.oracle.v1.AllocateResponse\x12\x63\n\x0e\x41llocateStream\x12%.percolator.oracle.v1.AllocateRequest\x1a&.percolator.oracle.v1.AllocateResponse(\x01\x30\x01\x12S\n\x06Health\x12#.percolator.oracle.v1.HealthRequest\x1a$.percolator.oracle.v1.HealthResponse\x12M\n\x04Info\x12!.percolator.oracle.v1.InfoRequest\x1a\".percolator.oracle.v1.InfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'percolator.oracle.proto_gen.oracle_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ROLE']._serialized_start=658
-  _globals['_ROLE']._serialized_end=740
+  _globals['_ROLE']._serialized_start=681
+  _globals['_ROLE']._serialized_end=763
   _globals['_ALLOCATEREQUEST']._serialized_start=66
   _globals['_ALLOCATEREQUEST']._serialized_end=98
   _globals['_ALLOCATERESPONSE']._serialized_start=100
-  _globals['_ALLOCATERESPONSE']._serialized_end=187
-  _globals['_HEALTHREQUEST']._serialized_start=189
-  _globals['_HEALTHREQUEST']._serialized_end=204
-  _globals['_HEALTHRESPONSE']._serialized_start=206
-  _globals['_HEALTHRESPONSE']._serialized_end=298
-  _globals['_INFOREQUEST']._serialized_start=300
-  _globals['_INFOREQUEST']._serialized_end=313
-  _globals['_INFORESPONSE']._serialized_start=316
-  _globals['_INFORESPONSE']._serialized_end=656
-  _globals['_TIMESTAMPORACLE']._serialized_start=743
-  _globals['_TIMESTAMPORACLE']._serialized_end=1116
+  _globals['_ALLOCATERESPONSE']._serialized_end=210
+  _globals['_HEALTHREQUEST']._serialized_start=212
+  _globals['_HEALTHREQUEST']._serialized_end=227
+  _globals['_HEALTHRESPONSE']._serialized_start=229
+  _globals['_HEALTHRESPONSE']._serialized_end=321
+  _globals['_INFOREQUEST']._serialized_start=323
+  _globals['_INFOREQUEST']._serialized_end=336
+  _globals['_INFORESPONSE']._serialized_start=339
+  _globals['_INFORESPONSE']._serialized_end=679
+  _globals['_TIMESTAMPORACLE']._serialized_start=766
+  _globals['_TIMESTAMPORACLE']._serialized_end=1139
 # @@protoc_insertion_point(module_scope)

@@ -87,6 +87,7 @@ class AllocateResponse(_message.Message):
     COUNT_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
     VALID_UNTIL_MS_FIELD_NUMBER: _builtins.int
+    DEPLOYMENT_ID_FIELD_NUMBER: _builtins.int
     first: _builtins.int
     """The range handed out is [first, first + count)."""
     count: _builtins.int
@@ -98,6 +99,12 @@ class AllocateResponse(_message.Message):
     """Wall-clock milliseconds until which the issuing lease is valid.  A client that receives
     the response later than this (a paused or partitioned oracle) must discard it.
     """
+    deployment_id: _builtins.str
+    """The deployment id of the store whose oracle record issued the range (its timestamp
+    domain, as InfoResponse.deployment_id): a client refuses a range of another domain
+    than its store is bound to, even from an address it used before.  Empty from servers
+    that predate it.
+    """
     def __init__(
         self,
         *,
@@ -105,10 +112,11 @@ class AllocateResponse(_message.Message):
         count: _builtins.int = ...,
         epoch: _builtins.int = ...,
         valid_until_ms: _builtins.int = ...,
+        deployment_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "epoch", b"epoch", "first", b"first", "valid_until_ms", b"valid_until_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "deployment_id", b"deployment_id", "epoch", b"epoch", "first", b"first", "valid_until_ms", b"valid_until_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -463,10 +463,11 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    # The oracle is only asked for its info: the client itself never needs a timestamp.
-    # A missing or empty store (or a wrong prefix) is an error, never created: see
-    # connect_existing.
-    with connect_existing(args.store) as client:
+    # With the store's oracle (--oracle): the report draws one timestamp (its watermarks'
+    # "now"), which must come from the oracle the store takes its timestamps from
+    # (percolator/timestamps/domain.py).  A missing or empty store (or a wrong prefix) is
+    # an error, never created: see connect_existing.
+    with connect_existing(args.store, args.oracle) as client:
         report = build_report(client, args)
     if args.json:
         print(json.dumps(report, sort_keys=True))

@@ -11,12 +11,18 @@ every client checks it:
   oracle and for an oracle server on the store; another store's for an oracle server
   running on that one (several deployments may share one oracle service, as long as each
   uses only it);
-* the first client binds the store (meta row ``deployment``, qualifier ``ts``, JSON
-  ``{"v": 1, "domain": ID, "source": TEXT}``, compare-and-set from absent); a store whose
-  own oracle record already exists (it issued timestamps before the binding existed) is
-  bound to its own domain, whatever that first client uses;
-* every later client compares (one read) and refuses another domain with
-  :class:`~percolator.errors.OracleError` naming both.
+* the first timestamp a client draws binds the store (meta row ``deployment``, qualifier
+  ``ts``, JSON ``{"v": 1, "domain": ID, "source": TEXT}``, compare-and-set from absent): the
+  local oracle binds before its first reservation, the gRPC client with the first range it
+  receives, each of which carries the domain it was issued in.  A store whose own oracle
+  record already exists (it issued timestamps before the binding existed) is bound to its
+  own domain, whatever that first client uses;
+* a client checks an existing binding when it connects (:func:`check_timestamp_domain`,
+  one read, writes nothing), so a client given the wrong oracle is refused before it
+  writes anything; and every range the gRPC client receives is checked against it, so an
+  address that comes to serve another domain (a server replaced at the same address) is
+  refused too.  Both raise :class:`~percolator.errors.OracleError` naming both oracles.
+  Commands that only read and draw no timestamp bind nothing.
 
 Moving a deployment to another oracle is not supported: the new oracle would first have to
 issue above everything the old one issued.
@@ -27,7 +33,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from percolator.errors import OracleError, StoreError
+from percolator.errors import OracleError, StoreError, TableNotFoundError
 from percolator.layout import (
     DEPLOYMENT_ROW,
     META_FAMILY,
@@ -64,8 +70,32 @@ class Binding:
 def read_binding(store: Store) -> Binding | None:
     """The store's binding, None if no client has bound it yet."""
     column = (META_FAMILY, DOMAIN_QUALIFIER)
-    versions = store.read_row(META_TABLE, DEPLOYMENT_ROW, columns=[column]).get(column)
+    try:
+        versions = store.read_row(META_TABLE, DEPLOYMENT_ROW, columns=[column]).get(column)
+    except TableNotFoundError:  # a store nothing was written to yet
+        return None
     return Binding.decode(versions[0][1]) if versions else None
+
+
+def _refuse(store: Store, bound: Binding, domain: str, source: str) -> OracleError:
+    return OracleError(
+        f"store {store.url!r} takes its timestamps from {bound.source} (timestamp domain "
+        f"{bound.domain}); this client was given {source} (domain {domain}). Timestamps of "
+        "two oracles are not ordered with each other, so snapshot isolation would break: "
+        "use the oracle the store's other clients use"
+    )
+
+
+def check_timestamp_domain(store: Store, domain: str | None, source: str = OWN_ORACLE) -> None:
+    """Raise OracleError if ``store`` is bound to another domain than ``domain`` (None: the
+    store's own).  Writes nothing; an unbound store passes (its first timestamp binds it)."""
+    bound = read_binding(store)
+    if bound is None:
+        return
+    if domain is None:
+        domain = deployment_id(store)  # exists: binding made it
+    if bound.domain != domain:
+        raise _refuse(store, bound, domain, source)
 
 
 def bind_timestamp_domain(store: Store, domain: str | None, source: str = OWN_ORACLE) -> None:
@@ -80,13 +110,7 @@ def bind_timestamp_domain(store: Store, domain: str | None, source: str = OWN_OR
         bound = read_binding(store)
         if bound is not None:
             if bound.domain != domain:
-                raise OracleError(
-                    f"store {store.url!r} takes its timestamps from {bound.source} (timestamp "
-                    f"domain {bound.domain}); this client was given {source} (domain "
-                    f"{domain}). Timestamps of two oracles are not ordered with each other, "
-                    "so snapshot isolation would break: use the oracle the store's other "
-                    "clients use"
-                )
+                raise _refuse(store, bound, domain, source)
             return
         first = Binding(domain, source)
         if domain != own and OracleRecordRegister(store).read().record is not None:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 
 from percolator.errors import ConfigError, PercolatorError
 from percolator.store.base import Store
-from percolator.timestamps.domain import bind_timestamp_domain
+from percolator.timestamps.domain import check_timestamp_domain
 from percolator.timestamps.local import LocalOracle
 from percolator.timestamps.source import TimestampOracle
 
@@ -44,8 +44,9 @@ def open_oracle(
 
     ``entry_points``: use these instead of the installed ones (for tests and embedding)."""
     if spec is None:
-        # The store's own oracle: refused if the store is bound to another (domain.py).
-        bind_timestamp_domain(store, None)
+        # The store's own oracle: refused now if the store is bound to another; it binds
+        # an unbound store with its first timestamp (domain.py).
+        check_timestamp_domain(store, None)
         return LocalOracle(store)
     if isinstance(spec, TimestampOracle):
         return spec

@@ -117,6 +117,7 @@ from percolator.errors import (
 from percolator.store.base import Store
 from percolator.timestamps.clock import SYSTEM_CLOCK, Clock
 from percolator.timestamps.coalesce import Coalescer, CoalescerStats
+from percolator.timestamps.domain import bind_timestamp_domain
 from percolator.timestamps.hybrid import compose
 from percolator.timestamps.record import (
     LOCAL_HOLDER_PREFIX,
@@ -239,6 +240,9 @@ class LocalOracle(TimestampOracle):
         self.validations = 0  # batches served from a block after one read
         self.leased_batches = 0  # batches served under a lease, with no store access
         self.lease_waits = 0  # polls spent waiting for another instance's lease
+        # Whether the store is known to take its timestamps from this oracle (domain.py):
+        # checked, and bound if unbound, before the first reservation.
+        self._domain_bound = False
         self._coalescer = Coalescer(self._reserve, max_batch)
         renew_after_fork(self)  # a forked child starts as a new instance
 
@@ -292,6 +296,9 @@ class LocalOracle(TimestampOracle):
         Under the lease with no store access; else from the leased block after one read
         that shows the record unchanged; else by compare-and-set.  Called by one thread at
         a time (the coalescer's leader)."""
+        if not self._domain_bound:
+            bind_timestamp_domain(self.store, None)  # OracleError: bound to another oracle
+            self._domain_bound = True
         deadline = time.monotonic() + self._timeout_s
         attempt = 0
         last_error: Exception | None = None

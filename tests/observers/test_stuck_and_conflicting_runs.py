@@ -12,7 +12,7 @@ from collections.abc import Callable
 import pytest
 from percolator.observers.api import Observer
 from percolator.observers.options import WorkerOptions
-from percolator.observers.processor import _is_power_of_ten
+from percolator.observers.processor import _tenfold_crossed
 from percolator.observers.worker import Worker
 
 import percolator
@@ -107,12 +107,14 @@ def test_no_run_timeout_when_it_is_zero(
     observer.release.set()
 
 
+@pytest.mark.parametrize("attempts", [1, 3])
 def test_a_cell_that_conflicts_without_end_is_logged_at_each_tenfold(
     local_client: percolator.Client,
     start_worker: Callable[..., Worker],
     caplog: pytest.LogCaptureFixture,
+    attempts: int,
 ) -> None:
-    options = dataclasses.replace(FAST, threads=1, conflict_backoff_s=0, attempts=1)
+    options = dataclasses.replace(FAST, threads=1, conflict_backoff_s=0, attempts=attempts)
     worker = start_worker([AlwaysConflicts()], options)
     write(local_client, "conflict", {b"r": b"x"})
     helpers.wait_for(
@@ -123,9 +125,41 @@ def test_a_cell_that_conflicts_without_end_is_logged_at_each_tenfold(
     [logged] = [r for r in caplog.records if "conflicts in a row" in r.getMessage()]
     message = logged.getMessage()
     assert "always-conflicts" in message and "made up by the observer" in message
-    assert worker.metrics.conflicts.value(observer="always-conflicts") >= 100
+    # Logged when the streak reached 100 conflicts (the metric counts each of them), not
+    # 100 runs of ``attempts`` conflicts each.
+    counted = worker.metrics.conflicts.value(observer="always-conflicts")
+    assert counted >= 100, counted
     assert worker.health() is None  # conflicts are retried, not a failure of the worker
 
 
-def test_is_power_of_ten() -> None:
-    assert [n for n in range(1, 20001) if _is_power_of_ten(n)] == [1, 10, 100, 1000, 10000]
+def test_tenfold_crossed() -> None:
+    assert [_tenfold_crossed(b, a) for b, a in [(0, 1), (97, 100), (99, 102), (100, 103)]] == [
+        1,
+        100,
+        100,
+        0,
+    ]
+    assert _tenfold_crossed(98, 1001) == 1000
+
+
+def test_a_stuck_batch_is_named_as_a_batch(
+    local_client: percolator.Client, start_worker: Callable[..., Worker]
+) -> None:
+    observer = Hangs()
+    options = dataclasses.replace(FAST, threads=1, run_timeout_s=0.2, batch_size=8)
+    worker = start_worker([observer], options)
+    write(local_client, "hang", {b"a1": b"x", b"a2": b"x", b"zz": b"hang"})
+    assert observer.entered.wait(20)
+    helpers.wait_for(lambda: worker.health() is not None, timeout=20, what="unhealthy")
+    why = worker.health() or ""
+    assert "a batch of 3 cells" in why or "obs_events/b'zz'/hang" in why, why
+    observer.release.set()
+    helpers.wait_for(lambda: worker.health() is None, timeout=20, what="healthy again")
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0])
+def test_durations_must_be_finite_and_not_negative(value: float) -> None:
+    from percolator.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="run_timeout_s must be a finite number >= 0"):
+        WorkerOptions(run_timeout_s=value)

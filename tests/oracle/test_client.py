@@ -303,46 +303,43 @@ def test_an_old_stream_is_renewed_before_its_deadline(
         client.close()
 
 
-class WithDeployment(Scripted):
-    def __init__(self, answers: list[Answer], deployment: str) -> None:
-        super().__init__(answers)
-        self.deployment = deployment
-        self.infos = 0
+def in_domain(first: int, domain: str) -> Answer:
+    """An answer that names the timestamp domain it was issued in."""
 
-    def Info(self, request: Any, context: Any) -> Any:
-        with self.lock:
-            self.infos += 1
-        return oracle_pb2.InfoResponse(deployment_id=self.deployment, store_url="embedded:x")
+    def answer(request: Any, context: Any) -> oracle_pb2.AllocateResponse:
+        response = ok(first)(request, context)
+        response.deployment_id = domain
+        return response
+
+    return answer
 
 
-def test_the_oracle_service_is_checked_once_per_address(
+def test_every_range_is_checked_against_the_store_binding(
     serve: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """An address serving another store's domain than the one the store is bound to is
-    refused before any of its timestamps is used (not failed over: a configuration
-    error); a right one is asked once; a server that reports none (older) is used with a
-    warning."""
+    """The first range binds an unbound store to its domain; a range of another domain is
+    refused before it is used - also from an address that served the right domain before
+    (another server now answers there) - and not failed over; a server that names no
+    domain (older) is used with a warning."""
     from percolator.store.memory import MemoryStore
-    from percolator.timestamps.domain import bind_timestamp_domain
+    from percolator.timestamps.domain import read_binding
 
     store = MemoryStore()
-    bind_timestamp_domain(store, "ours", "the oracle service at a:1 (its store x)")
-    wrong = WithDeployment([ok(T0)], "theirs")
-    client = GrpcOracleClient([serve(wrong)], timeout_s=5, store=store)
-    try:
-        with pytest.raises(
-            OracleError, match=r"from the oracle service at a:1.*its store embedded:x"
-        ):
-            client.get_timestamp()
-        assert wrong.calls == 0, "no timestamp was asked of it"
-    finally:
-        client.close()
-    right = WithDeployment([ok(T0), ok(T0 + 10)], "ours")
-    client = GrpcOracleClient([serve(right)], timeout_s=5, store=store)
+    replaced = Scripted([in_domain(T0, "ours"), in_domain(T0 + 10, "theirs")])
+    client = GrpcOracleClient([serve(replaced)], timeout_s=5, store=store)
     try:
         assert client.get_timestamp() == T0
-        assert client.get_timestamp() == T0 + 10
-        assert right.infos == 1
+        binding = read_binding(store)
+        assert binding is not None and binding.domain == "ours"
+        with pytest.raises(OracleError, match=r"another domain \(theirs\).*bound to \(ours\)"):
+            client.get_timestamp()
+    finally:
+        client.close()
+    wrong = Scripted([in_domain(T0, "theirs")])
+    client = GrpcOracleClient([serve(wrong)], timeout_s=5, store=store)
+    try:
+        with pytest.raises(OracleError, match="takes its timestamps from the oracle service"):
+            client.get_timestamp()
     finally:
         client.close()
     older = Scripted([ok(T0)])
@@ -350,6 +347,6 @@ def test_the_oracle_service_is_checked_once_per_address(
     try:
         with caplog.at_level("WARNING"):
             assert client.get_timestamp() == T0
-        assert "does not report its store's deployment" in caplog.text
+        assert "does not say which store's timestamps it issues" in caplog.text
     finally:
         client.close()

@@ -470,12 +470,14 @@ def test_grpc_health_checking_names_the_active_oracle(
 def test_a_store_takes_its_timestamps_from_one_oracle_only(
     tmp_path: Path, spawn: Callable[..., OracleProcess]
 ) -> None:
-    """A store is bound to the oracle its first client uses (percolator/timestamps/
-    domain.py); a client given another oracle - another deployment's service, or the local
-    oracle of a store bound to a service - is refused, naming both, and writes nothing.
-    Several stores may share one oracle service."""
+    """A store is bound to the oracle of its first timestamp (percolator/timestamps/
+    domain.py); a client given another oracle - another store's service, or the local
+    oracle of a store bound to a service - is refused when it connects, naming both, before
+    it writes anything.  Several stores may share one oracle service, and `status` reports
+    on a store through the store's own service."""
     import percolator
-    from percolator.layout import TABLE_FAMILIES, deployment_id
+    from percolator.cli import main
+    from percolator.layout import deployment_id
 
     ours, theirs = f"embedded:{tmp_path / 'ours'}", f"embedded:{tmp_path / 'theirs'}"
     shared = f"embedded:{tmp_path / 'shared'}"
@@ -485,24 +487,37 @@ def test_a_store_takes_its_timestamps_from_one_oracle_only(
     server = spawn(theirs, "oracle")
     server.wait_role("ROLE_ACTIVE")
     service = f"grpc://{server.address}"
-    with percolator.connect(ours, oracle=service) as client:
-        client.create_table("u")
-        with pytest.raises(OracleError, match="takes its timestamps from the store's own") as no:
-            client.run(lambda txn: txn.set("u", b"r", "c", b"v"))
-        assert server.address in str(no.value) and theirs in str(no.value)
-        for family in TABLE_FAMILIES:
-            assert list(client.store.scan("u", family.name)) == []
-    # A store whose first client used the service takes its timestamps from it...
+    with pytest.raises(OracleError, match="takes its timestamps from the store's own") as no:
+        percolator.connect(ours, oracle=service)
+    assert server.address in str(no.value) and theirs in str(no.value)
+    # A store whose first timestamp came from the service takes its timestamps from it...
     with percolator.connect(shared, oracle=service) as client:
         client.create_table("t")
         client.run(lambda txn: txn.set("t", b"r", "c", b"v"))
         assert client.snapshot().get("t", b"r", "c") == b"v"
-    # ...and refuses the local oracle, at connect.
+    # ...refuses the local oracle when it connects...
     with pytest.raises(OracleError, match="from the oracle service at"):
         percolator.connect(shared)
+    # ...and its status is read through the service.
+    assert main(["status", "--store", shared, "--oracle", service]) == 0
+    assert main(["status", "--store", shared]) == 2
     with open_store(ours) as store, open_store(theirs) as other:
         assert deployment_id(store) != deployment_id(other)
         assert deployment_id(store) == deployment_id(store)  # stable
+
+
+def test_commands_that_draw_no_timestamp_bind_nothing(tmp_path: Path) -> None:
+    import percolator
+    from percolator.cli import main
+    from percolator.timestamps.domain import read_binding
+
+    url = f"embedded:{tmp_path / 'store'}"
+    with percolator.connect(url) as client:
+        client.create_table("t")
+    for argv in (["observers", "list"], ["notifications", "list"]):
+        main([*argv, "--store", url])
+    with open_store(url) as store:
+        assert read_binding(store) is None
 
 
 def test_concurrent_first_reads_of_the_deployment_id_agree() -> None:
