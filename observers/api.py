@@ -418,7 +418,10 @@ def trigger(client: Client, table: str, rows: Iterable[bytes | str], column: str
         raise InvalidArgumentError(f"cannot trigger reserved column {column!r}")
     observed = notifications.load_observed_columns(client.store)
     if (table, column) not in observed:
-        watched = ", ".join(f"{t}/{c}" for t, c in sorted(observed)) or "none"
+        listed = sorted(observed)
+        watched = ", ".join(f"{t}/{c}" for t, c in listed[:10]) or "none"
+        if len(listed) > 10:
+            watched += f", ... {len(listed) - 10} more"
         raise InvalidArgumentError(
             f"no observer watches {table}/{column}: its notifications would never be "
             f"processed (observed columns: {watched})"

@@ -384,7 +384,7 @@ class GrpcOracleClient(TimestampOracle):
                 f"({response.deployment_id}) than the store {store.url!r} is bound to "
                 f"({self._domain}): another oracle now serves at that address; discarded"
             )
-        bind_timestamp_domain(store, response.deployment_id, source)
+        bind_timestamp_domain(store, response.deployment_id, source, first_ts=response.first)
         self._domain = response.deployment_id
 
     def _check(self, response: oracle_pb2.AllocateResponse, total: int) -> str | None:

@@ -48,6 +48,7 @@ from percolator.metrics import MetricsServer
 from percolator.store.base import Store
 from percolator.store.url import open_store
 from percolator.timestamps.clock import SYSTEM_CLOCK, Clock
+from percolator.timestamps.domain import read_binding
 from percolator.timestamps.record import OracleRecordRegister
 
 log = logging.getLogger("oracle")
@@ -344,13 +345,22 @@ class OracleServer:
             OracleRecordRegister(self._store), holder_id, options.lease, self._clock
         )
         self.metrics = OracleMetrics(self.node)
+        own_domain = deployment_id(self._store)
+        bound = read_binding(self._store)
+        if bound is not None and bound.domain != own_domain:
+            log.warning(
+                "store %s takes its timestamps from %s: its clients will refuse this "
+                "server's (it serves stores that share it as their oracle service)",
+                self._store.url,
+                bound.source,
+            )
         servicer = self._servicer = OracleServicer(
             self.node,
             self.metrics,
             options.token,
             self._store.url,
             options.stream_slots,
-            deployment_id(self._store),
+            own_domain,
         )
         oracle_pb2_grpc.add_TimestampOracleServicer_to_server(servicer, server)
         # The standard gRPC health checking service: "" is SERVING while the process is

@@ -15,8 +15,9 @@ every client checks it:
   ``ts``, JSON ``{"v": 1, "domain": ID, "source": TEXT}``, compare-and-set from absent): the
   local oracle binds before its first reservation, the gRPC client with the first range it
   receives, each of which carries the domain it was issued in.  A store whose own oracle
-  record already exists (it issued timestamps before the binding existed) is bound to its
-  own domain, whatever that first client uses;
+  record already exists (it issued timestamps before the binding existed) is bound to
+  another domain only if the binding client's first timestamp from it is above that
+  record's high-water mark, else to its own (:func:`bind_timestamp_domain`);
 * a client checks an existing binding when it connects (:func:`check_timestamp_domain`,
   one read, writes nothing), so a client given the wrong oracle is refused before it
   writes anything; and every range the gRPC client receives is checked against it, so an
@@ -98,11 +99,21 @@ def check_timestamp_domain(store: Store, domain: str | None, source: str = OWN_O
         raise _refuse(store, bound, domain, source)
 
 
-def bind_timestamp_domain(store: Store, domain: str | None, source: str = OWN_ORACLE) -> None:
+def bind_timestamp_domain(
+    store: Store, domain: str | None, source: str = OWN_ORACLE, *, first_ts: int = 0
+) -> None:
     """Bind ``store`` to timestamp domain ``domain`` (None: the store's own; ``source``
     describes the oracle) if it is not bound yet; raise OracleError if it is bound to
     another (module docstring).  Idempotent and race-safe: concurrent first binders agree
-    on one binding."""
+    on one binding.
+
+    ``first_ts``: the lowest timestamp the binding client received from ``domain``'s
+    oracle.  A store whose own oracle issued timestamps before is bound to ``domain`` only
+    if ``first_ts`` is above everything its own oracle can have issued (the high-water
+    mark of its record): then no earlier commit lies above the new oracle's timestamps,
+    which is what a store that used its own oracle before this check existed, or drew one
+    local timestamp by mistake, needs to move to a service safely.  Otherwise it is bound
+    to its own."""
     own = deployment_id(store)  # creates the meta table and the id if needed
     if domain is None:
         domain = own
@@ -113,9 +124,12 @@ def bind_timestamp_domain(store: Store, domain: str | None, source: str = OWN_OR
                 raise _refuse(store, bound, domain, source)
             return
         first = Binding(domain, source)
-        if domain != own and OracleRecordRegister(store).read().record is not None:
-            # Its own oracle issued timestamps before any binding: that is its domain.
-            first = Binding(own, OWN_ORACLE + ", which has issued its timestamps")
+        if domain != own:
+            record = OracleRecordRegister(store).read().record
+            if record is not None and first_ts <= record.high_water:
+                # Its own oracle may have issued timestamps above the new oracle's: the
+                # store stays with its own.
+                first = Binding(own, OWN_ORACLE + ", which has issued its timestamps")
         store.compare_and_set(
             META_TABLE, DEPLOYMENT_ROW, META_FAMILY, DOMAIN_QUALIFIER, None, first.encode()
         )

@@ -350,3 +350,35 @@ def test_every_range_is_checked_against_the_store_binding(
         assert "does not say which store's timestamps it issues" in caplog.text
     finally:
         client.close()
+
+
+@pytest.mark.parametrize(("above", "bound_to"), [(True, "svc"), (False, "own")])
+def test_a_store_whose_own_oracle_issued_moves_to_a_service_only_above_its_high_water(
+    serve: Any, above: bool, bound_to: str
+) -> None:
+    """An unbound store with an oracle record of its own (used before the binding existed,
+    or one local timestamp drawn by mistake) is bound to the service of its first range
+    only if that range starts above everything its own oracle can have issued."""
+    from percolator.layout import deployment_id
+    from percolator.store.memory import MemoryStore
+    from percolator.timestamps.domain import read_binding
+    from percolator.timestamps.record import OracleRecord, OracleRecordRegister
+
+    store = MemoryStore()
+    high_water = T0 + 1000
+    assert OracleRecordRegister(store).compare_and_set(None, OracleRecord(1, high_water, "local"))
+    first = high_water + 1 if above else high_water
+    client = GrpcOracleClient(
+        [serve(Scripted([in_domain(first, "svc")]))], timeout_s=5, store=store
+    )
+    try:
+        if above:
+            assert client.get_timestamp() == first
+        else:
+            with pytest.raises(OracleError, match=r"this store\), which has issued its timestamps"):
+                client.get_timestamp()
+    finally:
+        client.close()
+    binding = read_binding(store)
+    assert binding is not None
+    assert binding.domain == ("svc" if bound_to == "svc" else deployment_id(store))

@@ -531,3 +531,23 @@ def test_concurrent_first_reads_of_the_deployment_id_agree() -> None:
     for thread in threads:
         thread.join()
     assert len(ids) == 8 and len(set(ids)) == 1
+
+
+def test_a_server_on_a_store_bound_to_another_oracle_warns(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from percolator.timestamps.domain import bind_timestamp_domain
+
+    store = MemoryStore()
+    bind_timestamp_domain(store, "svc", "the oracle service at a:1 (its store x)")
+    lease = LeaseConfig(lease_ms=600, window_ms=600, margin_ms=100)
+    server = OracleServer(
+        ServerOptions(store_url="memory:", listen="127.0.0.1:0", lease=lease), store=store
+    )
+    with caplog.at_level("WARNING"):
+        server.start()
+    try:
+        assert "its clients will refuse this server's" in caplog.text
+        assert "the oracle service at a:1" in caplog.text
+    finally:
+        server.stop()
