@@ -98,8 +98,6 @@ from percolator.errors import ConfigError, TableExistsError, TransactionError
 from percolator.layout import (
     DATA,
     LOCK,
-    META_FAMILY,
-    META_TABLE,
     TABLE_FAMILIES,
     WRITE,
     check_table_name,
@@ -112,11 +110,11 @@ from percolator.store.base import Put, ScanOptions, Store
 from percolator.tablestate import (
     DROPPING,
     LOADING,
+    ORDINARY,
     READY,
-    STATE_QUALIFIER,
     LoadState,
+    compare_and_set_state,
     read_state,
-    state_row,
 )
 from percolator.timestamps import describe, now_ms, physical_ms
 
@@ -154,12 +152,6 @@ def check_usable(store: Store, table: str) -> None:
     state, _ = read_state(store, table)
     if state is not None and state.state == LOADING:
         raise TableLoadingError(table, state)
-
-
-def _cas(store: Store, table: str, expected: bytes | None, new: LoadState) -> bool:
-    return store.compare_and_set(
-        META_TABLE, state_row(table), META_FAMILY, STATE_QUALIFIER, expected, new.encode()
-    )
 
 
 def _has_lock_cells(store: Store, table: str) -> bool:
@@ -225,15 +217,12 @@ def begin_load(
                 # ...and a writer that checked before it has its locks in place by now.
                 if store.table_exists(table) and _has_lock_cells(store, table):
                     # An ordinary table again (we hold the fence: nobody else writes it).
-                    ordinary = LoadState(READY, "", 0, 0, 0, "no").encode()
-                    store.compare_and_set(
-                        META_TABLE, state_row(table), META_FAMILY, STATE_QUALIFIER, raw, ordinary
-                    )
+                    compare_and_set_state(store, table, raw, ORDINARY)
                     raise BulkLoadError(
                         f"table {table!r} was written while the load began; refused"
                     )
                 renewed = replace(renewed, commit_ts=timestamp())
-            if not _cas(store, table, raw, renewed):
+            if not compare_and_set_state(store, table, raw, renewed):
                 continue
             _reserve(store, table, renewed)
             return Begun(_ensure_table(store, table, renewed), published=False)
@@ -276,12 +265,12 @@ def begin_load(
             "no" if existed else "pending",
             fingerprint,
         )
-        if not _cas(store, table, raw, new):
+        if not compare_and_set_state(store, table, raw, new):
             continue
         # Checked again now that the fence is up: a transaction that wrote between the
         # first check and the compare-and-set is caught here.
         if existed and _has_lock_cells(store, table):
-            _unfence(store, table, new, raw)
+            restore_state(store, table, new.encode(), raw)
             raise BulkLoadError(f"table {table!r} was written while the load began; refused")
         # The next pass finds our load id fenced and draws ``commit_ts`` (see above).
     raise BulkLoadError(f"the state of table {table!r} kept changing; try again")
@@ -315,14 +304,11 @@ def _check_same_input(table: str, state: LoadState, fingerprint: str) -> None:
     )
 
 
-def _unfence(store: Store, table: str, ours: LoadState, previous: bytes | None) -> None:
-    """Put back the state the load replaced (we hold the fence, nobody else writes it)."""
-    # Not a delete: a delete marker would mask later compare-and-sets of the row.
-    # ``ready`` with no load is an ordinary table.
-    back = previous if previous is not None else LoadState(READY, "", 0, 0, 0, "no").encode()
-    store.compare_and_set(
-        META_TABLE, state_row(table), META_FAMILY, STATE_QUALIFIER, ours.encode(), back
-    )
+def restore_state(store: Store, table: str, written: bytes, previous: bytes | None) -> None:
+    """Put back the state ``previous`` (None: no state row, written as :data:`ORDINARY`)
+    that a fence (a load's, or a drop's) replaced by ``written``, which never took effect.
+    Best effort: a no-op if the state moved on."""
+    compare_and_set_state(store, table, written, previous or ORDINARY)
 
 
 def _ensure_table(store: Store, table: str, state: LoadState) -> LoadState:
@@ -338,7 +324,7 @@ def _ensure_table(store: Store, table: str, state: LoadState) -> LoadState:
         created = "no"
     _, raw = read_state(store, table)
     new = replace(state, created=created)
-    if not _cas(store, table, raw, new):
+    if not compare_and_set_state(store, table, raw, new):
         raise BulkLoadError(f"the state of table {table!r} changed under the load; re-run it")
     return new
 
@@ -366,31 +352,17 @@ def fence_for_drop(store: Store, table: str) -> DropFence:
     for _ in range(20):
         state, raw = read_state(store, table)
         _refuse_drop(table, state)
-        dropping = LoadState(DROPPING, "", 0, 0, now_ms() + DROP_HOLD_MS, "no")
-        if store.compare_and_set(
-            META_TABLE, state_row(table), META_FAMILY, STATE_QUALIFIER, raw, dropping.encode()
-        ):
-            return DropFence(raw, dropping.encode())
+        dropping = LoadState(DROPPING, "", 0, 0, now_ms() + DROP_HOLD_MS, "no").encode()
+        if compare_and_set_state(store, table, raw, dropping):
+            return DropFence(raw, dropping)
     raise BulkLoadError(f"the state of table {table!r} kept changing; try the drop again")
-
-
-def unfence_drop(store: Store, table: str, fence: DropFence) -> None:
-    """Put back the state a drop that did not happen replaced (best effort: a no-op if the
-    state moved on).  Without a previous state the table is ordinary (``ready``, no load)."""
-    back = fence.previous or LoadState(READY, "", 0, 0, 0, "no").encode()
-    store.compare_and_set(
-        META_TABLE, state_row(table), META_FAMILY, STATE_QUALIFIER, fence.dropping, back
-    )
 
 
 def clear_state(store: Store, table: str, fence: DropFence) -> None:
     """After the drop: the name is an ordinary table's again (``ready`` with no load; a
     delete would mask later compare-and-sets of the row).  Only from the drop's own
     ``dropping`` record: nothing else may have replaced it."""
-    ordinary = LoadState(READY, "", 0, 0, 0, "no").encode()
-    if not store.compare_and_set(
-        META_TABLE, state_row(table), META_FAMILY, STATE_QUALIFIER, fence.dropping, ordinary
-    ):
+    if not compare_and_set_state(store, table, fence.dropping, ORDINARY):
         state, _ = read_state(store, table)
         raise BulkLoadError(
             f"table {table!r} was dropped, but its state changed under the drop (now {state}); "
@@ -498,7 +470,7 @@ def release_lease(
         soon = now_ms() + writer_margin_ms(lease_ms) - 1
         if current.lease_expires_ms <= soon:
             return
-        if _cas(store, table, raw, replace(current, lease_expires_ms=soon)):
+        if compare_and_set_state(store, table, raw, replace(current, lease_expires_ms=soon)):
             return
 
 
@@ -524,7 +496,7 @@ def renew_lease(
     if state.state != LOADING:
         return
     renewed = replace(state, lease_expires_ms=now_ms() + lease_ms)
-    if _cas(store, table, raw, renewed):
+    if compare_and_set_state(store, table, raw, renewed):
         _reserve(store, table, renewed)
 
 
@@ -609,7 +581,7 @@ def publish_load(
             raise BulkLoadError(f"load {load_id!r} of table {table!r} has not begun: re-run it")
         if state.created != "yes":
             verify_table(store, table, state)
-        if _cas(store, table, raw, replace(state, state=READY)):
+        if compare_and_set_state(store, table, raw, replace(state, state=READY)):
             state = replace(state, state=READY)
             break
     else:

@@ -28,7 +28,7 @@ from percolator.bulkload import (
     check_usable,
     clear_state,
     fence_for_drop,
-    unfence_drop,
+    restore_state,
 )
 from percolator.concurrency import renew_after_fork
 from percolator.context import ClientOptions, EngineContext
@@ -173,7 +173,7 @@ class Client:
         try:
             self.store.drop_table(name)
         except BaseException:
-            unfence_drop(self.store, name, fence)
+            restore_state(self.store, name, fence.dropping, fence.previous)
             raise
         forget_table_progress(self.store, name)
         clear_state(self.store, name, fence)  # an ordinary name again

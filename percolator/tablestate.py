@@ -90,8 +90,23 @@ class LoadState:
         return LockCell(last_commit=CommitInfo(self.commit_ts, self.start_ts, Kind.PUT)).encode()
 
 
+#: the state of an ordinary table, written where a state row must say "no load" (a delete
+#: marker would mask later compare-and-sets of the row)
+ORDINARY = LoadState(READY, "", 0, 0, 0, "no")
+
+
 def state_row(table: str) -> bytes:
     return STATE_PREFIX + table.encode("utf-8")
+
+
+def compare_and_set_state(
+    store: Store, table: str, expected: bytes | None, new: LoadState | bytes
+) -> bool:
+    """Replace ``table``'s state record if it holds exactly ``expected`` (None: absent)."""
+    value = new.encode() if isinstance(new, LoadState) else new
+    return store.compare_and_set(
+        META_TABLE, state_row(table), META_FAMILY, STATE_QUALIFIER, expected, value
+    )
 
 
 def read_state(store: Store, table: str) -> tuple[LoadState | None, bytes | None]:
