@@ -328,23 +328,19 @@ class NotificationProcessor:
         back-off on a conflict, failure counting and parking)."""
         name = observer.name
         ident = threading.get_ident()
+        run = RunInProgress(name, tuple(n.cell for n in batch), time.monotonic())
         with self._lock:
-            # What this thread runs now (stuck_runs); a batch run again one by one shows
-            # each single run in turn.
-            outer = self._running.get(ident)
-            self._running[ident] = RunInProgress(
-                name, tuple(n.cell for n in batch), time.monotonic()
-            )
+            # What this thread runs now (stuck_runs); a batch run again one by one replaces
+            # it with each single run in turn, each timed from its own start.
+            self._running[ident] = run
             self._reported_stuck.discard(ident)
         try:
             self._run_batch(observer, batch)
         finally:
             with self._lock:
-                if outer is None:
-                    self._running.pop(ident, None)
-                else:
-                    self._running[ident] = outer
-                self._reported_stuck.discard(ident)
+                if self._running.get(ident) is run:
+                    del self._running[ident]
+                    self._reported_stuck.discard(ident)
 
     def _run_batch(self, observer: Observer, batch: list[Notification]) -> None:
         """:meth:`run_batch` without the bookkeeping of runs in progress."""
