@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
+from collections.abc import Callable
 
 from percolator.errors import (
     InvalidArgumentError,
@@ -72,26 +73,28 @@ DEPLOYMENT_ROW = b"deployment"
 DEPLOYMENT_QUALIFIER = b"id"
 
 
+def meta_set_once(store: Store, row: bytes, qualifier: bytes, make: Callable[[], bytes]) -> bytes:
+    """The value of a meta cell written once and never changed: the stored one, or
+    ``make()`` stored now by compare-and-set from absent.  Race-safe: concurrent first
+    callers all return the one value that won.  The meta table must exist."""
+    column = [(META_FAMILY, qualifier)]
+    for _ in range(3):
+        versions = store.read_row(META_TABLE, row, columns=column).get(column[0])
+        if versions:
+            return versions[0][1]
+        store.compare_and_set(META_TABLE, row, META_FAMILY, qualifier, None, make())
+    raise StoreError(f"meta cell {row!r}/{qualifier!r} could not be read back after it was written")
+
+
 def deployment_id(store: Store) -> str:
     """The identity of the deployment ``store`` holds, made on first use (creating the
-    meta table if needed).  Race-safe: concurrent first callers agree on one id.  An
-    oracle server reports the id of its store, so a client can refuse timestamps from the
-    oracle of another deployment (percolator/oracle/client.py)."""
-    column = [(META_FAMILY, DEPLOYMENT_QUALIFIER)]
+    meta table if needed).  Race-safe: concurrent first callers agree on one id.  It names
+    the timestamp domain of the store's own oracle (percolator/timestamps/domain.py)."""
     ensure_meta_table(store)
-    for _ in range(3):
-        versions = store.read_row(META_TABLE, DEPLOYMENT_ROW, columns=column).get(column[0])
-        if versions:
-            return versions[0][1].decode("ascii")
-        store.compare_and_set(
-            META_TABLE,
-            DEPLOYMENT_ROW,
-            META_FAMILY,
-            DEPLOYMENT_QUALIFIER,
-            None,
-            uuid.uuid4().hex.encode("ascii"),
-        )
-    raise StoreError("the deployment id could not be read back after it was written")
+    raw = meta_set_once(
+        store, DEPLOYMENT_ROW, DEPLOYMENT_QUALIFIER, lambda: uuid.uuid4().hex.encode("ascii")
+    )
+    return raw.decode("ascii")
 
 
 def scan_meta_prefix(store: Store, prefix: bytes, qualifier: bytes) -> list[tuple[bytes, bytes]]:

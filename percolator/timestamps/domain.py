@@ -40,6 +40,7 @@ from percolator.layout import (
     META_FAMILY,
     META_TABLE,
     deployment_id,
+    meta_set_once,
 )
 from percolator.store.base import Store
 from percolator.timestamps.record import OracleRecordRegister
@@ -115,22 +116,17 @@ def bind_timestamp_domain(
     local timestamp by mistake, needs to move to a service safely.  Otherwise it is bound
     to its own."""
     own = deployment_id(store)  # creates the meta table and the id if needed
-    if domain is None:
-        domain = own
-    for _ in range(3):
-        bound = read_binding(store)
-        if bound is not None:
-            if bound.domain != domain:
-                raise _refuse(store, bound, domain, source)
-            return
-        first = Binding(domain, source)
-        if domain != own:
+    wanted = own if domain is None else domain
+
+    def first_binding() -> bytes:
+        if wanted != own:
             record = OracleRecordRegister(store).read().record
             if record is not None and first_ts <= record.high_water:
                 # Its own oracle may have issued timestamps above the new oracle's: the
                 # store stays with its own.
-                first = Binding(own, OWN_ORACLE + ", which has issued its timestamps")
-        store.compare_and_set(
-            META_TABLE, DEPLOYMENT_ROW, META_FAMILY, DOMAIN_QUALIFIER, None, first.encode()
-        )
-    raise StoreError("the store's timestamp-domain record could not be read back")
+                return Binding(own, OWN_ORACLE + ", which has issued its timestamps").encode()
+        return Binding(wanted, source).encode()
+
+    bound = Binding.decode(meta_set_once(store, DEPLOYMENT_ROW, DOMAIN_QUALIFIER, first_binding))
+    if bound.domain != wanted:
+        raise _refuse(store, bound, wanted, source)
