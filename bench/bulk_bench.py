@@ -64,8 +64,9 @@ def measure(
     repeats: int,
     value_size: int,
 ) -> dict[str, Any]:
-    from percolator.spark_jobs.backfill import BackfillOptions, ColumnMapping, run_backfill
+    from percolator.spark_jobs.backfill import run_backfill
     from percolator.spark_jobs.bulk import run_bulk_load
+    from percolator.spark_jobs.prepare import BackfillOptions, ColumnMapping
 
     parallelism = spark.sparkContext.defaultParallelism
     source = os.path.join(workdir, "load.parquet")

@@ -125,7 +125,8 @@ def measure_load(
     repeats: int,
     value_size: int,
 ) -> dict[str, Any]:
-    from percolator.spark_jobs.backfill import BackfillOptions, ColumnMapping, run_backfill
+    from percolator.spark_jobs.backfill import run_backfill
+    from percolator.spark_jobs.prepare import BackfillOptions, ColumnMapping
 
     parallelism = spark.sparkContext.defaultParallelism
     source = os.path.join(workdir, "load.parquet")
@@ -232,7 +233,8 @@ def measure_incremental(
     batch_size: int = 1,
 ) -> dict[str, Any]:
     from percolator.observers.worker import Worker, WorkerOptions
-    from percolator.spark_jobs.backfill import BackfillOptions, run_backfill
+    from percolator.spark_jobs.backfill import run_backfill
+    from percolator.spark_jobs.prepare import BackfillOptions
 
     from bench.example import collect_tables, reference
 

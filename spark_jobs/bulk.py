@@ -43,19 +43,19 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from percolator.spark_jobs.backfill import (
+from percolator.spark_jobs.backfill import run_backfill
+from percolator.spark_jobs.prepare import (
     BackfillOptions,
     BackfillReport,
     Cells,
     ColumnMapping,
     InjectedFailure,
     PreparedInput,
-    _ProgressReporter,
+    ProgressReporter,
     bucketed,
     default_buckets,
     inject_failure,
     prepare_input,
-    run_backfill,
 )
 from percolator.spark_jobs.session import SparkJobError, spark_failure_reason
 
@@ -305,7 +305,7 @@ def _load(
     failure: str | None = None
     with (
         _LeaseRenewer(prepared.store, options.table, state, lease_ms),
-        _ProgressReporter(accumulator, checked.good, options.progress_interval_s, emit),
+        ProgressReporter(accumulator, checked.good, options.progress_interval_s, emit),
     ):
         try:
             results = sorted_rows.mapPartitionsWithIndex(

@@ -213,13 +213,12 @@ def _progress(name: str) -> Any:
 
 
 def run_backfill_command(args: argparse.Namespace) -> int:
-    from percolator.spark_jobs.backfill import (
+    from percolator.spark_jobs.backfill import forget_job, run_backfill
+    from percolator.spark_jobs.prepare import (
         BackfillOptions,
         ColumnMapping,
         check_inputs_exist,
         detect_format,
-        forget_job,
-        run_backfill,
     )
 
     if args.no_notify and args.mode != "bulk":

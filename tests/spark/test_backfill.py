@@ -9,14 +9,13 @@ from typing import Any
 
 import pytest
 from percolator.observers.worker import Worker, WorkerOptions, run_until_quiet
-from percolator.spark_jobs.backfill import (
+from percolator.spark_jobs.backfill import job_row, run_backfill
+from percolator.spark_jobs.prepare import (
     DEFAULT_PROGRESS_TABLE,
     BackfillOptions,
     ColumnMapping,
     InjectedFailure,
     bucket_of,
-    job_row,
-    run_backfill,
 )
 from percolator.spark_jobs.session import SparkJobError
 

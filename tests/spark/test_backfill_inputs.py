@@ -8,12 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from percolator.spark_jobs.backfill import (
-    BackfillOptions,
-    BadRowsError,
-    ColumnMapping,
-    run_backfill,
-)
+from percolator.spark_jobs.backfill import run_backfill
+from percolator.spark_jobs.prepare import BackfillOptions, BadRowsError, ColumnMapping
 
 from percolator.errors import ConfigError
 from tests.spark.helpers import ITEMS, connect, table_rows

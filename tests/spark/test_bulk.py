@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from percolator.observers.api import register_observers
 from percolator.observers.worker import run_until_quiet
-from percolator.spark_jobs.backfill import InjectedFailure
 from percolator.spark_jobs.bulk import backfill, run_bulk_load
+from percolator.spark_jobs.prepare import InjectedFailure
 from percolator.spark_jobs.session import SparkJobError
 
 from percolator.bulkload import TableLoadingError
@@ -140,7 +140,7 @@ _DRIVER = textwrap.dedent(
     """
     import os, signal, sys
     from percolator.spark_jobs.session import build_session
-    from percolator.spark_jobs.backfill import BackfillOptions, ColumnMapping
+    from percolator.spark_jobs.prepare import BackfillOptions, ColumnMapping
     from percolator.spark_jobs.bulk import run_bulk_load
 
     url, path = sys.argv[1], sys.argv[2]

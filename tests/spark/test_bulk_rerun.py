@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from percolator.spark_jobs.backfill import InjectedFailure
 from percolator.spark_jobs.bulk import run_bulk_load
+from percolator.spark_jobs.prepare import InjectedFailure
 from percolator.spark_jobs.session import SparkJobError
 
 from percolator.bulkload import (

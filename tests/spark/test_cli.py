@@ -239,7 +239,8 @@ def test_killed_driver_then_rerun_writes_each_row_once(
         committed = len(table_rows(client, ITEMS))
     assert 0 < committed < count
 
-    from percolator.spark_jobs.backfill import BackfillOptions, run_backfill
+    from percolator.spark_jobs.backfill import run_backfill
+    from percolator.spark_jobs.prepare import BackfillOptions
 
     report = run_backfill(
         spark,

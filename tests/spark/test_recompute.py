@@ -12,8 +12,9 @@ from docpipeline import corpus, pipeline, reference
 from docpipeline.recompute import collect_tables, recompute
 from percolator.observers.api import register_observers
 from percolator.observers.worker import run_until_quiet
-from percolator.spark_jobs.backfill import BackfillOptions, run_backfill
+from percolator.spark_jobs.backfill import run_backfill
 from percolator.spark_jobs.export import ExportOptions, export_table
+from percolator.spark_jobs.prepare import BackfillOptions
 
 from tests.spark.helpers import connect
 

@@ -333,8 +333,9 @@ def _run_pipeline(
 ) -> None:
     from percolator.observers.api import register_observers
     from percolator.observers.worker import Worker, WorkerOptions
-    from percolator.spark_jobs.backfill import BackfillOptions, run_backfill
+    from percolator.spark_jobs.backfill import run_backfill
     from percolator.spark_jobs.export import ExportOptions, export_table
+    from percolator.spark_jobs.prepare import BackfillOptions
     from percolator.spark_jobs.session import build_session
 
     import percolator
