@@ -205,6 +205,7 @@ class NotificationFinder:
         backoff = Backoff(0.1, 5.0, jitter=0)
         while not self._stopping.is_set():
             submitted = 0
+            started = time.monotonic()
             try:
                 for table in rng.sample(self._tables, len(self._tables)):
                     submitted += self.scan_table(index, table, rng)
@@ -217,7 +218,13 @@ class NotificationFinder:
                 self._stopping.wait(delay)
                 continue
             if submitted == 0:
-                self._stopping.wait(jittered(self._idle_sleep_s, rng=rng))
+                # Idle, a scanner scans about half of the time at most: after a pass longer
+                # than idle_sleep_s it waits about as long as the pass took.  On HBase a pass
+                # walks every deleted notification until a major compaction drops them, and
+                # back to back such passes kept the region server busy with nothing to do
+                # (docs/operations.md, "Deleted notifications on HBase").
+                idle_s = max(self._idle_sleep_s, time.monotonic() - started)
+                self._stopping.wait(jittered(idle_s, rng=rng))
                 self._wait_while_queued()
 
     def _wait_while_queued(self) -> None:

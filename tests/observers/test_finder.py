@@ -8,13 +8,16 @@ import json
 import random
 import threading
 import time
+from typing import Any
 
+import pytest
+from percolator.observers import finder as finder_module
 from percolator.observers.finder import NotificationFinder, ScannerPositions
 from percolator.observers.worker_metrics import WorkerMetrics
 
 import percolator
 from percolator.layout import META_FAMILY, META_TABLE
-from percolator.notifications import Notification, put_notifications
+from percolator.notifications import Notification, put_notifications, scan_notifications
 from percolator.protocol.cells import CellKey
 from percolator.store.base import Put
 from tests.observers.helpers import EVENTS
@@ -159,3 +162,55 @@ def test_after_a_pass_with_nothing_new_the_next_waits_until_the_queue_is_empty(
         stopping.set()
         thread.join(5)
     assert not thread.is_alive()
+
+
+class _RecordedWaits(threading.Event):
+    def __init__(self) -> None:
+        super().__init__()
+        self.timeouts: list[float | None] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.timeouts.append(timeout)
+        return super().wait(timeout)
+
+
+def test_an_idle_scanner_waits_about_as_long_as_its_last_pass_took(
+    memory_client: percolator.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass over a notify family full of deleted notifications (HBase, until a major
+    compaction) finds nothing and still costs the store: an idle scanner must not start the
+    next one at once, whatever ``idle_sleep_s`` says."""
+    client = memory_client
+    pass_s = 0.1
+
+    def slow_scan(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(pass_s)  # what walking many delete markers costs
+        return scan_notifications(*args, **kwargs)
+
+    monkeypatch.setattr(finder_module, "scan_notifications", slow_scan)
+    stopping = _RecordedWaits()
+    metrics = WorkerMetrics(dict, dict)
+    scanners = NotificationFinder(
+        client.store,
+        {EVENTS: ["value"]},
+        ScannerPositions(client, "w", shared=False),
+        lambda notification: True,
+        metrics,
+        stopping=stopping,
+        scan_batch=100,
+        idle_sleep_s=0,
+    )
+    thread = threading.Thread(target=scanners.scan_loop, args=(0,), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while metrics.passes.value() < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        stopping.set()
+        thread.join(5)
+    assert not thread.is_alive()
+    idle_waits = [t for t in stopping.timeouts if t is not None]
+    assert len(idle_waits) >= 2
+    # jittered by a factor in [0.5, 1.5): at least half the pass, never 0 as configured
+    assert min(idle_waits) >= pass_s * 0.5
