@@ -96,6 +96,10 @@ def check_report(report: dict[str, Any], expected: dict[str, Any]) -> None:
     assert report["notifications"]["unobserved"] == [
         {"table": "other", "column": "c", "pending": 1}
     ]
+    # One scan per table of its notify family: the parked cell keeps its notification.
+    scans = {scan["table"]: scan for scan in report["notifications"]["scans"]}
+    assert {t: scan["notifications"] for t, scan in scans.items()} == {"docs": 3, "other": 1}
+    assert all(0 <= scan["seconds"] < 60 for scan in scans.values())
     record = report["oracle"]["record"]
     # Written by the in-process oracle (servers hold epochs >= 1 and leases).
     assert record is not None and record["holder"].startswith("local:")
@@ -120,6 +124,7 @@ def test_status_reports_locks_notifications_oracle_and_gc(tmp_path: Path) -> Non
     assert "status-watcher" in text.stdout
     assert "2 pending, 1 parked, no live worker runs it" in text.stdout
     assert "EXPIRED other/0xff0062696e617279/c" in text.stdout
+    assert "notify scans: 4 notification(s) in " in text.stdout
 
     only_docs = json.loads(status(url, "--json", "--table", "docs").stdout)
     assert only_docs["locks"]["count"] == 0 and only_docs["tables"] == ["docs"]

@@ -9,7 +9,9 @@ it is safe to run at any time against a live deployment:
 - **notifications**: per observed column (and its observer) the pending notifications, the
   parked ones and how many live workers run that observer (text: "no live worker runs it"
   when notifications wait and none does); pending notifications on columns no observer is
-  registered for are listed separately (nobody will process them);
+  registered for are listed separately (nobody will process them); and how long one scan
+  of each table's notify family took, what each worker pass costs at least (on HBase a
+  scan far slower than its notifications explain walks deleted ones: docs/operations.md);
 - **oracle**: the persisted record (epoch, high-water mark = the limit no timestamp exceeds,
   lease holder and expiry); with ``--oracle grpc://...`` also each server's own answer;
 - **gc**: the safe point and the oldest transaction start published by live clients;
@@ -22,7 +24,8 @@ it is safe to run at any time against a live deployment:
 ``--json`` prints one object with the keys ``store``, ``locks`` (``count``, ``expired``,
 ``by_age`` {bucket: count}, ``oldest`` [..], ``truncated`` tables), ``notifications``
 (``observers`` [{observer, table, column, pending, parked, live_workers}], ``unobserved``
-[{table, column, pending}]), ``oracle`` (``record`` or null, ``servers`` [..]), ``gc``
+[{table, column, pending}], ``scans`` [{table, notifications, seconds}]), ``oracle``
+(``record`` or null, ``servers`` [..]), ``gc``
 (``safe_point``, ``safe_point_time``, ``oldest_published_start_ts``, ``reservations``),
 ``workers`` ([{worker_id, host, pid, observers, threads, scanners, batch_size, partitioned,
 key_groups, started_ms, seen_ms, seen_ago_ms, live}]), ``watermarks`` (``observers`` [..],
@@ -40,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -165,8 +169,9 @@ def scan_locks(store: Store, tables: list[str], *, oldest: int, scan_limit: int)
 
 def notification_report(
     client: Any, tables: list[str]
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Per registered observed column: pending and parked; and pending unobserved ones."""
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Per registered observed column: pending and parked; pending unobserved ones; and per
+    table, how many notifications one scan of its notify family read and how long it took."""
     from percolator.observers.parking import ParkingLot
 
     parked: dict[tuple[str, str], int] = {}
@@ -175,11 +180,16 @@ def notification_report(
         parked[key] = parked.get(key, 0) + 1
     registered = notifications.registrations(client.store)
     pending: dict[tuple[str, str], int] = {}
+    scans = []
     for table in tables:
+        started, read = time.monotonic(), 0
         for _, found in notifications.scan_notifications(client.store, table, batch_size=1000):
             for notification in found:
                 key = (table, notification.column)
                 pending[key] = pending.get(key, 0) + 1
+                read += 1
+        seconds = round(time.monotonic() - started, 4)
+        scans.append({"table": table, "notifications": read, "seconds": seconds})
     observed = []
     for (table, column), registration in sorted(registered.items()):
         if tables and table not in tables:
@@ -200,7 +210,7 @@ def notification_report(
         for (table, column), count in sorted(pending.items())
         if (table, column) not in registered
     ]
-    return observed, unobserved
+    return observed, unobserved, scans
 
 
 def oracle_report(store: Store, oracle: str | None) -> dict[str, Any]:
@@ -287,7 +297,7 @@ def build_report(client: Any, args: argparse.Namespace) -> dict[str, Any]:
             raise ConfigError(f"--table: no such percolator table {', '.join(map(repr, missing))}")
         tables = [t for t in tables if t in args.table]
     locks = scan_locks(store, tables, oldest=args.oldest, scan_limit=args.scan_limit)
-    observed, unobserved = notification_report(client, tables)
+    observed, unobserved, scans = notification_report(client, tables)
     workers = worker_report(store)
     for entry in observed:
         entry["live_workers"] = sum(
@@ -316,7 +326,7 @@ def build_report(client: Any, args: argparse.Namespace) -> dict[str, Any]:
         "store": store.url,
         "tables": tables,
         "locks": asdict(locks),
-        "notifications": {"observers": observed, "unobserved": unobserved},
+        "notifications": {"observers": observed, "unobserved": unobserved, "scans": scans},
         "oracle": oracle,
         "gc": gc_report(store),
         "workers": workers,
@@ -421,6 +431,15 @@ def format_report(report: dict[str, Any]) -> str:
         )
     for u in report["notifications"]["unobserved"]:
         lines.append(f"  (no observer) {u['table']}/{u['column']}: {u['pending']} pending")
+    scans = report["notifications"]["scans"]
+    if scans:
+        slowest = max(scans, key=lambda scan: scan["seconds"])
+        lines.append(
+            f"  notify scans: {sum(scan['notifications'] for scan in scans)} notification(s) "
+            f"in {sum(scan['seconds'] for scan in scans) * 1000:.0f} ms over {len(scans)} "
+            f"table(s); slowest {slowest['table']}, {slowest['seconds'] * 1000:.0f} ms for "
+            f"{slowest['notifications']}"
+        )
     oracle = report["oracle"]
     record = oracle["record"]
     if record is None:
