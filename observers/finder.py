@@ -19,8 +19,10 @@ import logging
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from statistics import median
 from typing import TYPE_CHECKING
 
 from percolator.observers.worker_metrics import WorkerMetrics
@@ -145,6 +147,10 @@ class ScannerPositions:
 _SAMPLE_SIZE = 64
 # How often a scanner that waits for the queue to empty looks at it (no store traffic).
 _QUEUE_POLL_S = 0.005
+# The idle wait follows the median of this many recent empty passes (one slow pass, a store
+# hiccup, does not stretch it), and never exceeds _IDLE_WAIT_MAX_S.
+_IDLE_PASSES = 5
+_IDLE_WAIT_MAX_S = 5.0
 
 
 class NotificationFinder:
@@ -203,6 +209,7 @@ class NotificationFinder:
         worker stops.  A store error backs off (doubling up to 5 s) and starts over."""
         rng = random.Random()
         backoff = Backoff(0.1, 5.0, jitter=0)
+        empty_passes: deque[float] = deque(maxlen=_IDLE_PASSES)
         while not self._stopping.is_set():
             submitted = 0
             started = time.monotonic()
@@ -218,12 +225,14 @@ class NotificationFinder:
                 self._stopping.wait(delay)
                 continue
             if submitted == 0:
-                # Idle, a scanner scans about half of the time at most: after a pass longer
-                # than idle_sleep_s it waits about as long as the pass took.  On HBase a pass
-                # walks every deleted notification until a major compaction drops them, and
-                # back to back such passes kept the region server busy with nothing to do
+                # Idle, a scanner scans about half of the time at most: when its empty passes
+                # take longer than idle_sleep_s it waits about as long as they take (their
+                # recent median, at most _IDLE_WAIT_MAX_S).  On HBase a pass walks every
+                # deleted notification until a major compaction drops them, and back to back
+                # such passes kept the region server busy with nothing to do
                 # (docs/operations.md, "Deleted notifications on HBase").
-                idle_s = max(self._idle_sleep_s, time.monotonic() - started)
+                empty_passes.append(time.monotonic() - started)
+                idle_s = min(_IDLE_WAIT_MAX_S, max(self._idle_sleep_s, median(empty_passes)))
                 self._stopping.wait(jittered(idle_s, rng=rng))
                 self._wait_while_queued()
 

@@ -8,6 +8,7 @@ import json
 import random
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -174,17 +175,19 @@ class _RecordedWaits(threading.Event):
         return super().wait(timeout)
 
 
-def test_an_idle_scanner_waits_about_as_long_as_its_last_pass_took(
-    memory_client: percolator.Client, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A pass over a notify family full of deleted notifications (HBase, until a major
-    compaction) finds nothing and still costs the store: an idle scanner must not start the
-    next one at once, whatever ``idle_sleep_s`` says."""
-    client = memory_client
-    pass_s = 0.1
+def _idle_waits(
+    client: percolator.Client,
+    monkeypatch: pytest.MonkeyPatch,
+    pass_seconds: Callable[[int], float],
+    passes: int,
+) -> list[float]:
+    """Run one scanner over an empty notify family whose n-th pass (0-based) takes
+    ``pass_seconds(n)``; the waits it asked for after its first ``passes`` passes."""
+    calls = [0]
 
     def slow_scan(*args: Any, **kwargs: Any) -> Any:
-        time.sleep(pass_s)  # what walking many delete markers costs
+        time.sleep(pass_seconds(calls[0]))  # what walking many delete markers costs
+        calls[0] += 1
         return scan_notifications(*args, **kwargs)
 
     monkeypatch.setattr(finder_module, "scan_notifications", slow_scan)
@@ -198,19 +201,45 @@ def test_an_idle_scanner_waits_about_as_long_as_its_last_pass_took(
         metrics,
         stopping=stopping,
         scan_batch=100,
-        idle_sleep_s=0,
+        idle_sleep_s=0.001,
     )
     thread = threading.Thread(target=scanners.scan_loop, args=(0,), daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 10
-        while metrics.passes.value() < 3 and time.monotonic() < deadline:
+        deadline = time.monotonic() + 20
+        while metrics.passes.value() < passes + 1 and time.monotonic() < deadline:
             time.sleep(0.01)
     finally:
         stopping.set()
-        thread.join(5)
-    assert not thread.is_alive()
-    idle_waits = [t for t in stopping.timeouts if t is not None]
-    assert len(idle_waits) >= 2
-    # jittered by a factor in [0.5, 1.5): at least half the pass, never 0 as configured
-    assert min(idle_waits) >= pass_s * 0.5
+        thread.join(10)
+    assert not thread.is_alive()  # stopping interrupts a wait
+    waits = [t for t in stopping.timeouts if t is not None]
+    assert len(waits) >= passes
+    return waits[:passes]
+
+
+def test_an_idle_scanner_waits_about_as_long_as_its_passes_take(
+    memory_client: percolator.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass over a notify family full of deleted notifications (HBase, until a major
+    compaction) finds nothing and still costs the store: an idle scanner must not start the
+    next one at once, whatever ``idle_sleep_s`` says."""
+    waits = _idle_waits(memory_client, monkeypatch, lambda n: 0.1, passes=3)
+    # jittered by a factor in [0.5, 1.5) around the pass time, not the 1 ms configured
+    assert all(0.05 <= wait < 0.3 for wait in waits), waits
+
+
+def test_one_slow_pass_does_not_stretch_the_idle_wait(
+    memory_client: percolator.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store hiccup makes one pass slow; the waits follow the median of recent passes."""
+    waits = _idle_waits(memory_client, monkeypatch, lambda n: 0.6 if n == 2 else 0.0, passes=4)
+    assert max(waits[2:]) < 0.1, waits  # after the slow third pass: back to idle_sleep_s
+
+
+def test_the_idle_wait_is_capped(
+    memory_client: percolator.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(finder_module, "_IDLE_WAIT_MAX_S", 0.05)
+    waits = _idle_waits(memory_client, monkeypatch, lambda n: 0.2, passes=2)
+    assert all(wait < 0.08 for wait in waits), waits
