@@ -37,15 +37,26 @@ or a resolver rolling the primary forward from stale lock bytes, leaves a record
 entry; the next commit of the cell replaces the lock cell's copy; and a later status check
 judges the committed transaction rolled back and rolls its remaining secondaries back.
 
-For a secondary cell (and for lazy roll-forward by a resolver, :func:`commit_cell`) the order
-is fixed:
+For a secondary cell (and for lazy roll-forward by a resolver, :func:`commit_cell`), on a
+store with conditional puts the write record ``{kind, start_ts}`` at ``commit_ts`` in family
+``w`` (and a primary's index entry before it) **rides on** the compare-and-set of the lock
+cell from ``Locked{start_ts}`` to ``Committed{commit_ts}``: it lands exactly when that
+applies, so only while the cell still holds this transaction's lock.  MUST: a record is never
+put blind where the store could make it conditional.  A blind put may land arbitrarily late
+(a resolver or committer paused after it decided, its reader record lapsed): after the cell
+was rolled forward by someone else, deleted by a later transaction and removed by GC as a
+dead cell, such a put would leave a commit pointing at data GC deleted, and every later read
+of the cell would fail (``test_a_stalled_resolver_cannot_revive_a_cell_gc_removed``).
 
-1. blind-put the write record ``{kind, start_ts}`` at ``commit_ts`` in family ``w``;
-2. compare-and-set the lock cell from ``Locked{start_ts}`` to ``Committed{commit_ts}``.
+On a store without conditional puts (HBase with only its Thrift-1 gateway) the order is:
+
+1. blind-put the write record (and a primary's index entry first);
+2. compare-and-set the lock cell.
 
 Step 1 before step 2 keeps the invariant that a commit's write record exists before the
-lock cell can forget it.  Both steps are idempotent, so any number of clients may roll the
-same cell forward concurrently.
+lock cell can forget it; a late blind put there lands under GC's delete marker ("every
+version at or below"), which hides it until a major compaction drops both.  Either way the
+steps are idempotent, so any number of clients may roll the same cell forward concurrently.
 """
 
 from __future__ import annotations
@@ -250,17 +261,25 @@ def commit_cell(
                 extra={"start_ts": start_ts, "commit_ts": commit_ts},
             )
             return False
+        riders: tuple[Put, ...] = ()
         if not write_record_done:
             lock = cell.lock
             assert lock is not None
             # Rolling the primary itself forward (a resolver that read its lock before the
             # commit point): its index entry must precede its record (module docstring).
             is_primary = lock.is_primary_of(key.table, key.row, key.column)
-            put_commit_records(
-                store, key if is_primary else None, [(key, lock.kind)], start_ts, commit_ts
-            )
-            write_record_done = True
-        if commit_lock(store, key, lock_bytes, commit_ts):
+            if store.conditional_puts:  # they land with the compare-and-set or not at all
+                riders = (
+                    primary_commit_puts(store, key, lock.kind, start_ts, commit_ts)
+                    if is_primary
+                    else tuple(write_record_puts([(key, lock.kind)], start_ts, commit_ts))
+                )
+            else:
+                put_commit_records(
+                    store, key if is_primary else None, [(key, lock.kind)], start_ts, commit_ts
+                )
+                write_record_done = True
+        if commit_lock(store, key, lock_bytes, commit_ts, riders):
             return True
         lock_bytes = None  # changed under us (another resolver): re-read and re-check
     raise RuntimeError(f"roll-forward of {key} did not settle after 100 attempts")
@@ -273,35 +292,52 @@ def commit_secondaries(
     commit_ts: int,
     records: Mapping[str, Sequence[Put]] | None = None,
 ) -> list[bool]:
-    """:func:`commit_cell` with ``write_record_done=True`` for many cells: the cells whose
-    lock bytes are known are compare-and-set together (one store call per table); a cell
-    that changed since, or whose outcome is unknown, or whose bytes are not known is then
-    rolled forward on its own (re-read first).  Results as :func:`commit_cell`'s, in order.
-    Idempotent, like :func:`commit_cell`; a re-sent compare-and-set expects the exact bytes
-    of ``start_ts``'s lock, so at most one of two copies applies.
+    """:func:`commit_cell` for many cells: the cells whose lock bytes are known are
+    compare-and-set together (one store call per table); a cell that changed since, or whose
+    outcome is unknown, or whose bytes are not known is then rolled forward on its own
+    (re-read first).  Results as :func:`commit_cell`'s, in order.  Idempotent, like
+    :func:`commit_cell`; a re-sent compare-and-set expects the exact bytes of ``start_ts``'s
+    lock, so at most one of two copies applies.
 
-    ``records`` (by table, from :func:`record_puts`) go in the same store calls, in no
-    order relative to the compare-and-sets: a secondary's ``Committed{commit_ts}`` carries
-    the commit by itself, and its record is only needed before a later prewrite replaces
-    that state, which puts any missing record first (design notes §3, MUST).  Where the
+    ``records`` (by table, from :func:`record_puts`): the cells' write records.  Where the
     store has conditional puts, a cell's record rides on its compare-and-set
-    (:func:`~percolator.protocol.lock.commit_locks`), so it lands exactly when the
-    compare-and-set applies; one that does not apply found the cell rolled forward by a
-    resolver, which put the record before it (:func:`commit_cell`).  If that call fails the
-    records are put again (idempotent); an error there is raised after the secondaries were
-    settled."""
+    (:func:`~percolator.protocol.lock.commit_locks`) and lands exactly when it applies; a
+    cell settled on its own carries its record the same way (:func:`commit_cell`), so no
+    record of a cell is put blind (module docstring, MUST).  Elsewhere the records go in the
+    same store calls, in no order relative to the compare-and-sets: a secondary's
+    ``Committed{commit_ts}`` carries the commit by itself, and its record is only needed
+    before a later prewrite replaces that state, which puts any missing record first (design
+    notes §3, MUST); if that call fails they are put again (idempotent), after the
+    secondaries were settled.  Puts of no cell in ``locked`` go loose in either case."""
     known = [(key, lock_bytes) for key, lock_bytes in locked if lock_bytes]
+    riding = store.conditional_puts
+    batch = records or {}
+    loose: Mapping[str, Sequence[Put]] = batch
+    if riding:
+        cells = {(key.table, key.row, key.qualifier) for key, _ in locked}
+        known_cells = {(key.table, key.row, key.qualifier) for key, _ in known}
+        # A record of a cell whose bytes are unknown waits for that cell's own roll-forward.
+        batch = {
+            table: [p for p in puts if (table, p.row, p.qualifier) in known_cells]
+            + [p for p in puts if (table, p.row, p.qualifier) not in cells]
+            for table, puts in batch.items()
+        }
+        loose = {
+            table: [p for p in puts if (table, p.row, p.qualifier) not in cells]
+            for table, puts in batch.items()
+        }
     records_lost = False
     try:
-        applied = commit_locks(store, known, commit_ts, records)
+        applied = commit_locks(store, known, commit_ts, batch)
     except StoreUnavailableError:
         applied = [False] * len(known)  # unknown: settled below from a fresh read
         records_lost = True
     committed = {key for (key, _), ok in zip(known, applied, strict=True) if ok}
     results = [
-        key in committed or commit_cell(store, key, start_ts, commit_ts, write_record_done=True)
+        key in committed
+        or commit_cell(store, key, start_ts, commit_ts, write_record_done=not riding)
         for key, _ in locked
     ]
-    if records_lost and records:
-        put_by_table(store, records)
+    if records_lost and any(loose.values()):
+        put_by_table(store, {table: puts for table, puts in loose.items() if puts})
     return results

@@ -59,10 +59,10 @@ concurrently with transactions and with other GC passes.
 Known leftover (the Thrift-1 gateway deletes "every version at or below", never one version
 in the middle): on a cell whose latest commit is a put, data versions of rolled-back
 transactions that are **newer** than that commit stay until a later commit of the cell is
-collected or the cell is deleted.  Likewise a resolver that decided to roll a cell forward
-and stalled across a pass may put its write record after GC collected it: that record is
-older than the cell's kept one, so no read at or above the safe point selects it; HBase's
-delete marker hides it, and elsewhere it goes with the cell's next collected commit.
+collected or the cell is deleted.  A resolver or committer that decided to roll a cell
+forward and stalled across a pass puts nothing late: its write record rides on its
+compare-and-set of the lock cell (protocol/commit.py, MUST), except with the Thrift-1 gateway
+alone, where the late blind put lands under this pass's delete marker.
 """
 
 from __future__ import annotations

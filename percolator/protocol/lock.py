@@ -153,7 +153,8 @@ def commit_lock(
 ) -> bool:
     """The lock held in ``lock_bytes`` becomes ``Committed{commit_ts}``.  On a primary this
     is the commit point of the whole transaction; on any other cell it is the roll-forward
-    and needs the cell's write record first (commit.commit_cell puts it).
+    and needs the cell's write record riding on it, or put first where the store has
+    no conditional puts (commit.commit_cell does either).
 
     ``then_put``: puts of ``key``'s row that land with the change, atomically, and only if
     it applies (needs ``store.conditional_puts``; see :class:`CompareAndSet`)."""

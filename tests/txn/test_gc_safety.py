@@ -25,11 +25,12 @@ import percolator
 from percolator import failpoints, notifications, readers
 from percolator.errors import SafePointError, UndeterminedCommitError
 from percolator.protocol.cells import CellKey, fetch_cells
-from percolator.protocol.commit import commit_cell
+from percolator.protocol.commit import commit_cell, commit_secondaries, record_puts
 from percolator.protocol.gc import lock_report
-from percolator.records import LockCell
+from percolator.records import Kind, LockCell
 from percolator.store import Store, open_store
 from percolator.store.backends import with_table_prefix
+from percolator.testing.faults import FaultyStore
 from tests.txn.raw_inspect import read_table
 
 BACKENDS = [
@@ -529,9 +530,9 @@ def test_a_resolver_stalled_across_gc_leaves_no_wrong_read_and_no_lasting_record
     """A resolver reads a secondary's lock, learns that its primary committed, and stalls
     before it rolls the cell forward.  Meanwhile a reader rolls the cell forward, the cell is
     committed twice more, and GC collects everything below its latest commit.  The stalled
-    resolver then puts the old write record (a blind put, idempotent by design) and finds
-    the lock gone.  Every read must stay exact, and that late record, older than the cell's
-    kept one, must go with the next collection of the cell: a bounded leftover, not a leak."""
+    resolver's record rides on its compare-and-set, which finds the lock gone: nothing lands,
+    and every read stays exact."""
+    assert app.store.conditional_puts  # every backend here; Thrift-1 alone: docs/gc.md
     commit_ts = _commit_leaving_secondary_locked(app)
     key = CellKey("b", b"k", "c")
     stale = fetch_cells(app.store, [key], before=None)[key].lock_bytes
@@ -546,29 +547,81 @@ def test_a_resolver_stalled_across_gc_leaves_no_wrong_read_and_no_lasting_record
     [history] = read_table(app.store, "b")
     assert commit_ts not in dict(history.writes)  # collected below the kept commit
 
-    # The resolver wakes up: it puts its record, then finds the lock already moved on.
+    # The resolver wakes up and finds the lock already moved on.
     assert commit_cell(app.store, key, lock.start_ts, commit_ts, stale)
     [history] = read_table(app.store, "b")
-    # HBase: GC's delete marker ("every version at or below") hides the late record until a
-    # major compaction drops both.  Elsewhere GC forgot its masks, so the record is back.
-    masked = type(app.store).__module__.endswith("hbase")
-    assert (commit_ts in dict(history.writes)) is not masked
+    assert commit_ts not in dict(history.writes)
 
     with operator.snapshot() as snap:
         assert snap.get("b", b"k", "c") == b"v3"
         assert snap.get("a", b"k", "c") == b"committed-a"
-    [history] = read_table(app.store, "b")
     assert history.visible_value() == b"v3"
-    assert history.latest_commit() is not None
     with pytest.raises(SafePointError), operator.snapshot(read_ts=commit_ts) as old:
         old.get("b", b"k", "c")
 
-    # The next commit of the cell and its collection take the late record with the rest.
-    operator.run(lambda t: t.set("b", b"k", "c", b"v4"))
+
+def _stalled_until_the_cell_is_gone(
+    app: percolator.Client, operator: percolator.Client, monkeypatch: pytest.MonkeyPatch
+) -> tuple[CellKey, bytes, int, int]:
+    """A committed transaction's secondary b/k/c, its lock bytes as a stalled client read
+    them, then: rolled forward by a reader, deleted by a later transaction and removed by GC
+    as a dead cell.  Returns (key, stale lock bytes, start_ts, commit_ts)."""
+    commit_ts = _commit_leaving_secondary_locked(app)
+    key = CellKey("b", b"k", "c")
+    stale = fetch_cells(app.store, [key], before=None)[key].lock_bytes
+    lock = LockCell.decode(stale).lock
+    assert stale is not None and lock is not None
+    with operator.snapshot() as snap:
+        assert snap.get("b", b"k", "c") == b"committed-b"
+    operator.run(lambda t: t.delete("b", b"k", "c"))
+    monkeypatch.setattr(app.store, "stamp_skew_ms", 0)  # one clock here, HBase's too
+    time.sleep(0.05)  # the lock cell is stamped below GC's stamp limit (docs/gc.md)
     app.publish_min_start_ts()
-    operator.gc(life_time_ms=0)
-    [history] = read_table(app.store, "b")
-    assert [record.start_ts for _, record in history.writes] == [
-        history.lock_cell.last_commit.start_ts  # type: ignore[union-attr]
-    ]
-    assert history.visible_value() == b"v4"
+    assert operator.gc(life_time_ms=0).dead_cells_removed >= 1
+    assert read_table(app.store, "b") == []
+    return key, stale, lock.start_ts, commit_ts
+
+
+def _still_gone(app: percolator.Client, operator: percolator.Client) -> None:
+    assert read_table(app.store, "b") == []  # nothing came back
+    with operator.snapshot() as snap:
+        assert snap.get("b", b"k", "c") is None
+        assert snap.get("a", b"k", "c") == b"committed-a"
+    for _ in range(2):  # and no pass trips over anything left
+        time.sleep(0.05)
+        app.publish_min_start_ts()
+        operator.gc(life_time_ms=0)
+    with operator.snapshot() as snap:
+        assert snap.get("b", b"k", "c") is None
+
+
+def test_a_stalled_resolver_cannot_revive_a_cell_gc_removed(
+    app: percolator.Client, operator: percolator.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stalled resolver wakes after the cell was deleted and GC removed it entirely.  A
+    blind put of its write record would now be the cell's only history, pointing at data GC
+    deleted: every later read of the cell would fail, and no GC pass would find it (dead
+    cells are found by their lock cells).  Its record rides on its compare-and-set instead."""
+    key, stale, start_ts, commit_ts = _stalled_until_the_cell_is_gone(app, operator, monkeypatch)
+    assert commit_cell(app.store, key, start_ts, commit_ts, stale)
+    _still_gone(app, operator)
+
+
+@pytest.mark.parametrize("bytes_known", [True, False], ids=["lock-bytes-known", "unknown"])
+def test_a_stalled_committer_cannot_revive_a_cell_gc_removed(
+    app: percolator.Client,
+    operator: percolator.Client,
+    monkeypatch: pytest.MonkeyPatch,
+    bytes_known: bool,
+) -> None:
+    """The same for the committer finishing its secondaries after a pause (its reader
+    record lapsed, so GC passed it): when its batched compare-and-set's reply is lost, or
+    when it does not know a cell's lock bytes, the records must not be put blind."""
+    key, stale, start_ts, commit_ts = _stalled_until_the_cell_is_gone(app, operator, monkeypatch)
+    store = FaultyStore(app.store)
+    if bytes_known:
+        store.fail("compare_and_set")  # the batch's reply is lost: settled one by one
+    records = record_puts(store, None, [(key, Kind.PUT)], start_ts, commit_ts)
+    locked = [(key, stale if bytes_known else None)]
+    assert commit_secondaries(store, locked, start_ts, commit_ts, records) == [True]
+    _still_gone(app, operator)
