@@ -315,11 +315,10 @@ def commit_secondaries(
     loose: Mapping[str, Sequence[Put]] = batch
     if riding:
         cells = {(key.table, key.row, key.qualifier) for key, _ in locked}
-        known_cells = {(key.table, key.row, key.qualifier) for key, _ in known}
-        # A record of a cell whose bytes are unknown waits for that cell's own roll-forward.
+        # A record of a cell whose bytes are unknown rides on that cell's own roll-forward.
+        unknown = cells - {(key.table, key.row, key.qualifier) for key, _ in known}
         batch = {
-            table: [p for p in puts if (table, p.row, p.qualifier) in known_cells]
-            + [p for p in puts if (table, p.row, p.qualifier) not in cells]
+            table: [p for p in puts if (table, p.row, p.qualifier) not in unknown]
             for table, puts in batch.items()
         }
         loose = {
@@ -338,6 +337,6 @@ def commit_secondaries(
         or commit_cell(store, key, start_ts, commit_ts, write_record_done=not riding)
         for key, _ in locked
     ]
-    if records_lost and any(loose.values()):
-        put_by_table(store, {table: puts for table, puts in loose.items() if puts})
+    if records_lost:
+        put_by_table(store, loose)  # skips tables without puts
     return results
