@@ -54,6 +54,7 @@ from percolator.errors import (
     OracleError,
     OracleUnavailableError,
 )
+from percolator.layout import deployment_id
 from percolator.retry import Backoff
 from percolator.store.base import Store
 from percolator.timestamps import TimestampOracle, now_ms
@@ -269,6 +270,24 @@ class GrpcOracleClient(TimestampOracle):
             if info.deployment_id:
                 check_timestamp_domain(store, info.deployment_id, _source(address, info.store_url))
             return
+
+    def attach_store(self, store: Store) -> None:
+        """Check ``store`` against the service now (:meth:`check_store`), and check and bind
+        it with every range received from now on.  A client made without a store adopts
+        ``store``; one made for another deployment is refused (ConfigError): it binds and
+        checks only the store it was made for, so the other would stay unbound.  To serve
+        several deployments from one service, open one client for each."""
+        with self._lock:
+            current = self._store
+            if current is None:
+                self._store = store
+            elif current is not store and deployment_id(current) != deployment_id(store):
+                raise ConfigError(
+                    f"this oracle client checks the timestamps it receives for store "
+                    f"{current.url!r} and cannot serve store {store.url!r}: open one client "
+                    "per store (GrpcOracleClient(..., store=STORE))"
+                )
+        self.check_store()
 
     def _fetch(self, total: int) -> int:
         """One coalesced batch: Allocate ``total`` from the active oracle, failing over.

@@ -401,7 +401,9 @@ def connect(
     ``"grpc://HOST:PORT[,HOST:PORT...]"`` for the timestamp oracle service (or any other
     ``SCHEME://`` an installed oracle plugin provides, see
     :mod:`percolator.timestamps.factory`), or an object implementing
-    :class:`TimestampOracle`.
+    :class:`TimestampOracle`, which is asked to check the store first
+    (:meth:`TimestampOracle.attach_store`: a ``LocalOracle`` of another store, or an oracle
+    client made for another store, is refused).
     ``options``: fields of :class:`ClientOptions` (``lock_ttl_ms``, ``lock_wait_ms``, ...).
     """
     known = sorted(ClientOptions.__dataclass_fields__)
@@ -412,7 +414,11 @@ def connect(
     owns_store = not isinstance(store_url, Store)
     store = store_url if isinstance(store_url, Store) else open_store(store_url)
     try:
-        if not isinstance(oracle, TimestampOracle):
+        if isinstance(oracle, TimestampOracle):
+            # An object made elsewhere: it checks (and will bind) this store's timestamp
+            # domain as a URL's oracle does (percolator/timestamps/domain.py).
+            oracle.attach_store(store)
+        else:
             ensure_meta_table(store)
         ts_oracle = open_oracle(oracle, store)
         return Client(store, ts_oracle, client_options, owns_store=owns_store)

@@ -108,16 +108,18 @@ import time
 
 from percolator.concurrency import renew_after_fork
 from percolator.errors import (
+    ConfigError,
     InvalidArgumentError,
     OracleError,
     OracleUnavailableError,
     StoreError,
     StoreUnavailableError,
 )
+from percolator.layout import deployment_id
 from percolator.store.base import Store
 from percolator.timestamps.clock import SYSTEM_CLOCK, Clock
 from percolator.timestamps.coalesce import Coalescer, CoalescerStats
-from percolator.timestamps.domain import bind_timestamp_domain
+from percolator.timestamps.domain import bind_timestamp_domain, check_timestamp_domain
 from percolator.timestamps.hybrid import compose
 from percolator.timestamps.record import (
     LOCAL_HOLDER_PREFIX,
@@ -276,6 +278,21 @@ class LocalOracle(TimestampOracle):
 
     def get_timestamps(self, count: int) -> list[int]:
         return self._coalescer.take(count)
+
+    def attach_store(self, store: Store) -> None:
+        """A local oracle serves the store it reserves its timestamps in (the same
+        deployment, through any :class:`Store` object): another store is refused
+        (ConfigError), since the first reservation binds only this oracle's own store and
+        the other would stay unbound, open to another oracle's timestamps.  A store bound
+        to an oracle service is refused too (OracleError).  May create the stores' meta
+        tables; writes nothing else."""
+        if store is not self.store and deployment_id(store) != deployment_id(self.store):
+            raise ConfigError(
+                f"a LocalOracle of store {self.store.url!r} cannot serve store {store.url!r}: "
+                "a local oracle serves the store it keeps its record in; open it on that "
+                "store, or serve this one's timestamps by an oracle server (grpc://)"
+            )
+        check_timestamp_domain(store, None)
 
     def close(self) -> None:
         """Release the lease, if this instance holds one, so others need not wait it out.

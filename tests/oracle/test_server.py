@@ -551,3 +551,54 @@ def test_a_server_on_a_store_bound_to_another_oracle_warns(
         assert "the oracle service at a:1" in caplog.text
     finally:
         server.stop()
+
+
+def test_an_oracle_object_given_to_connect_is_checked_against_the_store(
+    tmp_path: Path, spawn: Callable[..., OracleProcess]
+) -> None:
+    """An oracle object made elsewhere is held to the store as a URL's oracle is
+    (``TimestampOracle.attach_store``): refused when it connects if the store takes its
+    timestamps from another oracle, and an unbound store is bound by its first timestamp."""
+    import percolator
+    from percolator.errors import ConfigError
+    from percolator.timestamps.domain import read_binding
+
+    ours, theirs = f"embedded:{tmp_path / 'ours'}", f"embedded:{tmp_path / 'theirs'}"
+    fresh = f"embedded:{tmp_path / 'fresh'}"
+    with percolator.connect(ours) as client:  # bound to its own (local) oracle
+        client.create_table("t")
+        client.run(lambda txn: txn.set("t", b"r", "c", b"v"))
+    server = spawn(theirs, "oracle")
+    server.wait_role("ROLE_ACTIVE")
+    with open_store(ours) as store, open_store(theirs) as other, open_store(fresh) as new:
+        # A local oracle of another store: refused, though the store is bound to its own.
+        with pytest.raises(ConfigError, match="cannot serve store"):
+            percolator.connect(store, oracle=LocalOracle(other))
+        # A local oracle of the same deployment through another Store object: accepted.
+        with open_store(ours) as again, percolator.connect(store, oracle=LocalOracle(again)) as c:
+            assert c.snapshot().get("t", b"r", "c") == b"v"
+        # A client of the service, made without a store: refused for a store bound to the
+        # local oracle before it writes anything...
+        service = GrpcOracleClient([server.address])
+        try:
+            with pytest.raises(OracleError, match="takes its timestamps from the store's own"):
+                percolator.connect(store, oracle=service)
+        finally:
+            service.close()
+        # ...and it binds a fresh store with its first timestamp, as grpc:// would.
+        service = GrpcOracleClient([server.address])
+        try:
+            with percolator.connect(new, oracle=service) as client:
+                client.create_table("t")
+                client.run(lambda txn: txn.set("t", b"r", "c", b"v"))
+            binding = read_binding(new)
+            assert binding is not None and server.address in binding.source
+            # One client checks one store: another deployment is refused.
+            with pytest.raises(ConfigError, match="one client per store"):
+                percolator.connect(other, oracle=service)
+        finally:
+            service.close()
+        # Without the check, the local oracle of a bound store would be refused only at its
+        # first timestamp; now connect() refuses it.
+        with pytest.raises(OracleError, match="from the oracle service at"):
+            percolator.connect(new, oracle=LocalOracle(new))
