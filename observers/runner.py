@@ -79,6 +79,10 @@ class Outcome(enum.Enum):
     COMMITTED = "committed"  # the user code ran and its transaction committed
     ACKED = "acked"  # the ack already covered the latest commit: cleanup only
     NOTHING = "nothing"  # no commit is visible (the write was rolled back): cleanup only
+    # An earlier run of its batch wrote the observed cell: not run, and its notification
+    # stays (the batch's write notifies it again), so that a run of its own sees that write
+    # and acknowledges the commit that made it.
+    DEFERRED = "deferred"
 
 
 @dataclass(frozen=True)
@@ -202,6 +206,12 @@ def _batch_attempt(
         found: list[tuple[Outcome, int | None]] = []
         for notification in notifications:
             table, row, column = notification.cell
+            if txn.has_write(table, row, column):
+                # Its run would read this batch's buffered write yet acknowledge only the
+                # commit before it, and the write's own notification would run it again
+                # for the same value: two committed runs of one change.
+                found.append((Outcome.DEFERRED, None))
+                continue
             _, observed = txn.get_with_commit_ts(table, row, column)
             if observed is None:
                 found.append((Outcome.NOTHING, None))
@@ -276,8 +286,11 @@ def process_batch(
             backoff.sleep()
             continue
         cleaned = True
+        done = [
+            n for n, (o, _) in zip(notifications, found, strict=True) if o is not Outcome.DEFERRED
+        ]
         try:
-            cleanup(client, *notifications)
+            cleanup(client, *done)
         except StoreError as exc:
             # The runs are done; the notifications stay and the next runs only clean up.
             log.warning(

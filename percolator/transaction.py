@@ -338,6 +338,10 @@ class Transaction(Snapshot):
         key = self._key(table, row, column, reserved=self._allow_reserved)
         self._writes[key] = Mutation(key, Kind.DELETE)
 
+    def has_write(self, table: str, row: bytes | str, column: str) -> bool:
+        """Whether this transaction has buffered a write (put or delete) of the cell."""
+        return self._key(table, row, column, reserved=self._allow_reserved) in self._writes
+
     @property
     def writes(self) -> dict[CellKey, Mutation]:
         return dict(self._writes)

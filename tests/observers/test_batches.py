@@ -66,6 +66,42 @@ def test_a_batch_skips_what_is_acknowledged_or_was_never_committed(
     assert runs(client.snapshot()) == {b"done": [first], b"new": [second]}
 
 
+class WritesTheNextRow(RunLogger):
+    """The run of row ``a`` writes the observed cell of row ``b`` (a propagation), and
+    every run records the value it saw, buffered writes of its batch included."""
+
+    def process(self, txn: Transaction, row: bytes, column: str) -> None:
+        super().process(txn, row, column)
+        seen = txn.get(EVENTS, row, column) or b"<none>"
+        txn.set(helpers.RUNS, b"saw:" + row + b"|%020d" % txn.start_ts, "value", seen)
+        if row == b"a":
+            txn.set(EVENTS, b"b", column, b"from-a")
+
+
+def test_a_cell_an_earlier_run_of_the_batch_wrote_gets_a_run_of_its_own(
+    local_client: percolator.Client,
+) -> None:
+    """Run in the batch, ``b`` would read ``a``'s buffered write yet acknowledge only the
+    commit before it; the write's own notification would then run ``b`` again, for the
+    same value: two committed runs of one change.  ``b`` is deferred instead."""
+    client = local_client
+    observer = WritesTheNextRow()
+    register_observers(client, [observer])
+    first = write(client, [b"a", b"b"])
+    results = process_batch(client, observer, pending_events(client))
+    assert [r.outcome for r in results] == [Outcome.COMMITTED, Outcome.DEFERRED]
+    batch_ts = results[0].commit_ts
+    assert batch_ts is not None and results[1].commit_ts is None
+    left = pending_events(client)
+    assert [n.row for n in left] == [b"b"]
+    [result] = process_batch(client, observer, left)
+    assert result.outcome is Outcome.COMMITTED and result.observed_commit_ts == batch_ts
+    assert runs(client.snapshot()) == {b"a": [first], b"b": [batch_ts]}
+    saw = [value for _, value in client.snapshot().scan(helpers.RUNS, b"saw:b", b"saw:c")]
+    assert saw == [{"value": b"from-a"}]
+    assert pending_events(client) == []
+
+
 class FailsOnBad(RunLogger):
     def process(self, txn: Transaction, row: bytes, column: str) -> None:
         if row == b"bad":
