@@ -289,18 +289,19 @@ class Client:
             # GC may pass over a table being loaded: it holds only the load's committed
             # cells, each the newest (and only) version GC would keep.
             self._check_table(name, allow_loading=True)
-        report = run_gc(
-            self.store,
-            self._ctx.resolver,
-            names,
-            all_tables=every,
-            now_ts=self.oracle.get_timestamp(),
-            life_time_ms=life_time_ms,
-            progress=progress,
-            own_oldest_reader=self._readers.min_active,
-            own_row=self._readers.row,
-            notified=notified_cells_of(self.store),
-        )
+        with self._readers.collecting():  # its readers count from memory, not the record
+            report = run_gc(
+                self.store,
+                self._ctx.resolver,
+                names,
+                all_tables=every,
+                now_ts=self.oracle.get_timestamp(),
+                life_time_ms=life_time_ms,
+                progress=progress,
+                own_oldest_reader=self._readers.min_active,
+                own_row=self._readers.row,
+                notified=notified_cells_of(self.store),
+            )
         report.notifications_collected = collect_unobserved(self.store, names, report.bound)
         self.safe_point(refresh=True)
         return report

@@ -36,6 +36,7 @@ Formats (meta table, family ``m``):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import struct
 import threading
@@ -64,8 +65,20 @@ PUBLISH_TTL_MS = 60_000
 #: how often a client with live readers renews it (well inside the TTL); also how long a
 #: record may lag behind readers that ended (GC is held back that long: never wrong)
 RENEW_INTERVAL_S = 2.0
-#: a reader counts as protected until this long before its client's record expires
+#: a reader counts as protected until this long before its client's record expires: the
+#: wall clocks of GC's host and of the client's may differ by up to this much (docs/gc.md)
 _PROTECTION_MARGIN_MS = 15_000
+
+
+def elapsed_s() -> float:
+    """Seconds on a clock that keeps counting while the host is suspended (Linux's
+    ``CLOCK_BOOTTIME``; elsewhere ``time.monotonic``).  A reader's protection is measured on
+    it: GC judges the client's record by wall-clock expiry, which a suspended host's
+    ``time.monotonic`` would not see pass."""
+    return time.clock_gettime(_ELAPSED_CLOCK)
+
+
+_ELAPSED_CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
 
 
 def _prefix_stop(prefix: bytes) -> bytes:
@@ -270,7 +283,7 @@ class ReaderRegistry:
         client_id: str,
         *,
         safe_point_refresh_ms: int,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = elapsed_s,
     ) -> None:
         self._store = store
         #: this client's record in the meta table
@@ -279,6 +292,9 @@ class ReaderRegistry:
         self._clock = clock
         self._lock = threading.Lock()
         self._active: dict[int, int] = {}  # start_ts -> count of live readers
+        # GC passes of this client under way (collecting()): its readers do not rely on the
+        # record then, which those passes skip.
+        self._collecting = 0
         self._next_token = 0
         # The record in the store covers every live reader from this monotonic time until
         # _protected_until (None: no record this client can rely on).
@@ -338,6 +354,22 @@ class ReaderRegistry:
     def min_active(self) -> int | None:
         with self._lock:
             return min(self._active) if self._active else None
+
+    @contextlib.contextmanager
+    def collecting(self) -> Iterator[None]:
+        """Around a GC pass of this client, which counts its readers from memory
+        (:meth:`min_active`) and skips its record: meanwhile no reader relies on the
+        record, which may still name an older reader than any left (it is renewed every
+        few seconds).  A reader that arrives during the pass checks the stored safe point:
+        registered before the pass reads the readers again, it is counted; after, it finds
+        the pass's safe point stored and is refused."""
+        with self._lock:
+            self._collecting += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._collecting -= 1
 
     # ---------------------------------------------------------------- publication
 
@@ -422,7 +454,8 @@ class ReaderRegistry:
         otherwise the safe point is read from the store first."""
         now = self._clock()
         protected = (
-            self._published_since is not None
+            not self._collecting
+            and self._published_since is not None
             and now < self._protected_until
             and self._safe_point_loaded_at > self._published_since
             and self._published_min != 0

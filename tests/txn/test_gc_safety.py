@@ -26,7 +26,7 @@ from percolator import failpoints, notifications, readers
 from percolator.errors import SafePointError, UndeterminedCommitError
 from percolator.protocol.cells import CellKey, fetch_cells
 from percolator.protocol.commit import commit_cell, commit_secondaries, record_puts
-from percolator.protocol.gc import lock_report
+from percolator.protocol.gc import advance_safe_point, lock_report
 from percolator.records import Kind, LockCell
 from percolator.store import Store, open_store
 from percolator.store.backends import with_table_prefix
@@ -247,6 +247,60 @@ def test_own_gc_protects_the_clients_live_transactions(app: percolator.Client) -
     assert report.safe_point <= txn.start_ts
     assert txn.get("a", b"k", "c") == b"v1"
     txn.rollback()
+
+
+def test_a_reader_arriving_during_its_own_clients_gc_reads_its_snapshot_or_is_refused(
+    app: percolator.Client,
+) -> None:
+    """The client's record still names a closed snapshot's start_ts (it is renewed every
+    few seconds), so a new reader at that start_ts would count as covered by it; the
+    client's own GC pass skips that record and counts its readers from memory, where the
+    closed snapshot is gone.  A reader arriving in the middle of the pass (here: after the
+    versions were collected) must read its snapshot or get SafePointError, never None."""
+    app.run(lambda t: t.set("a", b"k", "c", b"v1"))
+    old = app.snapshot()
+    assert old.get("a", b"k", "c") == b"v1"  # publishes the record, loads the safe point
+    old_ts = old.start_ts
+    app.run(lambda t: t.set("a", b"k", "c", b"v2"))
+    old.close()
+    answers: list[object] = []
+
+    def arrive(message: str) -> None:
+        if message.startswith("safe point") and not answers:  # the pass's summary
+            try:
+                with app.snapshot(read_ts=old_ts) as late:
+                    answers.append(late.get("a", b"k", "c"))
+            except SafePointError as exc:
+                answers.append(exc)
+
+    report = app.gc(life_time_ms=0, progress=arrive)
+    assert report.bound > old_ts  # the pass went past it
+    assert len(answers) == 1
+    assert answers[0] == b"v1" or isinstance(answers[0], SafePointError), answers
+
+
+def test_a_reader_whose_host_slept_does_not_trust_its_clients_record(
+    app: percolator.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GC judges a client's record by wall-clock expiry; a host that was suspended wakes up
+    with ``time.monotonic`` not having moved.  The protection is measured on a clock that
+    counts the suspend (``CLOCK_BOOTTIME``), so after it a reader checks the stored safe
+    point, and a GC that passed the lapsed record in the meantime refuses it."""
+    app.run(lambda t: t.set("a", b"k", "c", b"v1"))
+    old = app.snapshot()
+    assert old.get("a", b"k", "c") == b"v1"  # the record is stored, the reader protected
+    real = time.clock_gettime
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    if boottime is None:
+        pytest.skip("no CLOCK_BOOTTIME on this platform")
+    # Two minutes of suspend: only the clock that counts it moves.
+    monkeypatch.setattr(
+        readers.time, "clock_gettime", lambda clock: real(clock) + (120 if clock == boottime else 0)
+    )
+    # Meanwhile a GC elsewhere found the record expired and went past the reader.
+    advance_safe_point(app.store, old.start_ts + 1)
+    with pytest.raises(SafePointError):
+        old.get("a", b"k", "c")
 
 
 # ---------------------------------------------------------------- 3. long primary history
