@@ -396,7 +396,10 @@ def unregister_observer(client: Client, name: str) -> list[tuple[str, str]]:
     Notifications already written stay in the store until a worker hosting an observer of
     that column processes them (or forever, harmlessly, if none does).  The observer's ack
     cells stay too: registering it again later catches up on what was written meanwhile
-    (changes its acks do not cover, see :func:`register_observers`)."""
+    (changes its acks do not cover, see :func:`register_observers`).  A cell deleted
+    meanwhile is kept by garbage collection until the observer has run on it (its ack
+    predates the delete: percolator/protocol/gc.py ``owes_delete``), so an observer removed
+    for good leaves such cells in place."""
     removed = notifications.release_columns(client.store, name)
     client.refresh_observed()
     return removed

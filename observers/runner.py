@@ -47,9 +47,9 @@ from percolator.observers.api import Observer
 
 from percolator import failpoints
 from percolator.errors import PercolatorError, StoreError, UndeterminedCommitError
+from percolator.layout import ack_column
 from percolator.notifications import (
     Notification,
-    ack_column,
     delete_notifications,
     read_ack,
     write_ack,

@@ -52,6 +52,9 @@ RESERVED_PREFIX = "!"
 #: write-family qualifiers of commit-index entries (``!txn/`` + the column's qualifier): no
 #: user column can start with the reserved prefix, so they never collide with a column
 COMMIT_INDEX_PREFIX = b"!txn/"
+#: columns of observers' acknowledgements: ``!ack/<observer>/<column>`` (observer names
+#: hold no ``/``; percolator/notifications.py owns their values)
+ACK_PREFIX = f"{RESERVED_PREFIX}ack/"
 SYSTEM_TABLE_PREFIX = "percolator_"
 META_TABLE = "percolator_meta"
 META_FAMILY = "m"
@@ -209,3 +212,20 @@ def commit_index_qualifier(qualifier: bytes) -> bytes:
 
 def is_commit_index(qualifier: bytes) -> bool:
     return qualifier.startswith(COMMIT_INDEX_PREFIX)
+
+
+def ack_column(observer: str, column: str) -> str:
+    """The reserved column holding observer ``observer``'s acknowledgement of ``column``."""
+    return f"{ACK_PREFIX}{observer}/{column}"
+
+
+_ACK_PREFIX_BYTES = ACK_PREFIX.encode("ascii")
+
+
+def acked_qualifier(qualifier: bytes) -> bytes | None:
+    """The qualifier of the column an ack column's qualifier acknowledges (``None`` if
+    ``qualifier`` is not an ack's): the inverse of :func:`ack_column`, on encoded names."""
+    if not qualifier.startswith(_ACK_PREFIX_BYTES):
+        return None
+    _, slash, column = qualifier[len(_ACK_PREFIX_BYTES) :].partition(b"/")
+    return column if slash and column else None

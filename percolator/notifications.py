@@ -81,7 +81,7 @@ from typing import Protocol
 
 from percolator.concurrency import renew_after_fork
 from percolator.errors import ConfigError
-from percolator.layout import META_FAMILY, META_TABLE, NOTIFY, RESERVED_PREFIX
+from percolator.layout import META_FAMILY, META_TABLE, NOTIFY, ack_column
 from percolator.protocol.cells import CellKey, group_by_table
 from percolator.store.base import Delete, Put, ScanOptions, Store
 
@@ -497,13 +497,7 @@ class ObservedColumns:
 
 # --------------------------------------------------------------------------- acks
 
-ACK_PREFIX = f"{RESERVED_PREFIX}ack/"
 _U64 = struct.Struct(">Q")
-
-
-def ack_column(observer: str, column: str) -> str:
-    """The reserved column holding an observer's acknowledgement of ``column``."""
-    return f"{ACK_PREFIX}{observer}/{column}"
 
 
 def encode_ack(commit_ts: int) -> bytes:

@@ -69,12 +69,20 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from percolator import failpoints
 from percolator.errors import TableNotFoundError
-from percolator.layout import DATA, LOCK, META_FAMILY, META_TABLE, WRITE, is_commit_index
+from percolator.layout import (
+    DATA,
+    LOCK,
+    META_FAMILY,
+    META_TABLE,
+    WRITE,
+    acked_qualifier,
+    is_commit_index,
+)
 from percolator.protocol.cells import CellKey, RawCell
 from percolator.protocol.resolve import LockResolver
 from percolator.readers import (
@@ -116,6 +124,9 @@ class GcReport:
     dead_cells_removed: int = 0
     #: dead cells left for a later pass: a notification of their delete was still waiting
     dead_cells_notified: int = 0
+    #: dead cells kept: an observer's ack is older than their delete (it has not run since,
+    #: e.g. unregistered; registering it again catches up on the delete)
+    dead_cells_owed: int = 0
     #: notify cells of columns no observer watches, cleaned (by the client, see gc())
     notifications_collected: int = 0
     #: delete masks forgotten (Store.compact_deletes: embedded and memory stores)
@@ -130,7 +141,8 @@ class GcReport:
             f"safe point {describe(self.safe_point)}; {self.locks_resolved} locks resolved, "
             f"{self.locks_alive} alive, {self.locks_orphaned} orphaned; "
             f"{self.cells_collected} cells collected and {self.dead_cells_removed} deleted "
-            f"cells removed in {len(self.tables)} tables; "
+            f"cells removed in {len(self.tables)} tables ({self.dead_cells_owed} kept for "
+            "an observer's run); "
             f"{self.clients_expired} expired client records and "
             f"{self.reservations_removed} old reservations removed; "
             f"{self.delete_masks_dropped} delete masks dropped"
@@ -342,6 +354,37 @@ def is_dead(cell: LockCell, bound: int) -> bool:
     )
 
 
+def owes_delete(cell: LockCell, acks: Sequence[LockCell]) -> bool:
+    """Whether a strong observer has not seen the delete of dead ``cell``, judged from the
+    lock cells of its acks of that cell (``acks``): a run at start timestamp ``O``
+    acknowledges the latest commit at or below ``O``, so an ack whose run started before
+    the delete committed covers an earlier change; an ack being written now may cover
+    either.  Such a cell must stay: an observer that is not registered now (no notification
+    was written for the delete) finds what it owes, when registered again, only from the
+    cell's lock cell (observers/catchup.py); removed, the delete would be lost to it for
+    good.  (A weak observer keeps no acks: it is not covered.)"""
+    last = cell.last_commit
+    if last is None:  # never committed: nobody saw a value to be told is gone
+        return False
+    for ack in acks:
+        if ack.lock is not None:
+            return True
+        if ack.last_commit is not None and ack.last_commit.start_ts < last.commit_ts:
+            return True
+    return False
+
+
+def _acks_by_column(cells: Mapping[bytes, tuple[int, bytes]]) -> dict[bytes, list[LockCell]]:
+    """The lock cells of a row's ack columns (``layout.ack_column``), by the qualifier of the
+    column they acknowledge."""
+    acks: dict[bytes, list[LockCell]] = {}
+    for qualifier, (_, value) in cells.items():
+        acked = acked_qualifier(qualifier)
+        if acked is not None:
+            acks.setdefault(acked, []).append(LockCell.decode(value))
+    return acks
+
+
 def _remove_dead_cells(
     store: Store,
     table: str,
@@ -382,8 +425,17 @@ def _remove_dead_cells(
         report.dead_cells_removed += len(locks)
 
     for row, cells in store.scan(table, LOCK, ScanOptions(batch_size=_DELETE_BATCH)):
+        acks: dict[bytes, list[LockCell]] | None = None  # the row's, read when needed
         for qualifier, (version, value) in cells.items():
-            if version >= stamp_limit or not is_dead(LockCell.decode(value), bound):
+            if version >= stamp_limit:
+                continue
+            cell = LockCell.decode(value)
+            if not is_dead(cell, bound):
+                continue
+            if acks is None:
+                acks = _acks_by_column(cells)
+            if owes_delete(cell, acks.get(qualifier, ())):
+                report.dead_cells_owed += 1
                 continue
             dead.append((row, qualifier))
             if len(dead) >= _DELETE_BATCH:

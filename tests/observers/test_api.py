@@ -14,6 +14,7 @@ from percolator.observers.api import (
     trigger,
     unregister_observer,
 )
+from percolator.observers.drain import run_until_quiet
 from percolator.observers.parking import pending
 
 import percolator
@@ -132,6 +133,38 @@ def test_unregister_stops_notifications_and_allows_another_observer(
 
     register_observers(client, [Another()])
     assert registrations(client.store)[(EVENTS, "value")].observer == "another"
+
+
+def test_a_delete_made_while_its_observer_was_away_outlives_gc_until_it_is_run(
+    local_client: percolator.Client,
+) -> None:
+    """Unregistered, an observer gets no notification of a delete; registered again, it
+    catches up from the cell's lock cell (observers/catchup.py).  GC must not remove that
+    dead cell meanwhile, since the observer's ack predates the delete, or the delete is lost
+    to the observer for good.  Once a run has seen it, the cell goes."""
+    client = local_client
+    observer = RunLogger()
+    register_observers(client, [observer])
+    with client.transaction() as txn:
+        txn.set(EVENTS, b"gone", "value", b"x")
+    written = txn.commit_ts
+    run_until_quiet(client, [observer])
+    assert unregister_observer(client, "run-logger")
+    with client.transaction() as txn:
+        txn.delete(EVENTS, b"gone", "value")
+    deleted = txn.commit_ts
+    assert notified(client) == []  # nobody watches the column: no notification
+    time.sleep(0.01)  # the lock cell's stamp falls below the store's clock (docs/gc.md)
+    report = client.gc(life_time_ms=0)
+    assert report.bound > deleted
+    assert (report.dead_cells_removed, report.dead_cells_owed) == (0, 1)
+
+    register_observers(client, [observer])
+    run_until_quiet(client, [observer])
+    assert helpers.runs(client.snapshot())[b"gone"] == [written, deleted]
+    time.sleep(0.01)
+    report = client.gc(life_time_ms=0)
+    assert (report.dead_cells_removed, report.dead_cells_owed) == (1, 0)
 
 
 def test_trigger_notifies_existing_data(memory_client: percolator.Client) -> None:

@@ -12,14 +12,20 @@ import percolator
 from percolator import failpoints
 from percolator.errors import ConfigError, InvalidArgumentError, PercolatorError
 from percolator.failpoints import FailpointError
-from percolator.layout import META_FAMILIES, META_FAMILY, META_TABLE, TABLE_FAMILIES
+from percolator.layout import (
+    META_FAMILIES,
+    META_FAMILY,
+    META_TABLE,
+    TABLE_FAMILIES,
+    ack_column,
+    acked_qualifier,
+)
 from percolator.notifications import (
     OBSERVED_QUALIFIER,
     OBSERVED_TOMBSTONE,
     Notification,
     ObservedColumns,
     Registration,
-    ack_column,
     claim_column,
     decode_ack,
     delete_notifications,
@@ -206,6 +212,9 @@ def test_the_refresh_interval_comes_from_the_environment(monkeypatch: pytest.Mon
 
 def test_ack_codec_and_column_name() -> None:
     assert ack_column("obs", "a/b") == "!ack/obs/a/b"
+    assert acked_qualifier(b"!ack/obs/a/b") == b"a/b"
+    assert acked_qualifier(b"a/b") is None and acked_qualifier(b"!ack/obs") is None
+    assert acked_qualifier(b"!txn/a") is None
     assert encode_ack(1 << 40) == b"\x00\x00\x01\x00\x00\x00\x00\x00"
     assert decode_ack(encode_ack(1 << 40)) == 1 << 40
     assert decode_ack(None) is None

@@ -10,7 +10,7 @@ import percolator
 from percolator import failpoints
 from percolator.errors import SafePointError
 from percolator.layout import DATA, LOCK, META_FAMILY, META_TABLE, WRITE
-from percolator.protocol.gc import lock_report
+from percolator.protocol.gc import lock_report, owes_delete
 from percolator.readers import (
     RESERVATION_KEEP_MS,
     RESERVE_PREFIX,
@@ -18,6 +18,7 @@ from percolator.readers import (
     read_safe_point,
     scan_reservations,
 )
+from percolator.records import CommitInfo, Kind, LockCell, LockInfo
 from percolator.store.base import ScanOptions
 from percolator.timestamps import now_ms
 
@@ -232,3 +233,20 @@ def test_gc_keeps_lock_cells_stamped_within_the_stores_clock_skew(
     time.sleep(0.005)
     assert client.gc(life_time_ms=0).dead_cells_removed == 1
     assert raw_cell(client, b"k") == {LOCK: 0, WRITE: 0, DATA: 0}
+
+
+def test_a_dead_cell_is_owed_to_an_observer_whose_ack_predates_its_delete() -> None:
+    """GC keeps a dead cell while an ack of it was written by a run that started before the
+    delete committed (it covers an earlier change), or is being written now."""
+    dead = LockCell(last_commit=CommitInfo(commit_ts=100, start_ts=90, kind=Kind.DELETE))
+
+    def ack(start_ts: int, *, locked: bool = False) -> LockCell:
+        lock = LockInfo(start_ts + 20, 1000, Kind.PUT, "t", b"r", "!ack/o/c") if locked else None
+        return LockCell(lock=lock, last_commit=CommitInfo(start_ts + 5, start_ts, Kind.PUT))
+
+    assert not owes_delete(dead, [])
+    assert not owes_delete(dead, [ack(101)])  # its run saw the delete
+    assert owes_delete(dead, [ack(95)])  # its run started before the delete committed
+    assert owes_delete(dead, [ack(101), ack(50)])  # one of two observers owes it
+    assert owes_delete(dead, [ack(101, locked=True)])  # a run is writing it now
+    assert not owes_delete(LockCell(rolled_back=80), [ack(50)])  # never committed
