@@ -446,6 +446,14 @@ class ReaderRegistry:
             self._safe_point_loaded_at = now
         return self._safe_point
 
+    def check_stored(self, read_ts: int) -> None:
+        """Raise SafePointError if ``read_ts`` is below the safe point read from the store
+        now (never the cache): for a read that found data missing, to tell garbage
+        collection under a reader from a damaged store."""
+        safe_point = self.safe_point(refresh=True)
+        if read_ts < safe_point:
+            raise safe_point_error(read_ts, safe_point)
+
     def check(self, read_ts: int) -> None:
         """Raise SafePointError if a read at ``read_ts`` may see collected versions.
 

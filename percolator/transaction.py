@@ -26,6 +26,8 @@ from percolator.committer import Committer
 from percolator.context import EngineContext
 from percolator.errors import (
     InvalidArgumentError,
+    StoreError,
+    StoreUnavailableError,
     TransactionStateError,
     UndeterminedCommitError,
 )
@@ -100,14 +102,22 @@ class Snapshot:
         missing = [key for key in keys if key not in answers]
         if missing:
             ctx = self._ctx
-            found = read_commits(
-                ctx.store,
-                ctx.resolver,
-                missing,
-                self.start_ts,
-                lock_wait_ms=ctx.options.lock_wait_ms,
-                seen=self._seen_sink(),
-            )
+            try:
+                found = read_commits(
+                    ctx.store,
+                    ctx.resolver,
+                    missing,
+                    self.start_ts,
+                    lock_wait_ms=ctx.options.lock_wait_ms,
+                    seen=self._seen_sink(),
+                )
+            except StoreError as exc:
+                if not isinstance(exc, StoreUnavailableError):
+                    # Data a commit points at is missing: below the safe point, GC took it
+                    # from under this reader (SafePointError: retry at a new snapshot),
+                    # which is not the damaged store the error would otherwise report.
+                    ctx.readers.check_stored(self.start_ts)
+                raise
             if len(answers) < MAX_SEEN:
                 answers.update(found)
         else:

@@ -23,13 +23,15 @@ import pytest
 
 import percolator
 from percolator import failpoints, notifications, readers
-from percolator.errors import SafePointError, UndeterminedCommitError
+from percolator.errors import SafePointError, StoreError, UndeterminedCommitError
+from percolator.layout import DATA
 from percolator.protocol.cells import CellKey, fetch_cells
 from percolator.protocol.commit import commit_cell, commit_secondaries, record_puts
 from percolator.protocol.gc import advance_safe_point, lock_report
 from percolator.records import Kind, LockCell
 from percolator.store import Store, open_store
 from percolator.store.backends import with_table_prefix
+from percolator.store.base import Delete
 from percolator.testing.faults import FaultyStore
 from tests.txn.raw_inspect import read_table
 
@@ -301,6 +303,32 @@ def test_a_reader_whose_host_slept_does_not_trust_its_clients_record(
     advance_safe_point(app.store, old.start_ts + 1)
     with pytest.raises(SafePointError):
         old.get("a", b"k", "c")
+
+
+def test_a_lapsed_reader_that_finds_its_data_collected_gets_safe_point_error(
+    app: percolator.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader whose protection lapsed (its host slept) while GC went past it may find a
+    write record whose data GC already deleted (a pass between its two deletes, or the
+    Thrift-1 gateway's): that is SafePointError, retryable at a new snapshot, not the
+    "store damaged" error of data missing above the safe point."""
+    app.run(lambda t: (t.set("a", b"k1", "c", b"v1"), t.set("a", b"k2", "c", b"v2")))
+    old = app.snapshot()
+    assert old.get("a", b"k1", "c") == b"v1"  # the record is stored, the reader protected
+    [(data_ts, _)] = app.store.read_row("a", b"k2", columns=[(DATA, b"c")])[(DATA, b"c")]
+    real = time.clock_gettime
+    boottime = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+    monkeypatch.setattr(
+        readers.time, "clock_gettime", lambda clock: real(clock) + (120 if clock == boottime else 0)
+    )
+    advance_safe_point(app.store, old.start_ts + 1)
+    app.store.delete_versions("a", [Delete(b"k2", DATA, b"c", data_ts)])  # GC, half done
+    fresh = app.snapshot()  # above the safe point, missing data is damage
+    with pytest.raises(StoreError, match="missing although a commit points at it"):
+        fresh.get("a", b"k2", "c")
+    fresh.close()
+    with pytest.raises(SafePointError):
+        old.get("a", b"k2", "c")
 
 
 # ---------------------------------------------------------------- 3. long primary history
