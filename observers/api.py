@@ -346,7 +346,9 @@ def register_observers(
         # A column held by another observer makes the claim below fail: no catch-up then.
         if catch_up and fresh and not taken:
             # Recorded before the claim: a crash after it leaves the catch-up owed, visibly.
-            watermark.begin_catch_up(client.store, observer.name)
+            watermark.begin_catch_up(
+                client.store, observer.name, getattr(observer, "outputs", None)
+            )
         for column in observer.columns:
             outputs = getattr(observer, "outputs", None)
             wanted = Registration(

@@ -35,7 +35,9 @@ it unless an observer run cleaned it up, which it does only once the change is p
 **Cascading**: an observer's watermark is also held back by the watermarks of its
 *upstream* observers: those whose declared ``outputs`` include a column it watches, and
 every observer that declares no ``outputs`` (it may write anything, so it holds back every
-other observer; declare outputs to get per-stage watermarks).  Cycles are fine: the
+other observer; declare outputs to get per-stage watermarks).  An observer that may write
+a column it watches (it declares one among its outputs, or declares none) is upstream of
+itself.  Cycles are fine: the
 watermark is the minimum over everything upstream, transitively.  That alone is not enough:
 work an upstream run left for this observer carries the commit timestamp of that run, not
 the (older) timestamp of the change it came from.  So a pending notification (or a lock) at
@@ -51,10 +53,17 @@ work an upstream run left for it.  An upstream run that commits between the two 
 downstream first, would be seen by neither: its notification is cleaned up before the
 upstream scan, and its output's notification is written after the downstream scan.  So
 observers are scanned upstream first (step 3 then 4 for each); where a cycle makes that
-impossible, every observer scanned before one of its upstream observers scans its notify
-family again after all the others (step 4 only: a run that committed before the upstream
+impossible (a cycle, or an observer upstream of itself), every observer scanned before one
+of its upstream observers (or with itself upstream) scans its notify family again after all
+the others (step 4 only: a run that committed before the upstream
 scan wrote this observer's notification before its commit point, so the second scan finds
 it, or its run cleaned it up after processing it).
+
+**Registering an upstream observer** (for the first time, again after an unregistration,
+or under a new name in a redeploy) resets the published watermarks of every observer
+downstream of it, as its catch-up resets its own (:func:`begin_catch_up`): while no
+observer upstream owed them anything, theirs rose past changes the new one now owes them.
+While an upstream observer is unregistered, its pending work holds nothing downstream.
 
 **Monotonic**: the last published value of each observer is kept in the meta table (row
 ``watermark/<observer>``, qualifier ``w``, JSON ``{"v": 1, "w": W, "h": HISTORY}``, plus
@@ -292,10 +301,15 @@ def _cas(store: Store, observer: str, qualifier: bytes, expected: bytes | None, 
     return store.compare_and_set(META_TABLE, _row(observer), META_FAMILY, qualifier, expected, new)
 
 
-def begin_catch_up(store: Store, observer: str) -> None:
+def begin_catch_up(store: Store, observer: str, outputs: Iterable[tuple[str, str]] | None) -> None:
     """Record that ``observer`` starts catching up (its watermark is 0 until
     :func:`finish_catch_up`), and reset its published watermark to 0.  The floor is written
     first, so a computation that read the old published value fails its compare-and-set.
+
+    The observers downstream of it (transitively, with ``outputs``, what it declares it
+    writes, None: anything) are reset to 0 too: published watermarks only rise, and theirs
+    may have risen while no observer upstream of them owed anything (this one not yet
+    registered, or unregistered for a redeploy), past changes this one now owes them.
 
     The reset carries a random nonce: an earlier reset (or a fresh registration's) wrote
     ``w: 0`` too, and identical bytes would let a computation that read them before this
@@ -304,6 +318,33 @@ def begin_catch_up(store: Store, observer: str) -> None:
     ``finished_ts``, a fresh timestamp."""
     _set(store, observer, _FLOOR, Floor(0, 0, False).encode())
     _set(store, observer, _PUBLISHED, _encode_published(0, nonce=uuid.uuid4().hex))
+    for name in sorted(_downstream(list(registrations(store).values()), observer, outputs)):
+        _set(store, name, _PUBLISHED, _encode_published(0, nonce=uuid.uuid4().hex))
+
+
+def _downstream(
+    regs: Sequence[Registration], observer: str, outputs: Iterable[tuple[str, str]] | None
+) -> set[str]:
+    """The registered observers other than ``observer`` that it is upstream of, directly
+    (they watch one of ``outputs``; all of them if None) or through others."""
+    declared = None if outputs is None else set(outputs)
+    watched: dict[str, set[tuple[str, str]]] = {}
+    for reg in regs:
+        watched.setdefault(reg.observer, set()).add((reg.table, reg.column))
+    upstream = _upstream(regs)
+    found = {
+        name
+        for name, cols in watched.items()
+        if name != observer and (declared is None or cols & declared)
+    }
+    frontier = list(found)
+    while frontier:
+        current = frontier.pop()
+        for name, above in upstream.items():
+            if current in above and name != observer and name not in found:
+                found.add(name)
+                frontier.append(name)
+    return found
 
 
 def finish_catch_up(store: Store, observer: str, floor: int, until: int) -> None:
@@ -440,7 +481,9 @@ def _upstream(regs: Sequence[Registration]) -> dict[str, set[str]]:
     upstream: dict[str, set[str]] = {name: set() for name in watched}
     for name, cols in watched.items():
         for other, out in outputs.items():
-            if other != name and (out is None or out & cols):
+            # An observer that may write a column it watches is upstream of itself: work a
+            # run leaves for it carries that run's commit timestamp, not its origin's.
+            if out is None or out & cols:
                 upstream[name].add(other)
     return upstream
 
@@ -574,7 +617,8 @@ def compute_watermarks(
     # notifications again, now that every observer has been scanned once.
     position = {name: index for index, name in enumerate(order)}
     for name in order:
-        if any(position[other] > position[name] for other in upstream.get(name, ())):
+        # (>=: an observer upstream of itself is scanned "before" itself too.)
+        if any(position[other] >= position[name] for other in upstream.get(name, ())):
             scratch = ObserverWatermark(name, 0, now_ts)  # counted in the first scan
             for table, columns in watched_tables(name).items():
                 again = _scan_own(store, scratch, table, columns, origin_for(name), locks=False)

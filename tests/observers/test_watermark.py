@@ -454,7 +454,7 @@ def test_an_unfinished_catch_up_holds_the_watermark_at_zero(
         txn.set(EVENTS, b"old", "value", b"1")
     observer = RunLogger()
     register_observers(client, [observer], catch_up=False)
-    watermark.begin_catch_up(client.store, "run-logger")  # ... and the process died here
+    watermark.begin_catch_up(client.store, "run-logger", None)  # ... and the process died here
     result = compute_watermarks(client.store, client.oracle)["run-logger"]
     assert result.watermark == 0 and result.catching_up
     assert "catch-up not finished" in result.describe()

@@ -14,6 +14,7 @@ from typing import cast
 import pytest
 from percolator.observers.api import register_observers, unregister_observer
 from percolator.observers.drain import run_until_quiet
+from percolator.observers.runner import process_notification
 
 import percolator
 from percolator import bulkload, tablestate, watermark
@@ -23,7 +24,7 @@ from percolator.store.base import Put, Store
 from percolator.tablestate import LoadState
 from percolator.timestamps.source import TimestampOracle
 from percolator.watermark import WatermarkTimeoutError, compute_watermarks
-from tests.observers.helpers import EVENTS, RunLogger
+from tests.observers.helpers import EVENTS, RunLogger, pending_events
 
 LOADED = "obs_loaded"
 
@@ -38,6 +39,10 @@ class LoadedLogger(RunLogger):
     name = "loaded-logger"
     table = LOADED
     columns = ("value",)
+
+
+class DeclaredRunLogger(RunLogger):
+    outputs = ()  # type: ignore[assignment]
 
 
 def _ack(client: percolator.Client, observer: str, row: bytes, column: str) -> int | None:
@@ -78,7 +83,9 @@ def test_catch_up_floor_with_ack_covers_history_gc_removed(
     local_client: percolator.Client,
 ) -> None:
     client = local_client
-    observer = RunLogger()
+    # Declared: it writes no watched column, so work it left for itself (the origin bound
+    # of an observer upstream of itself) does not hold its watermark.
+    observer = DeclaredRunLogger()
     register_observers(client, [observer])
     acked = _commit(client, b"r", "value", b"0")
     run_until_quiet(client, [observer])
@@ -268,3 +275,88 @@ def test_a_state_record_the_engine_cannot_read_holds_the_watermark(
     client.store.put(META_TABLE, [Put(row, META_FAMILY, tablestate.STATE_QUALIFIER, 2, ready)])
     passed = compute_watermarks(client.store, client.oracle)["loaded-logger"]
     assert passed.watermark > 0
+
+
+# --------------------------------------------------------------------------- cascades
+
+
+class Copier(RunLogger):
+    """Copies ``obs_events/chain`` to ``obs_events/copied`` (declared)."""
+
+    name = "copier"
+    columns = ("chain",)  # type: ignore[assignment]
+    outputs = ((EVENTS, "copied"),)
+
+    def process(self, txn: percolator.Transaction, row: bytes, column: str) -> None:
+        super().process(txn, row, column)
+        txn.set(EVENTS, row, "copied", txn.get(EVENTS, row, column) or b"")
+
+
+class CopierV2(Copier):
+    name = "copier-v2"
+
+
+class CopyLogger(RunLogger):
+    name = "copy-logger"
+    columns = ("copied",)  # type: ignore[assignment]
+    outputs = ()  # type: ignore[assignment]
+
+
+def test_a_redeployed_upstream_observer_holds_its_downstream_again(
+    local_client: percolator.Client,
+) -> None:
+    """While the upstream observer is unregistered (a redeploy under a new name), nothing
+    upstream owes the downstream one anything and its published watermark rises past a
+    change the upstream has not processed; published watermarks only rise, so registering
+    the new upstream must reset the downstream one, or ``wait_for`` that change returns
+    before its derived data exists."""
+    client = local_client
+    register_observers(client, [Copier(), CopyLogger()])
+    change = _commit(client, b"r", "chain", b"1")
+    held = compute_watermarks(client.store, client.oracle)["copy-logger"]
+    assert held.watermark <= change and held.held_by == "copier"
+    assert unregister_observer(client, "copier")
+    gap = compute_watermarks(client.store, client.oracle)["copy-logger"]
+    assert gap.watermark > change  # no upstream owes it anything now
+    register_observers(client, [CopierV2()])
+    again = compute_watermarks(client.store, client.oracle)["copy-logger"]
+    assert again.watermark <= change, "downstream watermark past a change still owed to it"
+    with pytest.raises(WatermarkTimeoutError):
+        client.wait_for(change + 1, observers=["copy-logger"], timeout=0)
+    run_until_quiet(client, [CopierV2(), CopyLogger()])
+    assert client.wait_for(change + 1, observers=["copy-logger"], timeout=30)
+    assert client.snapshot().get(EVENTS, b"r", "copied") == b"1"
+
+
+class Propagator(RunLogger):
+    """Writes the column it watches: row ``r1``'s value goes on to row ``r2``."""
+
+    name = "propagator"
+    columns = ("value",)  # type: ignore[assignment]
+    outputs = ((EVENTS, "value"),)
+
+    def process(self, txn: percolator.Transaction, row: bytes, column: str) -> None:
+        super().process(txn, row, column)
+        if row == b"r1":
+            txn.set(EVENTS, b"r2", column, txn.get(EVENTS, row, column) or b"")
+
+
+def test_work_an_observer_leaves_for_itself_holds_its_watermark_at_the_origin(
+    local_client: percolator.Client,
+) -> None:
+    """A run derived from a change at ``c`` leaves a notification at its own, later commit
+    timestamp; the observer's watermark must stay at or below ``c`` until that derived work
+    is done too, as for a cycle through two observers."""
+    client = local_client
+    observer = Propagator()
+    register_observers(client, [observer])
+    compute_watermarks(client.store, client.oracle)
+    change = _commit(client, b"r1", "value", b"v")
+    compute_watermarks(client.store, client.oracle)  # published while the change waits
+    [first] = [n for n in pending_events(client) if n.row == b"r1"]
+    process_notification(client, observer, first)
+    derived = compute_watermarks(client.store, client.oracle)["propagator"]
+    assert [n.row for n in pending_events(client)] == [b"r2"]
+    assert derived.watermark <= change, "watermark past a change whose derived work waits"
+    run_until_quiet(client, [observer])
+    assert client.wait_for(change + 1, observers=["propagator"], timeout=30)
