@@ -54,7 +54,7 @@ from percolator.readers import ReaderRegistry, release_safe_point, reserve_safe_
 from percolator.retry import Backoff, retry_transaction
 from percolator.store.base import Store
 from percolator.store.url import open_store
-from percolator.timestamps import TimestampOracle
+from percolator.timestamps import TimestampOracle, describe
 from percolator.timestamps.factory import open_oracle
 from percolator.transaction import Snapshot, Transaction
 from percolator.watermark import ObserverWatermark
@@ -218,9 +218,26 @@ class Client:
         return Transaction(self._ctx, self.oracle.get_timestamp())
 
     def snapshot(self, read_ts: int | None = None) -> Snapshot:
-        """A read-only snapshot at ``read_ts`` (default: a fresh timestamp)."""
+        """A read-only snapshot at ``read_ts`` (default: a fresh timestamp).
+
+        A given ``read_ts`` must be one the oracle has handed out (a ``commit_ts``, another
+        snapshot's ``read_ts``): one above a fresh timestamp is refused
+        (InvalidArgumentError), since transactions may still commit below it, and two reads
+        there could see different data.  Checking it draws one timestamp."""
         self._check_open()
-        return Snapshot(self._ctx, read_ts if read_ts is not None else self.oracle.get_timestamp())
+        if read_ts is None:
+            return Snapshot(self._ctx, self.oracle.get_timestamp())
+        if not isinstance(read_ts, int) or isinstance(read_ts, bool) or read_ts <= 0:
+            raise InvalidArgumentError(f"read_ts must be a positive int, got {read_ts!r}")
+        now_ts = self.oracle.get_timestamp()
+        if read_ts > now_ts:
+            raise InvalidArgumentError(
+                f"read_ts {describe(read_ts)} is above every timestamp the oracle has handed "
+                f"out ({describe(now_ts)}): transactions may still commit below it, so a "
+                "snapshot there would not be one; use a timestamp the oracle gave (a "
+                "commit_ts, a snapshot's read_ts)"
+            )
+        return Snapshot(self._ctx, read_ts)
 
     def run(
         self,

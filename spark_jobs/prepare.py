@@ -434,21 +434,36 @@ def load_input(
         options.setdefault("enforceSchema", "false")
     from pyspark.errors import PySparkException
 
+    if fmt in ("csv", "json"):
+        # The job finds malformed rows by its own corrupt-record column and counts them as
+        # bad; another name would hide them from it, and DROPMALFORMED would drop them
+        # without a count.  (FAILFAST stops the check pass, before anything is written.)
+        if "columnNameOfCorruptRecord" in options:
+            raise ConfigError(
+                "reader option columnNameOfCorruptRecord is set by the job (malformed rows "
+                f"are counted as bad rows in {CORRUPT_COLUMN!r}); remove it"
+            )
+        if options.get("mode", "PERMISSIVE").upper() not in ("PERMISSIVE", "FAILFAST"):
+            raise ConfigError(
+                f"reader option mode={options['mode']} would drop malformed rows without "
+                "counting them; use PERMISSIVE (the default: they are reported as bad rows) "
+                "or FAILFAST"
+            )
     try:
-        if schema is None and fmt == "csv" and options.get("header", "").lower() == "true":
-            # Without a schema Spark fits every row to the header silently: a row with
-            # more fields drops the extra ones, one with fewer gets nulls, so a row that
-            # does not fit would be written half.  Every header column as a string is the
-            # schema the input had anyway, and with it such rows are reported as bad.
+        if schema is None and fmt == "csv":
+            # Without a schema Spark fits every row to the first one silently (its header,
+            # or its field count without a header): a row with more fields drops the extra
+            # ones, one with fewer gets nulls, so a row that does not fit would be written
+            # half.  Every column of the first row as a string is the schema the input had
+            # anyway, and with it such rows are reported as bad.
             columns = spark.read.format(fmt).options(**options).load(list(inputs)).columns
             schema = ", ".join(f"`{name.replace('`', '``')}` STRING" for name in columns)
         reader = spark.read.format(fmt).options(**options)
         if schema is not None and fmt in ("csv", "json"):
-            options_corrupt = options.get("columnNameOfCorruptRecord", CORRUPT_COLUMN)
-            reader = reader.option("columnNameOfCorruptRecord", options_corrupt).option(
+            reader = reader.option("columnNameOfCorruptRecord", CORRUPT_COLUMN).option(
                 "mode", options.get("mode", "PERMISSIVE")
             )
-            reader = reader.schema(f"{schema}, `{options_corrupt}` STRING")
+            reader = reader.schema(f"{schema}, `{CORRUPT_COLUMN}` STRING")
         df = reader.load(list(inputs))
         if schema is not None and fmt == "parquet":
             _check_parquet_schema(spark, df, schema)

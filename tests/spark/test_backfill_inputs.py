@@ -167,6 +167,37 @@ def test_csv_rows_that_do_not_fit_the_header_are_bad_rows_without_a_schema(
         assert table_rows(client, ITEMS) == {b"k1": {"a": b"007", "b": b"y1"}, b"k5": {"a": b"x5"}}
 
 
+def test_csv_rows_that_do_not_fit_the_first_row_are_bad_rows_without_a_header(
+    spark: Any, embedded_url: str, tmp_path: Path
+) -> None:
+    """Without a header, Spark fits every row to the first row's field count as silently."""
+    csv = tmp_path / "in.csv"
+    csv.write_text("k1,1,2\nk2,3\nk3,4,5,6\n")
+    extra = {"key": "_c0", "reader_options": {"header": "false"}}
+    with pytest.raises(BadRowsError) as exc:
+        run_backfill(spark, options(embedded_url, str(csv), **extra))
+    assert exc.value.report.bad_by_reason == {"malformed-record": 2}
+    assert nothing_written(embedded_url)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("columnNameOfCorruptRecord", "raw", "columnNameOfCorruptRecord is set by the job"),
+        ("mode", "DROPMALFORMED", "would drop malformed rows without counting them"),
+    ],
+)
+def test_reader_options_that_would_hide_malformed_rows_are_refused(
+    spark: Any, embedded_url: str, tmp_path: Path, option: str, value: str, message: str
+) -> None:
+    csv = tmp_path / "in.csv"
+    csv.write_text("id,a,b\nk1,1,2\nk2,3\n")
+    with pytest.raises(ConfigError, match=message) as exc:
+        run_backfill(spark, options(embedded_url, str(csv), reader_options={option: value}))
+    one_line(exc)
+    assert nothing_written(embedded_url)
+
+
 def test_input_replaced_after_the_check_is_not_written(
     spark: Any, embedded_url: str, tmp_path: Path
 ) -> None:

@@ -14,6 +14,7 @@ from percolator.errors import (
     TransactionStateError,
 )
 from percolator.protocol.gc import lock_report
+from percolator.timestamps.hybrid import compose
 from percolator.transaction import TxnStatus
 
 # The client API on every backend, and with every kind of oracle.
@@ -44,6 +45,24 @@ def test_snapshot_does_not_see_later_commits(client: percolator.Client) -> None:
     client.run(lambda t: t.set("t", b"k", "c", b"new"))
     assert snap.get("t", b"k", "c") == b"old"
     assert client.snapshot().get("t", b"k", "c") == b"new"
+
+
+def test_a_snapshot_at_a_timestamp_the_oracle_has_not_handed_out_is_refused(
+    client: percolator.Client,
+) -> None:
+    """Transactions may still commit below such a timestamp: two reads there could see
+    different data (an export reading its ranges at it would mix snapshots)."""
+    client.run(lambda t: t.set("t", b"k", "c", b"old"))
+    with client.transaction() as txn:
+        txn.set("t", b"k", "c", b"new")
+    assert txn.commit_ts is not None
+    assert client.snapshot(txn.commit_ts).get("t", b"k", "c") == b"new"  # handed out: fine
+    ahead = client.oracle.get_timestamp() + compose(10_000)  # ten seconds ahead
+    with pytest.raises(InvalidArgumentError, match="above every timestamp the oracle"):
+        client.snapshot(ahead)
+    for bad in (0, -1, "5", True):
+        with pytest.raises(InvalidArgumentError, match="read_ts must be a positive int"):
+            client.snapshot(bad)  # type: ignore[arg-type]
 
 
 def test_exception_rolls_back_and_writes_nothing(client: percolator.Client) -> None:
