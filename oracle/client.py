@@ -318,6 +318,9 @@ class GrpcOracleClient(TimestampOracle):
                 problem = self._check(response, total)
                 if problem is None:
                     self._check_domain(address, response)
+                    # Only now: epochs order the records of one domain's oracle, and a
+                    # range refused as another domain's must not fence this one's.
+                    self._max_epoch = response.epoch
                 if problem is not None:
                     errors[address] = problem
                     continue
@@ -423,7 +426,6 @@ class GrpcOracleClient(TimestampOracle):
                 f"response arrived {received - response.valid_until_ms} ms after its lease "
                 "lapsed (the oracle was paused or slow); discarded"
             )
-        self._max_epoch = response.epoch
         return None
 
 

@@ -396,6 +396,17 @@ class OracleNode:
             raise FencedError(
                 f"oracle {self.holder_id} lost its lease (epoch {epoch}): not serving"
             )
+        record = self._record
+        if record is not None and self.clock.wall_ms() >= record.lease_expiry_ms:
+            # A standby takes over once its wall clock passes the stored expiry (plus the
+            # margin); ours passing it means the wall clock stepped forward (on one host,
+            # the standby's did too), and serving on would issue beside the next holder.
+            epoch = self._epoch
+            self._fence_locked("its wall clock passed the lease's expiry (a clock step?)")
+            raise FencedError(
+                f"oracle {self.holder_id} stopped serving at epoch {epoch}: its wall clock "
+                "passed the lease's stored expiry"
+            )
 
     def allocate(self, count: int) -> Allocation:
         """Issue ``count`` consecutive timestamps.

@@ -323,7 +323,7 @@ class LocalOracle(TimestampOracle):
             waited = False
             try:
                 with self._state_lock:
-                    served = self._reserve_once(total)
+                    served = self._reserve_once(total, deadline)
                 if served is not None:
                     return served
                 waited = self._waiting_on is not None
@@ -356,11 +356,11 @@ class LocalOracle(TimestampOracle):
             # Jitter so racing processes do not collide again in lock step.
             time.sleep(random.uniform(0, min(0.05, 0.0005 * 2 ** min(attempt, 7))))
 
-    def _reserve_once(self, total: int) -> int | None:
+    def _reserve_once(self, total: int, deadline: float) -> int | None:
         """One attempt: ``first``, or None to retry (a lost race, or a lease to wait for:
         then ``_waiting_on`` is set).  Holds the state lock."""
         if self._renew_at:
-            served = self._serve_leased(total)
+            served = self._serve_leased(total, deadline)
             if served is not None:
                 return served
         if self._block_left():
@@ -402,7 +402,7 @@ class LocalOracle(TimestampOracle):
         self._renew_at = sent + self._lease_ms / 4
         self._valid_until = sent + self._lease_ms - lease_margin_ms(self._lease_ms)
 
-    def _serve_leased(self, total: int) -> int | None:
+    def _serve_leased(self, total: int, deadline: float) -> int | None:
         """``first`` of ``total`` timestamps under the lease; None once the lease is gone
         (released or lost).  From ``_renew_at`` on, renews the lease first, or (renewing in
         the background) starts a renewal and serves meanwhile, waiting for one only when the
@@ -417,7 +417,15 @@ class LocalOracle(TimestampOracle):
             urgent = now >= self._valid_until or needed > known.record.high_water
             if not (urgent and self._renewing):
                 break
-            self._renewed.wait()  # the renewal under way decides; then look again
+            # The renewal under way decides; then look again.  A renewal stalled on the
+            # store must not hold this batch past the oracle's timeout.
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self._renewed.wait(remaining):
+                raise OracleUnavailableError(
+                    f"local oracle could not serve timestamps from {self.store.url} within "
+                    f"{self._timeout_s:g} s: the renewal of its lease is still waiting for "
+                    "the store"
+                )
         due = now >= self._renew_at
         if urgent or (due and not self._background_renewal):
             # Renewing proves nobody wrote the record since our last write.

@@ -353,3 +353,30 @@ def test_bad_counts_are_refused(store: FaultyStore, clock: FakeClock, count: int
 def test_bad_lease_configs_are_refused(kwargs: dict[str, int]) -> None:
     with pytest.raises(InvalidArgumentError):
         LeaseConfig(**kwargs)
+
+
+def test_a_wall_clock_step_on_the_host_stops_the_holder_before_a_standby_takes_over(
+    store: FaultyStore, clock: FakeClock
+) -> None:
+    """Two servers on one host share its wall clock: when it steps forward past the lease's
+    stored expiry, the standby takes over by it while the holder's monotonic validity still
+    runs.  The holder stops serving at its own stored expiry, so it never issues below the
+    new holder's timestamps."""
+    config = LeaseConfig(lease_ms=3000, window_ms=10_000, margin_ms=500, max_count=10_000)
+    register = OracleRecordRegister(store)
+    a, b = OracleNode(register, "a", config, clock), OracleNode(register, "b", config, clock)
+    a.step()
+    must_allocate(a, store)
+    b.step()
+    clock.advance(800)
+    a.step()  # renews
+    must_allocate(a, store)
+    clock.wall += 4000  # an NTP step; the monotonic clock does not move
+    clock.advance(100)
+    b.step()
+    assert b.role is Role.ACTIVE
+    issued_by_b = must_allocate(b, store)[0]
+    with pytest.raises(FencedError, match="wall clock passed the lease's stored expiry"):
+        a.allocate(1)
+    assert a.role is Role.STANDBY
+    assert issued_by_b > 0

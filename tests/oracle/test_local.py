@@ -809,3 +809,35 @@ def test_a_process_paused_while_holding_the_lease_breaks_no_real_time_order(
     ]
     assert len(calls) == 800
     check_real_time_order(calls)
+
+
+def test_a_renewal_stalled_on_the_store_does_not_hold_a_batch_past_the_timeout() -> None:
+    """A batch that finds the lease's validity over waits for the background renewal under
+    way, but no longer than the oracle's ``timeout_s``: then OracleUnavailableError."""
+    from percolator.store.memory import MemoryStore
+
+    stall = threading.Event()
+
+    class StallingStore(MemoryStore):
+        def read_row(self, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+            if stall.is_set() and threading.current_thread().name.endswith("renewal"):
+                time.sleep(3)
+            return super().read_row(*args, **kwargs)  # type: ignore[arg-type]
+
+    oracle = LocalOracle(StallingStore(), timeout_s=0.5, renew_in_background=True)
+    try:
+        until = time.monotonic() + 0.3
+        while time.monotonic() < until:  # takes and renews the lease
+            oracle.get_timestamp()
+        assert oracle.holds_lease
+        stall.set()
+        time.sleep(0.03)
+        oracle.get_timestamp()  # due: starts the renewal, which stalls
+        time.sleep(0.15)  # the lease's validity is over
+        started = time.monotonic()
+        with pytest.raises(OracleUnavailableError, match="renewal of its lease"):
+            oracle.get_timestamp()
+        assert time.monotonic() - started < 1.5
+    finally:
+        stall.clear()
+        oracle.close()

@@ -4,6 +4,7 @@ and the command line's errors."""
 from __future__ import annotations
 
 import contextlib
+import socket
 import subprocess
 import sys
 import threading
@@ -602,3 +603,45 @@ def test_an_oracle_object_given_to_connect_is_checked_against_the_store(
         # first timestamp; now connect() refuses it.
         with pytest.raises(OracleError, match="from the oracle service at"):
             percolator.connect(new, oracle=LocalOracle(new))
+
+
+def test_a_range_refused_as_another_domains_does_not_fence_the_right_oracle() -> None:
+    """A server restarted by mistake on another deployment's store (whose oracle record is
+    at a higher epoch) answers at the client's address: its range is refused, and once the
+    right server is back the client takes timestamps from it again. Epochs order one
+    domain's oracle records, not two domains'."""
+    from percolator.timestamps.record import OracleRecord, OracleRecordRegister
+
+    lease = LeaseConfig(lease_ms=300, window_ms=300, margin_ms=100)
+    ours, theirs = MemoryStore("memory:ours"), MemoryStore("memory:theirs")
+    # The other deployment's oracle has been through fail-overs: epoch 9.
+    OracleRecordRegister(theirs).compare_and_set(
+        None, OracleRecord(epoch=9, high_water=0, holder="oracle:old")
+    )
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"
+
+    def serve(store: MemoryStore) -> OracleServer:
+        options = ServerOptions(store_url=store.url, listen=address, lease=lease)
+        server = OracleServer(options, store=store)
+        server.start()
+        deadline = time.monotonic() + 10
+        while server.node.role.value != "active" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return server
+
+    client = GrpcOracleClient([address], store=ours, timeout_s=2.0)
+    try:
+        server = serve(ours)
+        first = client.get_timestamp()
+        server.stop(0)
+        server = serve(theirs)  # the operator's mistake
+        with pytest.raises(OracleError, match="another domain"):
+            client.get_timestamp()
+        server.stop(0)
+        server = serve(ours)  # put right
+        assert client.get_timestamp() > first
+        server.stop(0)
+    finally:
+        client.close()
