@@ -80,9 +80,18 @@ from percolator.observers.catchup import CatchUpReport
 
 from percolator import notifications, watermark
 from percolator.errors import ConfigError, InvalidArgumentError
-from percolator.layout import RESERVED_PREFIX, check_table_name, encode_column, encode_row
+from percolator.layout import (
+    LOCK,
+    RESERVED_PREFIX,
+    ack_column,
+    check_table_name,
+    encode_column,
+    encode_row,
+)
 from percolator.notifications import Registration, registrations
 from percolator.protocol.cells import CellKey
+from percolator.records import Kind, LockCell
+from percolator.store.base import ScanOptions
 
 if TYPE_CHECKING:
     from percolator.client import Client
@@ -401,10 +410,59 @@ def unregister_observer(client: Client, name: str) -> list[tuple[str, str]]:
     (changes its acks do not cover, see :func:`register_observers`).  A cell deleted
     meanwhile is kept by garbage collection until the observer has run on it (its ack
     predates the delete: percolator/protocol/gc.py ``owes_delete``), so an observer removed
-    for good leaves such cells in place."""
+    for good leaves such cells in place until :func:`forget_observer`."""
     removed = notifications.release_columns(client.store, name)
     client.refresh_observed()
     return removed
+
+
+def forget_observer(client: Client, name: str, *, batch: int = 500) -> int:
+    """Delete every ack of observer ``name``, which must not be registered (ConfigError
+    otherwise, nothing deleted); returns how many were deleted.
+
+    For an observer removed for good (or renamed): its acks are what garbage collection
+    keeps deleted cells for (``owes_delete``), and nothing else removes them.  Registered
+    again afterwards, ``name`` owes every cell, as a new observer.  Each batch of deletes is
+    a transaction; idempotent, so an interrupted run is finished by running it again.  Run
+    it only while no worker runs ``name`` under a registration made meanwhile (it is checked
+    before each batch)."""
+    if batch < 1:
+        raise InvalidArgumentError(f"batch must be at least 1, got {batch!r}")
+    prefix = ack_column(name, "").encode("utf-8")
+    deleted = 0
+
+    def check_unregistered() -> None:
+        if any(reg.observer == name for reg in registrations(client.store).values()):
+            raise ConfigError(
+                f"observer {name!r} is registered: its acks are what keeps it from running "
+                "a change twice; unregister it first"
+            )
+
+    def delete(table: str, cells: list[tuple[bytes, str]]) -> None:
+        check_unregistered()
+        with client.observer_transaction() as txn:
+            for row, column in cells:
+                txn.delete(table, row, column)
+
+    check_unregistered()
+    for table in client.list_tables():
+        pending: list[tuple[bytes, str]] = []
+        for row, cells in client.store.scan(table, LOCK, ScanOptions(batch_size=1000)):
+            for qualifier, (_, value) in cells.items():
+                if not qualifier.startswith(prefix):
+                    continue
+                last = LockCell.decode(value).last_commit
+                if last is None or last.kind is Kind.DELETE:
+                    continue  # never committed, or deleted already (an earlier run)
+                pending.append((row, qualifier.decode("utf-8")))
+                if len(pending) >= batch:
+                    delete(table, pending)
+                    deleted += len(pending)
+                    pending = []
+        if pending:
+            delete(table, pending)
+            deleted += len(pending)
+    return deleted
 
 
 def trigger(client: Client, table: str, rows: Iterable[bytes | str], column: str) -> int:

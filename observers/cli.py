@@ -1,5 +1,5 @@
 """``percolator worker``, ``percolator notifications list|retry`` and
-``percolator observers list|register|unregister``: one ``register_*`` function per command,
+``percolator observers list|register|unregister|forget``: one ``register_*`` function per command,
 each an entry point of the ``percolator.commands`` group (see pyproject.toml).
 """
 
@@ -179,7 +179,11 @@ def register_observers(subparsers: Any) -> None:
     unregister_cmd = observer_actions.add_parser(
         "unregister", help="stop notifying the columns of an observer"
     )
-    for parser in (registered, register_cmd, unregister_cmd):
+    forget_cmd = observer_actions.add_parser(
+        "forget",
+        help="delete the acks of an unregistered observer removed for good (or renamed)",
+    )
+    for parser in (registered, register_cmd, unregister_cmd, forget_cmd):
         add_store_option(parser)
         add_oracle_option(parser)
     registered.add_argument("--json", action="store_true", help="one JSON object per line")
@@ -190,6 +194,8 @@ def register_observers(subparsers: Any) -> None:
         "--create", action="store_true", help="create the store if it does not exist yet"
     )
     unregister_cmd.add_argument("name", help="the observer's name")
+    forget_cmd.add_argument("name", help="the observer's name (must not be registered)")
+    forget_cmd.set_defaults(func=run_observers_forget)
     registered.set_defaults(func=run_observers_list)
     register_cmd.set_defaults(func=run_observers_register)
     unregister_cmd.set_defaults(func=run_observers_unregister)
@@ -424,16 +430,32 @@ def run_observers_register(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_observers_unregister(args: argparse.Namespace) -> int:
-    from percolator.observers.api import _NAME, unregister_observer
+def _check_name(name: str) -> None:
+    from percolator.observers.api import _NAME
 
     # The rule registration checks names with (check_observer): a name it would refuse
     # was never registered, so it is a typo, not an observer that watches nothing.
-    if not _NAME.match(args.name):
+    if not _NAME.match(name):
         raise ConfigError(
-            f"observer name {args.name!r} is invalid: use letters, digits, '_', '-', '.', "
+            f"observer name {name!r} is invalid: use letters, digits, '_', '-', '.', "
             "starting with a letter or digit (at most 100 characters)"
         )
+
+
+def run_observers_forget(args: argparse.Namespace) -> int:
+    from percolator.observers.api import forget_observer
+
+    _check_name(args.name)
+    with connect_existing(args.store, args.oracle) as client:
+        deleted = forget_observer(client, args.name)
+    print(f"forgot observer {args.name}: {deleted} ack(s) deleted")
+    return 0
+
+
+def run_observers_unregister(args: argparse.Namespace) -> int:
+    from percolator.observers.api import unregister_observer
+
+    _check_name(args.name)
     with connect_existing(args.store, args.oracle) as client:
         removed = unregister_observer(client, args.name)
     for table, column in removed:

@@ -369,8 +369,9 @@ def owes_delete(cell: LockCell, acks: Sequence[LockCell]) -> bool:
     for ack in acks:
         if ack.lock is not None:
             return True
-        if ack.last_commit is not None and ack.last_commit.start_ts < last.commit_ts:
-            return True
+        written = ack.last_commit
+        if written is not None and written.kind is Kind.PUT and written.start_ts < last.commit_ts:
+            return True  # (a deleted ack is no ack: percolator observers forget)
     return False
 
 

@@ -10,6 +10,7 @@ import pytest
 from percolator.observers.api import (
     Observer,
     check_observer,
+    forget_observer,
     register_observers,
     trigger,
     unregister_observer,
@@ -165,6 +166,30 @@ def test_a_delete_made_while_its_observer_was_away_outlives_gc_until_it_is_run(
     time.sleep(0.01)
     report = client.gc(life_time_ms=0)
     assert (report.dead_cells_removed, report.dead_cells_owed) == (1, 0)
+
+
+def test_forgetting_an_observer_removed_for_good_lets_gc_remove_what_it_kept(
+    local_client: percolator.Client,
+) -> None:
+    client = local_client
+    observer = RunLogger()
+    register_observers(client, [observer])
+    with client.transaction() as txn:
+        txn.set(EVENTS, b"gone", "value", b"x")
+    run_until_quiet(client, [observer])
+    with pytest.raises(ConfigError, match="is registered"):
+        forget_observer(client, "run-logger")
+    assert unregister_observer(client, "run-logger")
+    with client.transaction() as txn:
+        txn.delete(EVENTS, b"gone", "value")
+    time.sleep(0.01)  # the lock cell's stamp falls below the store's clock (docs/gc.md)
+    assert client.gc(life_time_ms=0).dead_cells_owed == 1
+    assert forget_observer(client, "run-logger") == 1
+    assert forget_observer(client, "run-logger") == 0  # idempotent
+    time.sleep(0.01)
+    report = client.gc(life_time_ms=0)
+    # The deleted cell, and the ack cell, deleted now.
+    assert (report.dead_cells_owed, report.dead_cells_removed) == (0, 2)
 
 
 def test_trigger_notifies_existing_data(memory_client: percolator.Client) -> None:

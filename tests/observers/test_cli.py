@@ -175,6 +175,10 @@ def test_observers_register_list_and_unregister(url: str) -> None:
     assert removed.stdout.strip() == "unregistered doc-clusters: documents body"
     assert run_cli(["observers", "list", "--store", url]).stdout == ""
     assert run_cli(["observers", "unregister", "--store", url, "doc-clusters"]).returncode == 1
+    forgot = run_cli(["observers", "forget", "--store", url, "doc-clusters"])
+    assert forgot.returncode == 0, forgot.stderr
+    assert forgot.stdout.strip() == "forgot observer doc-clusters: 0 ack(s) deleted"
+    assert run_cli(["observers", "forget", "--store", url, "no/such"]).returncode == 2
 
 
 NO_OBSERVERS_INSTALLED = (

@@ -250,3 +250,5 @@ def test_a_dead_cell_is_owed_to_an_observer_whose_ack_predates_its_delete() -> N
     assert owes_delete(dead, [ack(101), ack(50)])  # one of two observers owes it
     assert owes_delete(dead, [ack(101, locked=True)])  # a run is writing it now
     assert not owes_delete(LockCell(rolled_back=80), [ack(50)])  # never committed
+    forgotten = LockCell(last_commit=CommitInfo(60, 55, Kind.DELETE))
+    assert not owes_delete(dead, [forgotten])  # a deleted ack is no ack
