@@ -91,6 +91,7 @@ import os
 import sqlite3
 import threading
 import time
+import urllib.parse
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
@@ -135,6 +136,12 @@ from percolator.store.checks import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def _sqlite_uri(db_path: str, mode: str) -> str:
+    """The ``file:`` URI of ``db_path``, percent-escaped: a ``?``, ``#`` or ``%`` in a path
+    would otherwise end the path there (``/d/a?x`` would open the file ``/d/a``)."""
+    return f"file:{urllib.parse.quote(db_path)}?mode={mode}"
 
 DB_FILE = "percolator-store.sqlite3"
 FORMAT_NAME = "percolator-embedded-store"
@@ -638,7 +645,7 @@ class EmbeddedStore(Store):
         mode = "rw" if self._initialised else "rwc"
         with _sqlite:
             conn = sqlite3.connect(
-                f"file:{self._db_path}?mode={mode}",
+                _sqlite_uri(self._db_path, mode),
                 uri=True,
                 timeout=self._busy_timeout_s,
                 isolation_level=None,  # transactions are explicit: BEGIN IMMEDIATE / BEGIN
@@ -1465,7 +1472,7 @@ class _Checkpointer:
         # at the next nudge, and closing the store never waits long for this thread.
         with _sqlite:
             self._conn = sqlite3.connect(
-                f"file:{db_path}?mode=rw",
+                _sqlite_uri(db_path, "rw"),
                 uri=True,
                 timeout=_CHECKPOINT_BUSY_TIMEOUT_S,
                 isolation_level=None,

@@ -92,6 +92,19 @@ def test_everything_survives_reopen(tmp_path: Path) -> None:
         assert value == b"lock2" and version >= cas_version
 
 
+@pytest.mark.parametrize("name", ["a?x=1", "h#frag", "p%20q r"])
+def test_a_path_with_uri_characters_holds_its_own_store(tmp_path: Path, name: str) -> None:
+    """SQLite opens the store by a ``file:`` URI: unescaped, ``?`` or ``#`` would end the
+    path there and put the data in another file (two such paths would share it)."""
+    path = tmp_path / name
+    with EmbeddedStore(str(path)) as store:
+        store.create_table("t", FAMILIES)
+        store.put("t", [Put(b"r", "d", b"q", 1, b"v")])
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+    with EmbeddedStore(str(path)) as store:
+        assert store.read_row("t", b"r") == {("d", b"q"): [(1, b"v")]}
+
+
 def test_writes_of_a_finished_process_are_visible(tmp_path: Path) -> None:
     url = f"embedded:{tmp_path / 'store'}"
     with open_store(url) as store:
