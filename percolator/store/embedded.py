@@ -143,6 +143,7 @@ def _sqlite_uri(db_path: str, mode: str) -> str:
     would otherwise end the path there (``/d/a?x`` would open the file ``/d/a``)."""
     return f"file:{urllib.parse.quote(db_path)}?mode={mode}"
 
+
 DB_FILE = "percolator-store.sqlite3"
 FORMAT_NAME = "percolator-embedded-store"
 FORMAT_VERSION = 1
