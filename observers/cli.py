@@ -253,6 +253,12 @@ def run_worker(args: argparse.Namespace) -> int:
             "package that declares some, e.g. pip install -e examples/docpipeline, or name "
             "a module with --observers-from MODULE:ATTR"
         )
+    missing = [error for error in loaded.errors if not error.installed]
+    if missing:
+        # A name given that no installed package declares (a typo): the operator's to fix
+        # now, not a worker that quietly runs without it.  A plugin that is installed but
+        # broken is reported and the others run (docs/observers.md).
+        raise ConfigError("; ".join(str(error) for error in missing))
     for plugin_error in loaded.errors:
         print(f"percolator worker: {plugin_error}", file=sys.stderr, flush=True)
     observers = [*from_paths, *loaded.observers]

@@ -48,9 +48,11 @@ GROUP = "percolator.observers"
 class PluginError(ConfigError):
     """An observer plugin could not be found, imported or validated."""
 
-    def __init__(self, plugin: str, message: str) -> None:
+    def __init__(self, plugin: str, message: str, *, installed: bool = True) -> None:
         super().__init__(f"observer plugin {plugin!r}: {message}")
         self.plugin = plugin
+        #: False: no installed package declares a plugin of that name (a typo, most likely)
+        self.installed = installed
 
 
 @dataclass
@@ -124,7 +126,11 @@ def load_observers(
         if entry_point is None:
             known = ", ".join(sorted(available)) or "none installed"
             result.errors.append(
-                PluginError(name, f"no such plugin in entry-point group {GROUP!r} ({known})")
+                PluginError(
+                    name,
+                    f"no such plugin in entry-point group {GROUP!r} ({known})",
+                    installed=False,
+                )
             )
             continue
         try:

@@ -165,12 +165,9 @@ class Worker:
     def metrics_port(self) -> int | None:
         return self._metrics_server.port if self._metrics_server is not None else None
 
-    def start(self) -> None:
-        """Set up and register the observers, then start scanning.  Raises ConfigError if
-        no observer could be set up."""
-        if self._started:
-            raise ConfigError("worker already started")
-        self._started = True
+    def _register(self) -> None:
+        """Set up and register each observer (one that fails is left out, in
+        :attr:`errors`); ConfigError if none could be."""
         visible_since = 0.0
         for observer in self._candidates:
             try:
@@ -193,18 +190,35 @@ class Worker:
         # they held before is notified too (the catch-up a new registration owes).
         wait_until_notified(self.client, visible_since)
         finish_registration(self.client, self.observers)
-        self._tables = sorted({o.table for o in self.observers})
-        self.processor.refresh_parked(self._tables)
-        self.metrics.registry.declare(
-            observer=[o.name for o in self.observers], outcome=LOCK_OUTCOMES
-        )
+
+    def start(self) -> None:
+        """Set up and register the observers, then start scanning.  Raises ConfigError if
+        no observer could be set up."""
+        if self._started:
+            raise ConfigError("worker already started")
+        self._started = True
         if self.options.metrics_port is not None:
+            # Bound first: a metrics address that cannot be served fails the start before
+            # any observer is registered (a registration nobody runs would leave writers
+            # notifying for nothing).
             self._metrics_server = MetricsServer(
                 self.metrics.registry,
                 self.options.metrics_host,
                 self.options.metrics_port,
                 health=self.health,
             )
+        try:
+            self._register()
+        except BaseException:
+            if self._metrics_server is not None:
+                self._metrics_server.close()
+                self._metrics_server = None
+            raise
+        self._tables = sorted({o.table for o in self.observers})
+        self.processor.refresh_parked(self._tables)
+        self.metrics.registry.declare(
+            observer=[o.name for o in self.observers], outcome=LOCK_OUTCOMES
+        )
         if self.leases is not None:
             self.leases.rebalance()
         finder = NotificationFinder(

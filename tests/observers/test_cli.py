@@ -93,6 +93,33 @@ def test_a_worker_with_no_loadable_observer_exits_with_a_clear_error(
     assert "no observer plugin could be loaded" in result.stderr
 
 
+def test_a_worker_given_an_observer_name_nobody_installed_registers_nothing(
+    url: str, plugin_dir: Path
+) -> None:
+    """A name no package declares is a typo to fix, not an observer to leave out."""
+    connect(url).close()
+    args = ["worker", "--store", url, "--observer", "run-logger", "--observer", "run-loger"]
+    result = run_cli(args, plugin_dir)
+    assert result.returncode == 2
+    assert "observer plugin 'run-loger': no such plugin" in result.stderr
+    listed = run_cli(["observers", "list", "--store", url], plugin_dir)
+    assert listed.returncode == 0 and listed.stdout == "", listed.stderr
+
+
+def test_a_worker_whose_metrics_address_cannot_be_served_registers_nothing(
+    url: str, plugin_dir: Path
+) -> None:
+    """The metrics endpoint is bound before any observer is registered: a registration
+    nobody runs would leave every writer notifying for nothing."""
+    connect(url).close()
+    args = ["worker", "--store", url, "--observer", "run-logger"]
+    result = run_cli([*args, "--metrics-host", "999.1.1.1", "--metrics-port", "0"], plugin_dir)
+    assert result.returncode == 2
+    assert "cannot serve metrics on 999.1.1.1:0" in result.stderr
+    listed = run_cli(["observers", "list", "--store", url], plugin_dir)
+    assert listed.returncode == 0 and listed.stdout == "", listed.stderr
+
+
 def test_bad_worker_options_are_reported(url: str) -> None:
     result = run_cli(["worker", "--store", url, "--observer", "doc-index", "--threads", "0"])
     assert result.returncode == 2
