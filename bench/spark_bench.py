@@ -264,8 +264,10 @@ def measure_incremental(
         )
         worker = Worker(client, observers, options)
         worker.start()
-        _wait_quiet(client, observed)
-        worker.stop()
+        try:
+            _wait_quiet(client, observed)
+        finally:  # also on a timeout: its threads must not outlive the client
+            worker.stop()
         initial_s = time.perf_counter() - started
         print(
             f"initial load and processing of {docs} documents: {initial_s:.1f} s",
@@ -289,9 +291,11 @@ def measure_incremental(
             if runner == "worker":
                 worker = Worker(client, documents.observers(), options)
                 worker.start()
-                _wait_quiet(client, observed)
-                elapsed = time.perf_counter() - started
-                worker.stop()
+                try:
+                    _wait_quiet(client, observed)
+                    elapsed = time.perf_counter() - started
+                finally:
+                    worker.stop()
             else:
                 documents.process(client)
                 elapsed = time.perf_counter() - started
