@@ -84,13 +84,16 @@ def register_worker(subparsers: Any) -> None:
         "their notifications (fenced); default: random scanning of everything",
     )
     worker.add_argument(
-        "--key-groups", type=POSITIVE_INT, default=64, help="key groups (the same in every worker)"
+        "--key-groups",
+        type=POSITIVE_INT,
+        default=None,
+        help="key groups (the same in every worker; default 64); with --partitioned only",
     )
     worker.add_argument(
         "--lease-ms",
         type=int_option(100),
-        default=10_000,
-        help="how long a worker's key groups stay leased",
+        default=None,
+        help="how long a worker's key groups stay leased (default 10000); with --partitioned only",
     )
     worker.add_argument(
         "--failure-limit",
@@ -216,6 +219,23 @@ def _print_ready(message: str) -> None:
     print(message, flush=True)
 
 
+def _partition_options(args: argparse.Namespace) -> tuple[int, int]:
+    """``(key_groups, lease_ms)``; given without --partitioned they are refused, where they
+    would be ignored (a worker the operator believes partitioned, scanning everything)."""
+    from percolator.observers.worker import WorkerOptions
+
+    given = [
+        flag
+        for flag, value in (("--key-groups", args.key_groups), ("--lease-ms", args.lease_ms))
+        if value is not None
+    ]
+    if given and not args.partitioned:
+        raise ConfigError(f"{' and '.join(given)} apply to --partitioned workers only")
+    key_groups = WorkerOptions.key_groups if args.key_groups is None else args.key_groups
+    lease_ms = WorkerOptions.lease_ms if args.lease_ms is None else args.lease_ms
+    return key_groups, lease_ms
+
+
 def run_worker(args: argparse.Namespace) -> int:
     from percolator.observers.options import DEFAULT_BATCH_SIZE
     from percolator.observers.plugins import GROUP as PLUGIN_GROUP
@@ -224,6 +244,7 @@ def run_worker(args: argparse.Namespace) -> int:
 
     import percolator
 
+    key_groups, lease_ms = _partition_options(args)
     options = WorkerOptions(
         threads=args.threads,
         scanners=args.scanners,
@@ -233,8 +254,8 @@ def run_worker(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
         partitioned=args.partitioned,
-        key_groups=args.key_groups,
-        lease_ms=args.lease_ms,
+        key_groups=key_groups,
+        lease_ms=lease_ms,
         batch_size=DEFAULT_BATCH_SIZE if args.batch is None else args.batch,
     )
     # --observers-from: observers imported from a module path, to try code without

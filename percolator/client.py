@@ -43,6 +43,7 @@ from percolator.layout import (
     TABLE_FAMILIES,
     check_table_name,
     ensure_meta_table,
+    name_list,
 )
 from percolator.notifications import (
     OBSERVED_REFRESH_ENV as OBSERVED_REFRESH_ENV,  # re-exported: test fixtures import it here
@@ -301,7 +302,7 @@ class Client:
                 f"life_time_ms must be a non-negative int, got {life_time_ms!r}"
             )
         every = self.list_tables()
-        names = tables if tables is not None else every
+        names = name_list(tables, "tables") if tables is not None else every
         for name in names:
             # GC may pass over a table being loaded: it holds only the load's committed
             # cells, each the newest (and only) version GC would keep.

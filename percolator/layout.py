@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from percolator.errors import (
     InvalidArgumentError,
@@ -229,3 +229,14 @@ def acked_qualifier(qualifier: bytes) -> bytes | None:
         return None
     _, slash, column = qualifier[len(_ACK_PREFIX_BYTES) :].partition(b"/")
     return column if slash and column else None
+
+
+def name_list(names: Iterable[str], what: str) -> list[str]:
+    """``names`` as a list; InvalidArgumentError for one bare string (or bytes), which
+    would otherwise be taken letter by letter (``columns="body"`` for ``["body"]``)."""
+    if isinstance(names, (str, bytes)):
+        raise InvalidArgumentError(
+            f"{what} must be a list of names, not one {type(names).__name__} "
+            f"({what}=[{names!r}] for one)"
+        )
+    return list(names)

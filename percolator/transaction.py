@@ -38,6 +38,7 @@ from percolator.layout import (
     decode_column,
     encode_column,
     encode_row,
+    name_list,
 )
 from percolator.protocol.cells import CellKey, Mutation, RawCell
 from percolator.protocol.read import read_commits
@@ -158,7 +159,10 @@ class Snapshot:
     def get_row(self, table: str, row: bytes | str, columns: Iterable[str]) -> dict[str, bytes]:
         """Several columns of one row in one round trip; absent columns are left out."""
         self._check_usable()
-        keys = [self._key(table, row, c, reserved=self._allow_reserved) for c in columns]
+        keys = [
+            self._key(table, row, c, reserved=self._allow_reserved)
+            for c in name_list(columns, "columns")
+        ]
         values = self._read(keys)
         return {k.column: v for k, v in values.items() if v is not None}
 
@@ -182,7 +186,7 @@ class Snapshot:
         stop_b = encode_row(stop) if stop is not None else None
         wanted = None
         if columns is not None:
-            wanted = [c for c in columns]
+            wanted = name_list(columns, "columns")
             for c in wanted:
                 encode_column(c, allow_reserved=True)
         if not isinstance(batch_size, int) or batch_size <= 0:
@@ -278,7 +282,10 @@ class Transaction(Snapshot):
 
     def get_row(self, table: str, row: bytes | str, columns: Iterable[str]) -> dict[str, bytes]:
         self._check_usable()
-        keys = [self._key(table, row, c, reserved=self._allow_reserved) for c in columns]
+        keys = [
+            self._key(table, row, c, reserved=self._allow_reserved)
+            for c in name_list(columns, "columns")
+        ]
         missing = [k for k in keys if k not in self._writes]
         values = self._read(missing) if missing else {}
         out: dict[str, bytes] = {}

@@ -134,7 +134,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from percolator.errors import ConfigError, InvalidArgumentError, PercolatorError
-from percolator.layout import LOCK, META_FAMILY, META_TABLE, NOTIFY
+from percolator.layout import LOCK, META_FAMILY, META_TABLE, NOTIFY, name_list
 from percolator.notifications import Notification, Registration, registrations
 from percolator.records import LockCell, RecordError
 from percolator.store.base import ScanOptions, Store
@@ -700,7 +700,7 @@ def wait_for(
     Read-only apart from publishing watermarks."""
     if not isinstance(timeout, (int, float)) or timeout < 0:
         raise InvalidArgumentError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
-    names = list(observers) if observers is not None else None
+    names = name_list(observers, "observers") if observers is not None else None
     target = ts if ts is not None else oracle.get_timestamp()
     deadline = time.monotonic() + timeout
     delay = poll_s

@@ -287,6 +287,11 @@ def test_worker_partitioned_flags(capsys: pytest.CaptureFixture[str], tmp_path: 
     assert "argument --lease-ms: '10' is out of range: expected an integer >= 100" in (
         capsys.readouterr().err
     )
+    # Without --partitioned they would be ignored: refused, before anything is opened.
+    store = tmp_path / "never"
+    assert cli.main(["worker", "--store", f"embedded:{store}", "--key-groups", "8"]) == 2
+    assert "--key-groups apply to --partitioned workers only" in capsys.readouterr().err
+    assert not store.exists()
 
 
 def test_worker_batch_flag_defaults_to_the_workers_batch_size(

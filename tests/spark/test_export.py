@@ -161,6 +161,14 @@ def test_bad_export_requests_fail_fast(spark: Any, embedded_url: str) -> None:
         ExportOptions(embedded_url, "t", layout="wide")
 
 
+def test_an_export_of_a_store_that_does_not_exist_creates_none(spark: Any, tmp_path: Path) -> None:
+    """An export only reads: a mistyped store path is an error, not a new, empty store."""
+    missing = tmp_path / "no-such-store"
+    with pytest.raises(ConfigError, match="does not exist"):
+        export_table(spark, ExportOptions(f"embedded:{missing}", "documents"))
+    assert not missing.exists()
+
+
 # --------------------------------------------------------------------------- no Spark
 
 

@@ -65,6 +65,25 @@ def test_a_snapshot_at_a_timestamp_the_oracle_has_not_handed_out_is_refused(
             client.snapshot(bad)  # type: ignore[arg-type]
 
 
+def test_one_bare_string_where_a_list_of_names_is_expected_is_refused(
+    client: percolator.Client,
+) -> None:
+    """Taken letter by letter, ``columns="c"`` would silently read nothing."""
+    client.run(lambda t: t.set("t", b"k", "c", b"v"))
+    snapshot = client.snapshot()
+    with pytest.raises(InvalidArgumentError, match=r"columns=\['c'\] for one"):
+        list(snapshot.scan("t", columns="c"))
+    with pytest.raises(InvalidArgumentError, match="columns must be a list of names"):
+        snapshot.get_row("t", b"k", "c")
+    with pytest.raises(InvalidArgumentError, match="columns must be a list of names"):
+        client.transaction().get_row("t", b"k", "c")
+    with pytest.raises(InvalidArgumentError, match="tables must be a list of names"):
+        client.gc(tables="t")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="observers must be a list of names"):
+        client.wait_for(observers="x", timeout=0)
+    assert snapshot.get_row("t", b"k", ["c"]) == {"c": b"v"}
+
+
 def test_exception_rolls_back_and_writes_nothing(client: percolator.Client) -> None:
     with pytest.raises(RuntimeError), client.transaction() as txn:
         txn.set("t", b"k", "c", b"v")
