@@ -10,13 +10,21 @@ the scan selects the held hash ranges in the store (a value filter that HBase's 
 server evaluates; :meth:`KeyGroupLeases.hash_ranges`).  Random scanning (no partitioning)
 stays the default, for a single worker.
 
-Meta-table records (format version 1, each written by compare-and-set only):
+Workers share key groups only with workers that run the same observers: the records of
+one *partition domain* (a digest of the sorted observer names, :func:`partition_domain`)
+are kept apart from another's, so each set of observers covers the whole notify space.
+(Shared between workers running different observers, a group leased to one would leave
+the other observers' notifications in it to nobody.)
 
-=======================  ===========================================================
-``member/<worker id>``   qualifier ``h``: JSON ``{"v": 1, "at_ms": T}`` - heartbeat
-``keygroup/<g>``         qualifier ``l``: JSON ``{"v": 1, "owner": ID, "seq": N,
-                         "expires_ms": T}`` - the lease on group ``g``
-=======================  ===========================================================
+Meta-table records (format version 1; the leases written by compare-and-set only):
+
+===============================  ===================================================
+``member/<domain>/<worker id>``  qualifier ``h``: JSON ``{"v": 1, "at_ms": T}`` (at
+                                 version ``T``) - heartbeat; deleted when the worker
+                                 stops, or by any worker once ten leases old
+``keygroup/<domain>/<g>``        qualifier ``l``: JSON ``{"v": 1, "owner": ID, "seq": N,
+                                 "expires_ms": T}`` - the lease on group ``g``
+===============================  ===================================================
 
 Assignment (:meth:`KeyGroupLeases.rebalance`, every housekeeping interval): a worker
 renews its leases, releases those above its fair share (``ceil(groups / live workers)``,
@@ -38,6 +46,7 @@ notifications before another worker may take it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -50,7 +59,7 @@ from typing import TYPE_CHECKING
 from percolator.errors import ConfigError
 from percolator.layout import META_FAMILY, META_TABLE, scan_meta_prefix
 from percolator.notifications import HASH_SPACE, row_hash
-from percolator.store.base import Put
+from percolator.store.base import Delete, Put
 
 if TYPE_CHECKING:
     from percolator.client import Client
@@ -59,6 +68,17 @@ MEMBER_PREFIX = b"member/"
 GROUP_PREFIX = b"keygroup/"
 _HEARTBEAT = b"h"
 _LEASE = b"l"
+
+
+def partition_domain(observers: Iterable[str]) -> str:
+    """The partition domain of a worker running ``observers``: workers share key groups
+    only within one (the module docstring)."""
+    names = "\n".join(sorted(set(observers))).encode("utf-8")
+    return hashlib.sha256(names).hexdigest()[:16]
+
+
+#: a heartbeat this many leases old belongs to a worker long gone: any worker removes it
+_STALE_MEMBER_LEASES = 10
 
 
 def group_of(row: bytes, groups: int) -> int:
@@ -116,6 +136,7 @@ class KeyGroupLeases:
         groups: int = 64,
         lease_ms: int = 10_000,
         clock: Callable[[], float] = time.time,
+        domain: str = "",
     ) -> None:
         if groups < 1 or lease_ms < 100:
             raise ConfigError(
@@ -123,6 +144,11 @@ class KeyGroupLeases:
             )
         self._client = client
         self.worker_id = worker_id
+        #: the partition domain (:func:`partition_domain`); its records are its own
+        self.domain = domain
+        self._group_prefix = GROUP_PREFIX + domain.encode("utf-8") + b"/"
+        self._member_prefix = MEMBER_PREFIX + domain.encode("utf-8") + b"/"
+        self._heartbeat_version = 0
         self.groups = groups
         self.lease_ms = lease_ms
         self._clock = clock
@@ -134,7 +160,7 @@ class KeyGroupLeases:
         return int(self._clock() * 1000)
 
     def _row(self, group: int) -> bytes:
-        return GROUP_PREFIX + b"%05d" % group
+        return self._group_prefix + b"%05d" % group
 
     def _cas(self, group: int, expected: bytes | None, lease: Lease) -> bool:
         return self._client.store.compare_and_set(
@@ -144,13 +170,21 @@ class KeyGroupLeases:
     def live_workers(self) -> list[str]:
         now = self._now_ms()
         live = []
-        for row, value in scan_meta_prefix(self._client.store, MEMBER_PREFIX, _HEARTBEAT):
+        stale: list[Delete] = []
+        prefix = self._member_prefix
+        for row, value in scan_meta_prefix(self._client.store, prefix, _HEARTBEAT):
             try:
                 at_ms = int(json.loads(value)["at_ms"])
             except (ValueError, KeyError, TypeError):
                 continue
             if now - at_ms < self.lease_ms:
-                live.append(row[len(MEMBER_PREFIX) :].decode("utf-8", "replace"))
+                live.append(row[len(prefix) :].decode("utf-8", "replace"))
+            elif now - at_ms > _STALE_MEMBER_LEASES * self.lease_ms:
+                # At its own version: a heartbeat its worker stored since (a later
+                # version) survives the delete.
+                stale.append(Delete(row, META_FAMILY, _HEARTBEAT, max(at_ms, 1)))
+        if stale:
+            self._client.store.delete_versions(META_TABLE, stale)
         return live
 
     def rebalance(self) -> dict[int, int]:
@@ -158,14 +192,17 @@ class KeyGroupLeases:
         docstring).  Returns the groups held, with their sequences."""
         store = self._client.store
         now = self._now_ms()
-        heartbeat = json.dumps({"v": 1, "at_ms": now}).encode()
-        member = MEMBER_PREFIX + self.worker_id.encode("utf-8")
-        store.put(META_TABLE, [Put(member, META_FAMILY, _HEARTBEAT, max(now, 1), heartbeat)])
+        member = self._member_prefix + self.worker_id.encode("utf-8")
+        # Its version is its time (the stale-heartbeat delete removes exactly it).
+        version = max(now, self._heartbeat_version + 1)
+        heartbeat = json.dumps({"v": 1, "at_ms": version}).encode()
+        store.put(META_TABLE, [Put(member, META_FAMILY, _HEARTBEAT, version, heartbeat)])
+        self._heartbeat_version = version
         live = set(self.live_workers()) | {self.worker_id}
         target = math.ceil(self.groups / len(live))
         current: dict[int, tuple[bytes, Lease]] = {}
-        for row, value in scan_meta_prefix(self._client.store, GROUP_PREFIX, _LEASE):
-            group = int(row[len(GROUP_PREFIX) :])
+        for row, value in scan_meta_prefix(self._client.store, self._group_prefix, _LEASE):
+            group = int(row[len(self._group_prefix) :])
             if group < self.groups:
                 current[group] = (value, Lease.decode(value))
         held: dict[int, int] = {}
@@ -229,9 +266,16 @@ class KeyGroupLeases:
         return True
 
     def release_all(self) -> None:
-        """Give every held group up at once (graceful shutdown)."""
+        """Give every held group up at once, and withdraw the heartbeat, so that the other
+        workers count one worker fewer and take the groups at their next rebalance
+        (graceful shutdown)."""
         with self._lock:
             owned, self._owned = dict(self._owned), {}
+        if self._heartbeat_version:
+            member = self._member_prefix + self.worker_id.encode("utf-8")
+            self._client.store.delete_versions(
+                META_TABLE, [Delete(member, META_FAMILY, _HEARTBEAT, self._heartbeat_version)]
+            )
         for group, (seq, _) in owned.items():
             row = self._row(group)
             cells = self._client.store.read_row(META_TABLE, row, columns=[(META_FAMILY, _LEASE)])

@@ -50,7 +50,7 @@ from percolator.observers.finder import NotificationFinder, ScannerPositions
 from percolator.observers.metrics import Labels, MetricsServer
 from percolator.observers.options import WorkerOptions
 from percolator.observers.parking import ParkingLot
-from percolator.observers.partition import KeyGroupLeases
+from percolator.observers.partition import KeyGroupLeases, partition_domain
 from percolator.observers.processor import NotificationProcessor
 from percolator.observers.worker_metrics import LOCK_OUTCOMES, WorkerMetrics
 
@@ -137,6 +137,7 @@ class Worker:
                 self.worker_id,
                 groups=self.options.key_groups,
                 lease_ms=self.options.lease_ms,
+                domain=partition_domain(o.name for o in self._candidates),
             )
         self.processor = NotificationProcessor(
             client,

@@ -24,7 +24,7 @@ from percolator.observers.worker import Worker, WorkerOptions
 
 import percolator
 from percolator.errors import ConfigError
-from percolator.layout import NOTIFY
+from percolator.layout import META_TABLE, NOTIFY
 from percolator.notifications import (
     HASH_SPACE,
     LEGACY_NOTIFY_VALUE,
@@ -178,6 +178,88 @@ def test_bad_partitioning_options_are_refused(local_client: percolator.Client) -
         WorkerOptions(partitioned=True, key_groups=0)
     with pytest.raises(ConfigError, match="lease"):
         KeyGroupLeases(local_client, "w", groups=4, lease_ms=10)
+    # Shorter than four renewals, leases would lapse between them.
+    with pytest.raises(ConfigError, match="at least four housekeeping intervals"):
+        WorkerOptions(partitioned=True, lease_ms=1000, housekeeping_s=1.0)
+
+
+class OtherLogger(RunLogger):
+    name = "other-logger"
+    columns = ("other",)  # type: ignore[assignment]
+    prefix = b"other:"
+
+
+def test_workers_running_different_observers_each_cover_every_group(
+    local_client: percolator.Client, workers: list[Worker]
+) -> None:
+    """Key groups are shared only by workers running the same observers: a group leased to
+    a worker running another observer would leave this one's notifications in it to
+    nobody."""
+    client = local_client
+    a = Worker(client, [RunLogger()], options())
+    b = Worker(client, [OtherLogger()], options())
+    workers += [a, b]
+    a.start()
+    b.start()
+    assert a.leases is not None and b.leases is not None
+    assert a.leases.domain != b.leases.domain
+    until(lambda: len(a.leases.owned()) == len(b.leases.owned()) == GROUPS, 10, "all groups")
+    rows = [b"row%03d" % i for i in range(40)]
+    with client.transaction() as txn:
+        for row in rows:
+            txn.set(EVENTS, row, "value", b"x")
+            txn.set(EVENTS, row, "other", b"y")
+    until(
+        lambda: (
+            len(runs(client.snapshot())) == len(rows)
+            and len(runs(client.snapshot(), b"other:")) == len(rows)
+        ),
+        30,
+        "every row run by both observers",
+    )
+
+
+def test_a_worker_that_stops_hands_its_groups_over_at_the_next_rebalance(
+    local_client: percolator.Client, workers: list[Worker]
+) -> None:
+    """Stopping, a worker releases its groups and withdraws its heartbeat, so the others
+    count one worker fewer at once instead of waiting out its last heartbeat (a lease)."""
+    client = local_client
+    slow = WorkerOptions(
+        threads=1,
+        idle_sleep_s=0.01,
+        housekeeping_s=0.1,
+        partitioned=True,
+        key_groups=GROUPS,
+        lease_ms=5000,
+    )
+    a, b = Worker(client, [RunLogger()], slow), Worker(client, [RunLogger()], slow)
+    workers.append(a)
+    a.start()
+    b.start()
+    assert a.leases is not None
+    until(lambda: len(a.leases.owned()) == GROUPS // 2, 10, "an even split")
+    b.stop(drain_timeout_s=2)
+    took = until(lambda: len(a.leases.owned()) == GROUPS, 10, "every group")
+    assert took < 2.5, f"{took:.1f} s: the stopped worker still counted as live"
+    assert a.leases.live_workers() == [a.worker_id]
+
+
+def test_heartbeats_of_workers_long_gone_are_removed(local_client: percolator.Client) -> None:
+    """Every worker start adds a heartbeat row; a worker killed leaves it. Any worker
+    removes one ten leases old, so the rows do not pile up."""
+    clock = [time.time()]
+    gone = KeyGroupLeases(local_client, "gone", groups=4, lease_ms=1000, clock=lambda: clock[0])
+    gone.rebalance()  # heartbeat, then killed
+    clock[0] += 5
+    alive = KeyGroupLeases(local_client, "alive", groups=4, lease_ms=1000, clock=lambda: clock[0])
+    alive.rebalance()
+    assert alive.live_workers() == ["alive"]  # gone: not live, not yet stale
+    member = b"member//gone"
+    assert local_client.store.read_row(META_TABLE, member)
+    clock[0] += 10
+    alive.rebalance()
+    assert local_client.store.read_row(META_TABLE, member) == {}
 
 
 def test_two_workers_split_the_groups_and_each_runs_only_its_own(
