@@ -106,13 +106,13 @@ class WorkerOptions:
             raise ConfigError(
                 f"worker option lease_ms must be an int >= 100, got {self.lease_ms!r}"
             )
-        if self.partitioned and self.lease_ms < 4000 * self.housekeeping_s:
+        if self.partitioned and self.lease_ms < 1500 * self.housekeeping_s:
             # A worker renews its leases once per housekeeping pass and stops trusting them
             # after three quarters of a lease: shorter, they lapse between renewals, every
             # renewal takes the group anew, and a run longer than a pass never commits.
             raise ConfigError(
-                f"worker option lease_ms ({self.lease_ms}) must be at least four "
-                f"housekeeping intervals ({4000 * self.housekeeping_s:g} ms)"
+                f"worker option lease_ms ({self.lease_ms}) must be at least one and a half "
+                f"housekeeping intervals ({1500 * self.housekeeping_s:g} ms)"
             )
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics port must be in 0..65535, got {self.metrics_port}")

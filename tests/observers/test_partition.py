@@ -178,8 +178,8 @@ def test_bad_partitioning_options_are_refused(local_client: percolator.Client) -
         WorkerOptions(partitioned=True, key_groups=0)
     with pytest.raises(ConfigError, match="lease"):
         KeyGroupLeases(local_client, "w", groups=4, lease_ms=10)
-    # Shorter than four renewals, leases would lapse between them.
-    with pytest.raises(ConfigError, match="at least four housekeeping intervals"):
+    # Shorter, leases would lapse between two renewals.
+    with pytest.raises(ConfigError, match="at least one and a half housekeeping intervals"):
         WorkerOptions(partitioned=True, lease_ms=1000, housekeeping_s=1.0)
 
 
