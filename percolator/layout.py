@@ -115,14 +115,24 @@ def engine_tables(store: Store) -> list[str]:
     the system tables.  A store (or an HBase prefix) may also hold tables of its own users
     (raw tables, other applications'): they are not the engine's, and scanning them for
     locks or notifications would fail on the missing families.  One families lookup per
-    table; a table dropped meanwhile is left out."""
+    table; a table dropped meanwhile is left out.
+
+    On HBase a deployment under a longer prefix (``prod_eu_`` beside ``prod_``) has its
+    tables under this one's too: they are its, not this one's (its meta table marks it),
+    and so are left out; a name the engine cannot have made is left out too."""
+    names = store.list_tables()
+    nested = [
+        name[: -len(META_TABLE)]
+        for name in names
+        if name.endswith(META_TABLE) and name != META_TABLE
+    ]
     found = []
-    for name in store.list_tables():
-        if name.startswith(SYSTEM_TABLE_PREFIX):
+    for name in names:
+        if name.startswith(SYSTEM_TABLE_PREFIX) or any(name.startswith(p) for p in nested):
             continue
         try:
             families = {spec.name for spec in store.table_families(name)}
-        except TableNotFoundError:
+        except (TableNotFoundError, InvalidArgumentError):
             continue
         if families.issuperset(FAMILIES):
             found.append(name)

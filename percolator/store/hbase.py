@@ -1095,7 +1095,8 @@ class HBaseStore(Store):
         result = []
         for raw in names:
             name = _text(raw)
-            if name.startswith(self.prefix):
+            # getTableNames lists every namespace; this store's tables are in the default.
+            if name.startswith(self.prefix) and ":" not in name:
                 result.append(name[len(self.prefix) :])
         return sorted(result)
 
@@ -1395,6 +1396,11 @@ class HBaseStore(Store):
                     except StoreUnavailableError:
                         if reopened:
                             raise
+                        if opts.stop is not None and next_start >= opts.stop:
+                            # Nothing is left before ``stop``; and opened with start ==
+                            # stop, the gateway would read the row ``stop`` itself (it
+                            # makes such a scan a get).
+                            return
                         reopened = True
                         break  # re-open after the last row received
                     reopened = False

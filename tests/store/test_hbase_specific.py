@@ -395,6 +395,21 @@ def test_scan_reopens_after_its_connection_breaks(
 
 
 @pytest.mark.hbase
+def test_a_scan_reopened_just_before_its_stop_reads_nothing_past_it(
+    proxied: HBaseStore, proxy: FaultyProxy, table: str, k: Callable[[bytes], bytes]
+) -> None:
+    """Re-opened after the row just before ``stop``, the scan would start at ``stop``
+    itself, which the Thrift-1 gateway reads as a get of that row."""
+    proxied.put(table, [Put(k(b"a"), "d", b"q", 1, b"in"), Put(k(b"a\x00"), "d", b"q", 1, b"out")])
+    scan = proxied.scan(table, "d", ScanOptions(start=k(b"a"), stop=k(b"a\x00"), batch_size=1))
+    first = next(scan)
+    proxy.fault = "drop_reply"  # the next scannerGetList reply is lost
+    rest = list(scan)
+    assert proxy.fault is None
+    assert [row for row, _ in [first, *rest]] == [k(b"a")]
+
+
+@pytest.mark.hbase
 def test_scan_closes_its_scanner_when_abandoned(
     store: HBaseStore, table: str, k: Callable[[bytes], bytes]
 ) -> None:

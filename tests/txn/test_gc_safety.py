@@ -430,6 +430,32 @@ def test_tables_the_engine_did_not_create_are_neither_listed_nor_touched(
     assert shared_store.read_row("theirs", b"r")[("d", b"q")] == [(1, b"raw")]
 
 
+def test_a_deployment_under_a_longer_prefix_is_not_this_ones(
+    app: percolator.Client, shared_store: Store
+) -> None:
+    """On HBase a deployment under this one's prefix plus ``eu_`` has its tables under this
+    prefix too (``eu_accounts``): listing, GC and observers must leave them to it (its
+    meta table marks it), or GC would resolve its locks by primaries looked up under the
+    wrong prefix and collect below a safe point its readers never saw."""
+    from percolator.layout import META_FAMILIES, META_TABLE, TABLE_FAMILIES
+
+    if shared_store.url.startswith("hbase"):
+        nested = percolator.connect(with_table_prefix(shared_store.url, "eu_"))
+        nested.create_table("accounts")
+        nested.run(lambda t: t.set("accounts", b"k", "c", b"theirs"))
+    else:  # no prefixes here: the same table names, made by hand
+        shared_store.create_table("eu_" + META_TABLE, META_FAMILIES)
+        shared_store.create_table("eu_accounts", TABLE_FAMILIES)
+        nested = None
+    assert "eu_accounts" in shared_store.list_tables()
+    assert set(app.list_tables()) == {"a", "b"}
+    report = app.gc(life_time_ms=0)
+    assert set(report.tables) == {"a", "b"}
+    if nested is not None:
+        assert nested.snapshot().get("accounts", b"k", "c") == b"theirs"
+        nested.close()
+
+
 # ---------------------------------------------------------------- 6. nothing uncollectable
 
 
