@@ -379,7 +379,24 @@ def run_list(args: argparse.Namespace) -> int:
                 )
         if not args.json:
             print(f"{len(records)} parked notification(s)", file=sys.stderr)
+        if not records:
+            _say_unknown_filters(client, observer, table)
     return 0
+
+
+def _say_unknown_filters(
+    client: percolator.Client, observer: str | None, table: str | None
+) -> None:
+    """When a filter matched nothing: say if it names no observer or table at all (a typo
+    looks like "nothing parked" otherwise)."""
+    from percolator.observers.api import registrations
+
+    if observer is not None:
+        registered = {reg.observer for reg in registrations(client.store).values()}
+        if observer not in registered:
+            print(f"note: no observer {observer!r} is registered", file=sys.stderr)
+    if table is not None and not client.store.table_exists(table):
+        print(f"note: table {table!r} does not exist", file=sys.stderr)
 
 
 def run_retry(args: argparse.Namespace) -> int:
@@ -416,6 +433,7 @@ def run_retry(args: argparse.Namespace) -> int:
                 )
         if not done:
             print("no parked notification matched", file=sys.stderr)
+            _say_unknown_filters(client, observer, table)
             return 1
     return 0
 

@@ -302,7 +302,8 @@ class Client:
                 f"life_time_ms must be a non-negative int, got {life_time_ms!r}"
             )
         every = self.list_tables()
-        names = name_list(tables, "tables") if tables is not None else every
+        # A table named twice is collected once.
+        names = list(dict.fromkeys(name_list(tables, "tables"))) if tables is not None else every
         for name in names:
             # GC may pass over a table being loaded: it holds only the load's committed
             # cells, each the newest (and only) version GC would keep.

@@ -155,6 +155,10 @@ def test_notifications_list_and_retry(url: str) -> None:
     }
     text = run_cli(["notifications", "list", "--store", url, "--observer", "flaky"])
     assert "flaky\tobs_events\trow-1\tflaky\tfailures=5\tRuntimeError: nope" in text.stdout
+    # A filter naming nothing at all says so (a typo would look like "nothing parked").
+    typo = run_cli(["notifications", "list", "--store", url, "--observer", "flakey"])
+    assert typo.returncode == 0 and "note: no observer 'flakey' is registered" in typo.stderr
+    assert "note:" not in text.stderr
 
     nothing = run_cli(["notifications", "retry", "--store", url])
     assert nothing.returncode == 2

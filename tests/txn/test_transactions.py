@@ -82,6 +82,7 @@ def test_one_bare_string_where_a_list_of_names_is_expected_is_refused(
     with pytest.raises(InvalidArgumentError, match="observers must be a list of names"):
         client.wait_for(observers="x", timeout=0)
     assert snapshot.get_row("t", b"k", ["c"]) == {"c": b"v"}
+    assert client.gc(life_time_ms=0, tables=["t", "t"]).tables == ["t"]  # once, not twice
 
 
 def test_exception_rolls_back_and_writes_nothing(client: percolator.Client) -> None:
