@@ -116,13 +116,7 @@ def catch_up(
         raise InvalidArgumentError(f"observer {observer!r} watches no column: nothing to catch up")
     store = client.store
     report = CatchUpReport(observer)
-    declared: list[tuple[str, str]] | None = []
-    for reg in regs:
-        if reg.outputs is None or declared is None:
-            declared = None
-        else:
-            declared += reg.outputs
-    watermark.begin_catch_up(store, observer, declared)
+    watermark.begin_catch_up(store, observer, watermark.declared_outputs(regs)[observer])
     notify_ts = client.oracle.get_timestamp()
     oldest: int | None = None
     by_table: dict[str, list[tuple[str, bool]]] = {}

@@ -389,7 +389,7 @@ def _say_unknown_filters(
 ) -> None:
     """When a filter matched nothing: say if it names no observer or table at all (a typo
     looks like "nothing parked" otherwise)."""
-    from percolator.observers.api import registrations
+    from percolator.notifications import registrations
 
     if observer is not None:
         registered = {reg.observer for reg in registrations(client.store).values()}

@@ -148,6 +148,7 @@ class KeyGroupLeases:
         self.domain = domain
         self._group_prefix = GROUP_PREFIX + domain.encode("utf-8") + b"/"
         self._member_prefix = MEMBER_PREFIX + domain.encode("utf-8") + b"/"
+        self._member_row = self._member_prefix + worker_id.encode("utf-8")
         self._heartbeat_version = 0
         self.groups = groups
         self.lease_ms = lease_ms
@@ -192,11 +193,10 @@ class KeyGroupLeases:
         docstring).  Returns the groups held, with their sequences."""
         store = self._client.store
         now = self._now_ms()
-        member = self._member_prefix + self.worker_id.encode("utf-8")
         # Its version is its time (the stale-heartbeat delete removes exactly it).
         version = max(now, self._heartbeat_version + 1)
         heartbeat = json.dumps({"v": 1, "at_ms": version}).encode()
-        store.put(META_TABLE, [Put(member, META_FAMILY, _HEARTBEAT, version, heartbeat)])
+        store.put(META_TABLE, [Put(self._member_row, META_FAMILY, _HEARTBEAT, version, heartbeat)])
         self._heartbeat_version = version
         live = set(self.live_workers()) | {self.worker_id}
         target = math.ceil(self.groups / len(live))
@@ -272,10 +272,8 @@ class KeyGroupLeases:
         with self._lock:
             owned, self._owned = dict(self._owned), {}
         if self._heartbeat_version:
-            member = self._member_prefix + self.worker_id.encode("utf-8")
-            self._client.store.delete_versions(
-                META_TABLE, [Delete(member, META_FAMILY, _HEARTBEAT, self._heartbeat_version)]
-            )
+            withdrawn = Delete(self._member_row, META_FAMILY, _HEARTBEAT, self._heartbeat_version)
+            self._client.store.delete_versions(META_TABLE, [withdrawn])
         for group, (seq, _) in owned.items():
             row = self._row(group)
             cells = self._client.store.read_row(META_TABLE, row, columns=[(META_FAMILY, _LEASE)])

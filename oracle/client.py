@@ -54,7 +54,7 @@ from percolator.errors import (
     OracleError,
     OracleUnavailableError,
 )
-from percolator.layout import deployment_id
+from percolator.layout import same_deployment
 from percolator.retry import Backoff
 from percolator.store.base import Store
 from percolator.timestamps import TimestampOracle, now_ms
@@ -281,7 +281,7 @@ class GrpcOracleClient(TimestampOracle):
             current = self._store
             if current is None:
                 self._store = store
-            elif current is not store and deployment_id(current) != deployment_id(store):
+            elif not same_deployment(current, store):
                 raise ConfigError(
                     f"this oracle client checks the timestamps it receives for store "
                     f"{current.url!r} and cannot serve store {store.url!r}: open one client "

@@ -165,12 +165,14 @@ def _no_deployment(url: str) -> str:
 
 
 @contextlib.contextmanager
-def connect_existing(url: str | None, oracle: str | None = None) -> Iterator[Client]:
+def connect_existing(
+    url: str | None, oracle: str | None = None, **options: int
+) -> Iterator[Client]:
     """A client on a store that already exists (see :func:`open_existing_store`); the store
-    and the client are closed on exit."""
+    and the client are closed on exit.  ``options``: as :func:`percolator.connect`'s."""
     store = open_existing_store(url)
     try:
-        with connect(store, oracle=oracle) as client:
+        with connect(store, oracle=oracle, **options) as client:
             yield client
     finally:
         store.close()

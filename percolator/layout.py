@@ -100,6 +100,12 @@ def deployment_id(store: Store) -> str:
     return raw.decode("ascii")
 
 
+def same_deployment(a: Store, b: Store) -> bool:
+    """Whether two store objects hold one deployment (the same object, or the same
+    :func:`deployment_id`, made on first use)."""
+    return a is b or deployment_id(a) == deployment_id(b)
+
+
 def scan_meta_prefix(store: Store, prefix: bytes, qualifier: bytes) -> list[tuple[bytes, bytes]]:
     """``(row, value)`` of ``qualifier`` in every row of the meta table starting with
     ``prefix`` (one scan; rows without the qualifier are left out)."""

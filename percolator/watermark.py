@@ -328,13 +328,10 @@ def _downstream(
     """The registered observers other than ``observer`` that it is upstream of, directly
     (they watch one of ``outputs``; all of them if None) or through others."""
     declared = None if outputs is None else set(outputs)
-    watched: dict[str, set[tuple[str, str]]] = {}
-    for reg in regs:
-        watched.setdefault(reg.observer, set()).add((reg.table, reg.column))
     upstream = _upstream(regs)
     found = {
         name
-        for name, cols in watched.items()
+        for name, cols in _watched(regs).items()
         if name != observer and (declared is None or cols & declared)
     }
     frontier = list(found)
@@ -467,17 +464,29 @@ def _scan_order(upstream: Mapping[str, set[str]]) -> list[str]:
     return order
 
 
-def _upstream(regs: Sequence[Registration]) -> dict[str, set[str]]:
-    """Observer -> the observers directly upstream of it (see the module docstring)."""
+def _watched(regs: Iterable[Registration]) -> dict[str, set[tuple[str, str]]]:
+    """Observer -> the ``(table, column)`` pairs it watches."""
     watched: dict[str, set[tuple[str, str]]] = {}
-    outputs: dict[str, set[tuple[str, str]] | None] = {}
     for reg in regs:
         watched.setdefault(reg.observer, set()).add((reg.table, reg.column))
+    return watched
+
+
+def declared_outputs(regs: Iterable[Registration]) -> dict[str, set[tuple[str, str]] | None]:
+    """Observer -> the ``(table, column)`` pairs its registrations declare it writes; None
+    if one of them declares none (it may write anything)."""
+    outputs: dict[str, set[tuple[str, str]] | None] = {}
+    for reg in regs:
         declared = None if reg.outputs is None else set(reg.outputs)
-        if reg.observer in outputs and outputs[reg.observer] is not None and declared is not None:
-            outputs[reg.observer] = outputs[reg.observer] | declared  # type: ignore[operator]
-        elif reg.observer not in outputs or declared is None:
-            outputs[reg.observer] = declared
+        known = outputs.get(reg.observer, set())
+        outputs[reg.observer] = None if declared is None or known is None else known | declared
+    return outputs
+
+
+def _upstream(regs: Sequence[Registration]) -> dict[str, set[str]]:
+    """Observer -> the observers directly upstream of it (see the module docstring)."""
+    watched = _watched(regs)
+    outputs = declared_outputs(regs)
     upstream: dict[str, set[str]] = {name: set() for name in watched}
     for name, cols in watched.items():
         for other, out in outputs.items():
@@ -558,11 +567,7 @@ def compute_watermarks(
     for reg in regs:
         by_observer.setdefault(reg.observer, []).append(reg)
     upstream = _upstream(regs)
-    outputs: dict[str, set[tuple[str, str]] | None] = {}
-    for reg in regs:
-        declared = None if reg.outputs is None else set(reg.outputs)
-        known = outputs.get(reg.observer, set())
-        outputs[reg.observer] = None if declared is None or known is None else known | declared
+    outputs = declared_outputs(regs)
     # Bulk loads in progress (fenced, not yet published) on the watched tables, read after
     # ``now_ts`` and before the scans (see "Bulk loads" in the module docstring).
     loads = _loads_in_progress(store, sorted({reg.table for reg in regs}))

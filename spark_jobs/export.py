@@ -43,7 +43,6 @@ an action runs, at the same ``read_ts`` every time, so evaluate it within the GC
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import time
@@ -61,7 +60,7 @@ from percolator.spark_jobs.session import (
 )
 
 import percolator
-from percolator.command_options import open_existing_store
+from percolator.command_options import connect_existing
 from percolator.errors import ConfigError, InvalidArgumentError, TableNotFoundError
 from percolator.layout import LOCK, check_table_name, encode_column
 from percolator.store.base import ScanOptions
@@ -237,17 +236,6 @@ def _schema(plan: _ReadPlan) -> Any:
     return StructType(fields)
 
 
-@contextlib.contextmanager
-def _connect_existing(options: ExportOptions) -> Iterator[percolator.Client]:
-    """A client on the store of ``options``, which must exist (ConfigError otherwise)."""
-    store = open_existing_store(options.store)
-    try:
-        with percolator.connect(store, oracle=options.oracle, **options.client_options) as c:
-            yield c
-    finally:
-        store.close()
-
-
 def export_table(
     spark: SparkSession, options: ExportOptions, *, read_ts: int | None = None
 ) -> Export:
@@ -258,7 +246,7 @@ def export_table(
     store = check_store_for_spark(options.store, session_master(spark))
     layout = options.effective_layout
     # An export only reads: a store that does not exist is an error, never created here.
-    with _connect_existing(options) as c:
+    with connect_existing(options.store, options.oracle, **options.client_options) as c:
         if not c.store.table_exists(options.table):
             raise TableNotFoundError(options.table)
         ts = read_ts or options.read_ts or c.oracle.get_timestamp()
@@ -332,7 +320,7 @@ def write_export(
     Spark's save mode."""
     started = time.monotonic()
     check_output(output, mode)
-    with _connect_existing(options) as c:
+    with connect_existing(options.store, options.oracle, **options.client_options) as c:
         # A guard at a fresh timestamp would not protect an older options.read_ts.
         guard = c.transaction() if options.read_ts is None else c.snapshot(options.read_ts)
         try:

@@ -115,7 +115,7 @@ from percolator.errors import (
     StoreError,
     StoreUnavailableError,
 )
-from percolator.layout import deployment_id
+from percolator.layout import same_deployment
 from percolator.store.base import Store
 from percolator.timestamps.clock import SYSTEM_CLOCK, Clock
 from percolator.timestamps.coalesce import Coalescer, CoalescerStats
@@ -286,7 +286,7 @@ class LocalOracle(TimestampOracle):
         the other would stay unbound, open to another oracle's timestamps.  A store bound
         to an oracle service is refused too (OracleError).  May create the stores' meta
         tables; writes nothing else."""
-        if store is not self.store and deployment_id(store) != deployment_id(self.store):
+        if not same_deployment(store, self.store):
             raise ConfigError(
                 f"a LocalOracle of store {self.store.url!r} cannot serve store {store.url!r}: "
                 "a local oracle serves the store it keeps its record in; open it on that "
