@@ -420,6 +420,7 @@ def run_promise(args: argparse.Namespace) -> dict[str, Any]:
                 seed=args.seed,
                 rounds=args.rounds,
                 batch_size=args.batch,
+                initial_timeout_s=args.initial_timeout,
             )
         finally:
             spark.stop()
@@ -499,6 +500,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     promise.add_argument("--rounds", type=int, default=2)
     promise.add_argument("--seed", type=int, default=1)
     promise.add_argument("--master", default="local[2]")
+    promise.add_argument(
+        "--initial-timeout",
+        type=float,
+        default=3600,
+        metavar="S",
+        help="seconds the worker may take to process the loaded corpus before the rounds "
+        "(default: %(default)s; 100,000 documents on HBase need more)",
+    )
     promise.add_argument(
         "--batch",
         type=int,

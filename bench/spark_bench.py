@@ -231,6 +231,7 @@ def measure_incremental(
     seed: int,
     rounds: int,
     batch_size: int = 1,
+    initial_timeout_s: float = 3600,
 ) -> dict[str, Any]:
     from percolator.observers.worker import Worker, WorkerOptions
     from percolator.spark_jobs.backfill import run_backfill
@@ -265,7 +266,7 @@ def measure_incremental(
         worker = Worker(client, observers, options)
         worker.start()
         try:
-            _wait_quiet(client, observed)
+            _wait_quiet(client, observed, initial_timeout_s)
         finally:  # also on a timeout: its threads must not outlive the client
             worker.stop()
         initial_s = time.perf_counter() - started
