@@ -323,6 +323,22 @@ def test_cli_reports_missing_java_in_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("heap", "why"),
+    [
+        ("lots", "not a heap size: 'lots'"),
+        ("2gb", "not a heap size"),
+        ("0g", "not a heap size"),
+        ("100m", "heap '100m' is below HBase's minimum of 256m"),
+    ],
+)
+def test_a_bad_heap_size_is_refused_naming_it(tmp_path: Path, heap: str, why: str) -> None:
+    result = _cli("start", "--dir", str(tmp_path / "hb"), "--heap", heap)
+    assert result.returncode == 2
+    assert f"argument --heap: {why}" in result.stderr
+    assert not (tmp_path / "hb").exists()
+
+
 def test_requested_port_in_use_is_refused_before_launching(
     tmp_path: Path, occupied_port: int
 ) -> None:
@@ -443,7 +459,7 @@ def test_second_instance_in_background_serves_and_stops_from_another_process(
     session = parse_store_url(hbase_url)  # the session's HBase keeps running meanwhile
     workdir = tmp_path / "second"
     try:
-        started = _cli("start", "--dir", str(workdir), timeout=400)
+        started = _cli("start", "--dir", str(workdir), "--heap", "1g", timeout=400)
         assert started.returncode == 0, started.stderr
         url = started.stdout.strip()
         assert url.startswith("hbase://127.0.0.1:")
@@ -456,6 +472,8 @@ def test_second_instance_in_background_serves_and_stops_from_another_process(
         assert len({port, port2, state["zk_port"], session.port}) == 4
         pids = [state["master_pid"], state["thrift_pid"], state["thrift2_pid"]]
         assert sorted(_jvms_of(workdir)) == sorted(pids)
+        master_argv = Path(f"/proc/{state['master_pid']}/cmdline").read_bytes().split(b"\0")
+        assert b"-Xmx1g" in master_argv
 
         # Another process (and a fresh object here) finds it through the state file.
         assert LocalHBase(workdir, progress=None).url == url

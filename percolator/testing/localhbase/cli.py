@@ -1,6 +1,6 @@
 """``percolator hbase start|stop|status|classpath``: a real local HBase for development.
 
-    percolator hbase start [--dir DIR] [--port N] [--foreground] [--timeout S]
+    percolator hbase start [--dir DIR] [--port N] [--heap SIZE] [--foreground] [--timeout S]
     percolator hbase stop [--dir DIR] [--grace S]
     percolator hbase status [--dir DIR] [--json]
     percolator hbase classpath
@@ -17,10 +17,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import shlex
 from pathlib import Path
 
 from percolator.testing.localhbase.launcher import (
+    DEFAULT_MASTER_HEAP,
     DEFAULT_START_TIMEOUT_S,
     DEFAULT_STOP_GRACE_S,
     HBaseLauncherError,
@@ -32,6 +34,8 @@ from percolator.testing.localhbase.launcher import (
 )
 
 DEFAULT_DIR = ".hbase-local"
+#: below this a standalone HBase (master and region server in one JVM) does not start
+MIN_HEAP_MB = 256
 
 STATUS_SERVING = 0
 STATUS_NOT_SERVING = 1
@@ -46,6 +50,21 @@ def _port(text: str) -> int:
     if not 1 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"port must be between 1 and 65535, got {port}")
     return port
+
+
+def _heap(text: str) -> str:
+    """A JVM heap size as ``-Xmx`` takes it, in megabytes or gigabytes (``768m``, ``4g``)."""
+    match = re.fullmatch(r"([1-9][0-9]*)([mMgG])", text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"not a heap size: {text!r} (a whole number of megabytes or gigabytes: 768m, 4g)"
+        )
+    size, unit = int(match.group(1)), match.group(2).lower()
+    if size * (1024 if unit == "g" else 1) < MIN_HEAP_MB:
+        raise argparse.ArgumentTypeError(
+            f"heap {text!r} is below HBase's minimum of {MIN_HEAP_MB}m"
+        )
+    return f"{size}{unit}"
 
 
 def _seconds(text: str) -> float:
@@ -103,6 +122,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "container serving others)",
     )
     start.add_argument(
+        "--heap",
+        type=_heap,
+        default=DEFAULT_MASTER_HEAP,
+        metavar="SIZE",
+        help="heap of the JVM running the master and the region server (default "
+        f"{DEFAULT_MASTER_HEAP}; loads of hundreds of thousands of rows want 2g or more)",
+    )
+    start.add_argument(
         "--foreground",
         action="store_true",
         help="stay in the foreground; Ctrl-C (or SIGTERM) stops HBase and exits",
@@ -156,6 +183,7 @@ def _start(args: argparse.Namespace) -> int:
         thrift2_port=args.thrift2_port,
         progress=stderr_progress,
         thrift_bind=args.bind,
+        master_heap=args.heap,
     )
     if not args.foreground:
         url = hbase.start(timeout=args.timeout)

@@ -50,6 +50,8 @@ MINIMUM_JAVA = 17
 STATE_FILE = "localhbase.json"
 DEFAULT_START_TIMEOUT_S = 300.0
 DEFAULT_STOP_GRACE_S = 30.0
+#: heap of the JVM running the master and the region server (``percolator hbase start --heap``)
+DEFAULT_MASTER_HEAP = "768m"
 
 # Flags HBase's own bin/hbase adds on JDK 11+; without them HBase 2.6 fails on JDK 17 with
 # InaccessibleObjectException (netty, Hadoop's reflection on java.nio and friends).
@@ -737,7 +739,7 @@ class LocalHBase:
         progress: Progress | None = stderr_progress,
         *,
         classpath_file: Path | None = None,
-        master_heap: str = "768m",
+        master_heap: str = DEFAULT_MASTER_HEAP,
         thrift_heap: str = "256m",
         stop_grace_s: float = DEFAULT_STOP_GRACE_S,
         extra_config: Mapping[str, str] | None = None,
