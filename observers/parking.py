@@ -3,10 +3,19 @@
 When a notification's run has failed ``failure_limit`` times in a row (exceptions of the
 observer's code, not conflicts), the worker *parks* it: it writes a record to the meta
 table and stops running it.  The notification itself stays in the notify family, so
-nothing is lost; workers skip parked cells (they reload the parked set every few seconds).
-``percolator notifications list`` shows the records, ``percolator notifications retry``
-re-queues them: it leaves a fresh notification on the cell and deletes the record, and the
-next run starts counting failures from zero.
+nothing is lost; workers skip the parked change (they reload the parked set every few
+seconds).  ``percolator notifications list`` shows the records, ``percolator notifications
+retry`` re-queues them: it leaves a fresh notification on the cell and deletes the record,
+and the next run starts counting failures from zero.
+
+A record parks **a change, not the cell for ever**: workers skip the cell's notifications
+up to the parked one's version (``notify_ts``) only (:func:`skips`).  A later change of the
+cell (a newer notification: often the fix of the input that made the observer fail) runs
+as usual.  A run that ends (committed, or found the change already covered) read the
+cell's latest commit, which covers every change up to its notification; so when a worker
+ends a run of a parked cell's newer change, or of the parked change itself (another worker
+parked it meanwhile: failure counts are per worker), it deletes the record
+(:meth:`ParkingLot.unpark_covered`).
 
 Record format (version 1), one row per parked cell::
 
@@ -23,7 +32,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -160,9 +169,10 @@ class ParkingLot:
             found.append(record)
         return found
 
-    def cells(self) -> set[Cell]:
-        """The parked cells (what workers skip)."""
-        return {record.cell for record in self.records()}
+    def parked(self) -> dict[Cell, int]:
+        """The parked cells, each with the version of the notification parked: what workers
+        skip (:func:`skips`)."""
+        return {record.cell: record.notify_ts for record in self.records()}
 
     def retry(self, records: Iterable[ParkedNotification]) -> list[ParkedNotification]:
         """Re-queue parked notifications: leave a fresh notification on each cell, then
@@ -180,12 +190,39 @@ class ParkingLot:
             done.append(record)
         return done
 
+    def unpark_covered(self, cell: Cell, notify_ts: int) -> bool:
+        """Delete the cell's record if it parked a notification at or below ``notify_ts``,
+        the version of a notification whose run just ended, covering it (module docstring).
+        Returns whether one was deleted.  A record of a newer notification stays, and so
+        does a park written after the record read here (its version is newer than the one
+        deleted)."""
+        table, row, column = cell
+        key = parked_row(table, row, column)
+        found = self._client.store.read_rows(META_TABLE, [key], columns=[(META_FAMILY, _QUALIFIER)])
+        versions = found.get(key, {}).get((META_FAMILY, _QUALIFIER), [])
+        if not versions:
+            return False
+        version, value = versions[0]
+        if ParkedNotification.decode(value, version).notify_ts > notify_ts:
+            return False
+        self._client.store.delete_versions(
+            META_TABLE, [Delete(key, META_FAMILY, _QUALIFIER, version)]
+        )
+        return True
+
     def unpark(self, record: ParkedNotification) -> None:
         """Delete a record whose notification was processed after all (no new trigger)."""
         row = parked_row(record.table, record.row, record.column)
         self._client.store.delete_versions(
             META_TABLE, [Delete(row, META_FAMILY, _QUALIFIER, record.version)]
         )
+
+
+def skips(parked: Mapping[Cell, int], notification: Notification) -> bool:
+    """Whether workers skip ``notification`` given ``parked`` (:meth:`ParkingLot.parked`):
+    its cell is parked at this notification's version or a newer one."""
+    parked_ts = parked.get(notification.cell)
+    return parked_ts is not None and notification.notify_ts <= parked_ts
 
 
 def pending(

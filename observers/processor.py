@@ -13,8 +13,9 @@ flight* from :meth:`~NotificationProcessor.offer` until its run ends.
 Failures: a run that fails with an exception of the observer's code counts one failure of
 that cell and is retried after an exponential back-off (``backoff_base_s`` doubling up to
 ``backoff_max_s``, with jitter); after ``failure_limit`` failures in a row the cell is
-*parked* (observers/parking.py) and skipped until an operator retries it.  Failure counts
-live in the worker's memory: each worker counts its own, a restart starts from zero.
+*parked* (observers/parking.py): that change is skipped until an operator retries it or the
+cell changes again (a run of the newer change that ends deletes the record).  Failure
+counts live in the worker's memory: each worker counts its own, a restart starts from zero.
 Conflicts (another run or writer won) are not failures: they are retried after a short
 back-off and counted separately.  An undetermined commit is not the observer's fault
 either: it backs off like a conflict, and the next run reads the ack and knows.
@@ -52,7 +53,7 @@ from typing import TYPE_CHECKING
 
 from percolator.observers.api import Observer
 from percolator.observers.options import WorkerOptions
-from percolator.observers.parking import Cell, ParkingLot
+from percolator.observers.parking import Cell, ParkingLot, skips
 from percolator.observers.runner import (
     ConflictExhaustedError,
     Outcome,
@@ -146,10 +147,12 @@ class NotificationProcessor:
         self._lock = threading.Lock()
         self._inflight: set[Cell] = set()
         self._states: dict[Cell, CellState] = {}
-        self._parked: set[Cell] = set()
-        # Cells this worker parked itself, with the monotonic time: a reload of the parked
-        # set that started before the park was written must not forget them.
-        self._parked_here: dict[Cell, float] = {}
+        # Parked cells, each with the version of its parked notification (parking.skips).
+        self._parked: dict[Cell, int] = {}
+        # Cells this worker parked itself, with the monotonic time and the version: a
+        # reload of the parked set that started before the park was written must not
+        # forget them.
+        self._parked_here: dict[Cell, tuple[float, int]] = {}
         #: monotonic time at which the last reload of the parked set started
         self.parked_loaded_at = float("-inf")
         # Run tasks in progress, by run thread (threading.get_ident()); and those already
@@ -160,12 +163,13 @@ class NotificationProcessor:
     # ---------------------------------------------------------------- queue
 
     def offer(self, notification: Notification) -> bool:
-        """Queue a notification unless it is in flight, parked or backing off.  Blocks
-        while the queue is full (back-pressure on the scanner)."""
+        """Queue a notification unless it is in flight, parked (this change or a newer
+        one) or backing off.  Blocks while the queue is full (back-pressure on the
+        scanner)."""
         cell = notification.cell
         now = time.monotonic()
         with self._lock:
-            if cell in self._inflight or cell in self._parked:
+            if cell in self._inflight or skips(self._parked, notification):
                 return False
             state = self._states.get(cell)
             if state is not None and state.not_before > now:
@@ -415,6 +419,31 @@ class NotificationProcessor:
             self._metrics.skipped.inc(observer=name)
         with self._lock:
             self._states.pop(notification.cell, None)
+            parked_ts = self._parked.get(notification.cell)
+        covered = parked_ts is not None and parked_ts <= notification.notify_ts
+        if covered and result.outcome is not Outcome.DEFERRED:
+            # The run read the cell's latest commit: the parked change is covered (a newer
+            # change offer() let through, or the parked one itself, run here while another
+            # worker parked it).
+            self._unpark_covered(notification)
+
+    def _unpark_covered(self, notification: Notification) -> None:
+        """Forget the cell's parked change after a run that covered it (observers/parking.py)."""
+        cell, notify_ts = notification.cell, notification.notify_ts
+        try:
+            deleted = self._parking.unpark_covered(cell, notify_ts)
+        except PercolatorError as exc:  # the record stays; the next run of the cell tries again
+            log.warning("could not delete the parked record of %s: %s", notification, exc)
+            return
+        with self._lock:
+            parked_ts = self._parked.get(cell)
+            if parked_ts is not None and parked_ts <= notify_ts:  # else parked again since
+                del self._parked[cell]
+                self._parked_here.pop(cell, None)
+        if deleted:
+            log.info(
+                "%s ran: the parked change of its cell is covered, record deleted", notification
+            )
 
     def _back_off_conflict(
         self, observer: str, notification: Notification, exc: BaseException, conflicts: int
@@ -473,9 +502,10 @@ class NotificationProcessor:
                 )
                 self._metrics.parked.inc(observer=observer.name)
                 with self._lock:
-                    self._parked.add(notification.cell)
-                    self._parked_here[notification.cell] = time.monotonic()
-                    self._states.pop(notification.cell, None)
+                    cell, parked_ts = notification.cell, notification.notify_ts
+                    self._parked[cell] = parked_ts
+                    self._parked_here[cell] = (time.monotonic(), parked_ts)
+                    self._states.pop(cell, None)
                 return
         backoff = Backoff(self._options.backoff_base_s, self._options.backoff_max_s)
         delay = backoff.delay(failures - 1)
@@ -488,12 +518,14 @@ class NotificationProcessor:
     def refresh_parked(self, tables: Collection[str]) -> None:
         """Reload the parked cells of ``tables`` from the store (what :meth:`offer` skips)."""
         started = time.monotonic()
-        parked = {cell for cell in self._parking.cells() if cell[0] in tables}
+        parked = {cell: ts for cell, ts in self._parking.parked().items() if cell[0] in tables}
         with self._lock:
             # A park recorded before this reload started is in what it read (or was retried
             # since); one recorded meanwhile may not be: keep it until the next reload.
-            self._parked_here = {c: t for c, t in self._parked_here.items() if t >= started}
-            self._parked = parked | set(self._parked_here)
+            self._parked_here = {c: p for c, p in self._parked_here.items() if p[0] >= started}
+            for cell, (_, parked_ts) in self._parked_here.items():
+                parked[cell] = max(parked_ts, parked.get(cell, parked_ts))
+            self._parked = parked
             for cell in self._parked:
                 self._states.pop(cell, None)
             # Forget back-off state of cells nobody has offered for ten minutes (another
@@ -504,6 +536,11 @@ class NotificationProcessor:
         self.parked_loaded_at = started
 
     def parked_cells(self) -> set[Cell]:
-        """The cells skipped as parked (as of the last reload, plus those parked since)."""
+        """The cells with a parked change (as of the last reload, plus those parked since)."""
         with self._lock:
             return set(self._parked)
+
+    def skips(self, notification: Notification) -> bool:
+        """Whether :meth:`offer` skips ``notification`` as parked (parking.skips)."""
+        with self._lock:
+            return skips(self._parked, notification)

@@ -403,10 +403,9 @@ class Worker:
         if time.monotonic() - self._backlog_at < 1.0:
             return self._backlog
         counts = {o.name: 0 for o in self.observers}
-        parked = self.processor.parked_cells()
         for table, columns in self._columns_by_table().items():
             for notification in notifications.pending(self.client.store, table, columns):
-                if notification.cell not in parked:
+                if not self.processor.skips(notification):
                     counts[self._by_column[(table, notification.column)].name] += 1
         self._backlog = {(("observer", name),): float(n) for name, n in counts.items()}
         self._backlog_at = time.monotonic()

@@ -194,19 +194,101 @@ def test_a_parked_set_reload_racing_with_a_park_keeps_the_cell_parked(
     worker = Worker(local_client, [observer], WorkerOptions(failure_limit=1))
     processor = worker.processor
     notification = Notification(EVENTS, b"p", "poison", 1)
-    read_store = worker.parking.cells
+    read_store = worker.parking.parked
 
-    def read_then_park() -> set[tuple[str, bytes, str]]:
+    def read_then_park() -> dict[tuple[str, bytes, str], int]:
         before = read_store()
         processor.failed(observer, notification, RuntimeError("boom"))
         return before
 
-    monkeypatch.setattr(worker.parking, "cells", read_then_park)
+    monkeypatch.setattr(worker.parking, "parked", read_then_park)
     processor.refresh_parked([EVENTS])
     assert notification.cell in processor.parked_cells()
-    monkeypatch.setattr(worker.parking, "cells", read_store)
+    monkeypatch.setattr(worker.parking, "parked", read_store)
     processor.refresh_parked([EVENTS])
     assert notification.cell in processor.parked_cells()  # now read from the store
     ParkingLot(local_client).retry(ParkingLot(local_client).records())
     processor.refresh_parked([EVENTS])
     assert notification.cell not in processor.parked_cells()
+
+
+class FailsOnBadValue(helpers.RunLogger):
+    """Fails while the observed cell holds ``bad``; logs the run otherwise."""
+
+    def process(self, txn: Transaction, row: bytes, column: str) -> None:
+        if txn.get(EVENTS, row, column) == b"bad":
+            raise RuntimeError("cannot process bad")
+        super().process(txn, row, column)
+
+
+def write_value(client: percolator.Client, value: bytes) -> Notification:
+    with client.transaction() as txn:
+        txn.set(EVENTS, b"r", "value", value)
+    [notification] = helpers.pending_events(client)
+    return notification
+
+
+def test_a_parked_cell_runs_its_next_change_and_that_run_deletes_the_record(
+    memory_client: percolator.Client,
+) -> None:
+    """Parking sets a change aside, not the cell for ever: a later change of the cell (here
+    the fix of its bad input) runs without an operator, and its run covers the parked change,
+    so the record goes."""
+    client = memory_client
+    observer = FailsOnBadValue()
+    register_observers(client, [observer])
+    pool, metrics = processor(client, observer, WorkerOptions(failure_limit=1))
+    bad = write_value(client, b"bad")
+    assert pool.offer(bad)
+    run_queued(pool)
+    assert [r.cell for r in ParkingLot(client).records()] == [bad.cell]
+    assert not pool.offer(bad)  # the parked change is skipped
+
+    fixed = write_value(client, b"good")
+    assert fixed.notify_ts > bad.notify_ts
+    assert pool.offer(fixed)
+    run_queued(pool)
+    assert metrics.runs.value(observer="run-logger") == 1
+    assert helpers.runs(client.snapshot()) == {b"r": [fixed.notify_ts]}
+    assert ParkingLot(client).records() == []
+    assert pool.parked_cells() == set()
+    assert helpers.pending_events(client) == []
+
+
+def test_a_run_of_the_parked_change_in_another_worker_deletes_the_record(
+    memory_client: percolator.Client,
+) -> None:
+    """Failure counts are per worker: one worker may park a change that another then runs
+    (its run was under way when it learnt of the park).  That run covers the change: the
+    record goes, and the cell's later changes are not held back."""
+    client = memory_client
+    register_observers(client, [helpers.RunLogger()])
+    notification = write_value(client, b"v1")
+    failing, _ = processor(client, helpers.AlwaysFails(), WorkerOptions(failure_limit=1))
+    other, _ = processor(client, helpers.RunLogger(), WorkerOptions())
+    assert other.offer(notification)  # in flight here before the park
+    failing.failed(helpers.AlwaysFails(), notification, RuntimeError("only here"))
+    assert len(ParkingLot(client).records()) == 1
+    other.refresh_parked([EVENTS])
+    run_queued(other)
+    assert helpers.runs(client.snapshot()) == {b"r": [notification.notify_ts]}
+    assert ParkingLot(client).records() == []
+    assert other.parked_cells() == set()
+
+
+def test_a_newer_park_of_the_cell_survives_a_run_of_an_older_change(
+    memory_client: percolator.Client,
+) -> None:
+    """A run deletes only a record of its own change or an older one: a park of a newer
+    change (written by another worker meanwhile) stays."""
+    client = memory_client
+    register_observers(client, [helpers.RunLogger()])
+    older = write_value(client, b"v1")
+    newer = write_value(client, b"v2")
+    lot = ParkingLot(client)
+    assert not lot.unpark_covered(older.cell, older.notify_ts)  # nothing parked
+    lot.park("run-logger", newer, 3, "failed elsewhere")
+    assert not lot.unpark_covered(older.cell, newer.notify_ts - 1)
+    assert [r.notify_ts for r in lot.records()] == [newer.notify_ts]
+    assert lot.unpark_covered(newer.cell, newer.notify_ts)
+    assert lot.records() == []
