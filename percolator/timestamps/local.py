@@ -297,10 +297,19 @@ class LocalOracle(TimestampOracle):
     def close(self) -> None:
         """Release the lease, if this instance holds one, so others need not wait it out.
         Best effort (a failure leaves a lease that lapses by itself).  Idempotent; the
-        oracle still serves afterwards, without leasing again."""
+        oracle still serves afterwards, without leasing again.  Waits for a renewal under
+        way for at most ``timeout_s``: one stalled on the store is left to finish (or fail)
+        by itself, and the lease, not released then, lapses by itself."""
         with self._state_lock:
             self._closed = True
-            self._await_renewal()
+            if not self._await_renewal(time.monotonic() + self._timeout_s):
+                log.warning(
+                    "local oracle %s: closed without releasing its lease (its renewal is "
+                    "still waiting for the store after %g s); it lapses by itself",
+                    self.instance_id,
+                    self._timeout_s,
+                )
+                return
             if self._renew_at and self._known is not None:
                 try:
                     self._release()
@@ -441,10 +450,14 @@ class LocalOracle(TimestampOracle):
         """The leased record while this instance holds a lease, else None."""
         return self._known if self._renew_at else None
 
-    def _await_renewal(self) -> None:
-        """Wait for a renewal under way to end.  Holds the state lock."""
+    def _await_renewal(self, deadline: float) -> bool:
+        """Wait for a renewal under way to end, until ``deadline`` (``time.monotonic()``);
+        whether none is under way now.  Holds the state lock."""
         while self._renewing:
-            self._renewed.wait()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self._renewed.wait(remaining):
+                return not self._renewing
+        return True
 
     def _start_renewal(self) -> None:
         """Have the renewal thread renew the lease (starting it if it is not running); the

@@ -841,3 +841,35 @@ def test_a_renewal_stalled_on_the_store_does_not_hold_a_batch_past_the_timeout()
     finally:
         stall.clear()
         oracle.close()
+
+
+def test_close_does_not_wait_past_the_timeout_for_a_stalled_renewal() -> None:
+    """``close`` waits for a renewal under way before it releases the lease, but no longer
+    than the oracle's ``timeout_s``: then it returns without releasing (the lease lapses)."""
+    from percolator.store.memory import MemoryStore
+
+    stall = threading.Event()
+    released = threading.Event()
+
+    class StallingStore(MemoryStore):
+        def read_row(self, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+            if stall.is_set() and threading.current_thread().name.endswith("renewal"):
+                released.wait(5)
+            return super().read_row(*args, **kwargs)  # type: ignore[arg-type]
+
+    store = StallingStore()
+    oracle = LocalOracle(store, timeout_s=0.5, renew_in_background=True)
+    try:
+        until = time.monotonic() + 0.3
+        while time.monotonic() < until:  # takes and renews the lease
+            oracle.get_timestamp()
+        assert oracle.holds_lease
+        stall.set()
+        time.sleep(0.03)
+        oracle.get_timestamp()  # due: starts the renewal, which stalls
+        started = time.monotonic()
+        oracle.close()
+        assert time.monotonic() - started < 1.5
+    finally:
+        released.set()
+        stall.clear()
