@@ -350,7 +350,7 @@ both_renewals = pytest.mark.parametrize("background", [False, True], ids=["inlin
 def renewal_done(oracle: LocalOracle) -> None:
     """Wait for the renewal ``oracle`` may have started in the background to end."""
     with oracle._state_lock:
-        oracle._await_renewal()
+        assert oracle._await_renewal(time.monotonic() + 30), "the renewal did not end in 30 s"
 
 
 @both_renewals
