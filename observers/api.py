@@ -235,6 +235,28 @@ def observer(
     return decorate
 
 
+def check_observer_set(observers: Iterable[object]) -> list[Observer]:
+    """Validate observers meant to run (or be registered) together: each declaration
+    (:func:`check_observer`), distinct names, and one observer per column.  Raises
+    InvalidArgumentError / ConfigError naming the clash; touches no store, so a command
+    checks its observers with it before it opens (or creates) one.  Returns them, typed."""
+    checked: list[Observer] = []
+    watched: dict[tuple[str, str], str] = {}
+    for candidate in observers:
+        observer = check_observer(candidate)
+        if any(o.name == observer.name for o in checked):
+            raise ConfigError(f"observer {observer.name!r} is given twice")
+        checked.append(observer)
+        for column in observer.columns:
+            other = watched.setdefault((observer.table, column), observer.name)
+            if other != observer.name:
+                raise ConfigError(
+                    f"observers {other!r} and {observer.name!r} both watch "
+                    f"{observer.table}/{column}; one observer per column"
+                )
+    return checked
+
+
 def check_observer(observer: object) -> Observer:
     """Validate an observer's declaration; raises InvalidArgumentError naming what is wrong.
     Returns it, typed."""

@@ -237,6 +237,7 @@ def _partition_options(args: argparse.Namespace) -> tuple[int, int]:
 
 
 def run_worker(args: argparse.Namespace) -> int:
+    from percolator.observers.api import check_observer_set
     from percolator.observers.options import DEFAULT_BATCH_SIZE
     from percolator.observers.plugins import GROUP as PLUGIN_GROUP
     from percolator.observers.plugins import LoadResult, load_from_path, load_observers
@@ -296,6 +297,8 @@ def run_worker(args: argparse.Namespace) -> int:
     twice = sorted({n for n in given if given.count(n) > 1})
     if twice:
         raise ConfigError(f"observer name(s) {twice} given twice (--observers-from, --observer)")
+    # Before the store is opened: observers that cannot run together leave no store.
+    check_observer_set(observers)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -453,7 +456,7 @@ def run_observers_list(args: argparse.Namespace) -> int:
 
 
 def run_observers_register(args: argparse.Namespace) -> int:
-    from percolator.observers.api import register_observers
+    from percolator.observers.api import check_observer_set, register_observers
     from percolator.observers.plugins import load_observers
 
     import percolator
@@ -461,6 +464,7 @@ def run_observers_register(args: argparse.Namespace) -> int:
     loaded = load_observers(args.observer)
     if loaded.errors:
         raise ConfigError("; ".join(str(e) for e in loaded.errors))
+    check_observer_set(loaded.observers)  # before --create makes a store
     opened = (
         percolator.connect(args.store, oracle=args.oracle)
         if args.create

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 from percolator.observers import roster
 from percolator.observers.api import (
     Observer,
-    check_observer,
+    check_observer_set,
     finish_registration,
     register_observers,
     wait_until_notified,
@@ -94,21 +94,7 @@ class Worker:
         self.worker_id = worker_id or (
             f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         )
-        seen: dict[tuple[str, str], str] = {}
-        names: set[str] = set()
-        for observer in observers:
-            check_observer(observer)
-            if observer.name in names:
-                raise ConfigError(f"observer {observer.name!r} is given twice")
-            names.add(observer.name)
-            for column in observer.columns:
-                other = seen.setdefault((observer.table, column), observer.name)
-                if other != observer.name:
-                    raise ConfigError(
-                        f"observers {other!r} and {observer.name!r} both watch "
-                        f"{observer.table}/{column}; one observer per column"
-                    )
-        self._candidates = list(observers)
+        self._candidates = check_observer_set(observers)
         self.observers: list[Observer] = []
         self.errors: list[tuple[str, str]] = []
         # Filled by start() with the observers that set up, before any thread starts.

@@ -7,6 +7,8 @@ and ``observers register`` create a store only with ``--create``; ``gc``, ``expo
 from __future__ import annotations
 
 import json
+import os
+import sqlite3
 import uuid
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from percolator.layout import META_TABLE
 from percolator.notifications import Notification
 from percolator.store import open_store
 from percolator.store.backends import with_table_prefix
+from percolator.store.embedded import DB_FILE
 from percolator.transaction import Transaction
 from tests.observers.procs import WorkerProcess
 
@@ -27,6 +30,7 @@ from tests.observers.procs import WorkerProcess
 SAFE_COMMANDS = {
     "status": (["status"], []),
     "status --json": (["status"], ["--json"]),
+    "inspect": (["inspect"], ["t"]),
     "observers list": (["observers", "list"], []),
     "observers unregister": (["observers", "unregister"], ["someone"]),
     "notifications list": (["notifications", "list"], []),
@@ -99,6 +103,54 @@ def test_an_empty_store_is_an_error_and_stays_empty(
         assert store.list_tables() == []
     finally:
         store.close()
+
+
+def _empty_file(path: Path) -> None:
+    path.write_bytes(b"")
+
+
+def _another_sqlite_database(path: Path) -> None:
+    # The default journal mode: opening it as a store would switch it to WAL, which
+    # rewrites its header.
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE theirs (x)")
+    db.execute("INSERT INTO theirs VALUES (1)")
+    db.commit()
+    db.close()
+
+
+def _not_sqlite(path: Path) -> None:
+    path.write_bytes(b"not a database at all\n" * 100)
+
+
+#: files a store URL may point at that hold no store: (where, how to make the file); where
+#: "url" is the file the URL names itself, "db" the store's database file in its directory
+NOT_A_STORE = {
+    "a 0-byte file named by the URL": ("url", _empty_file),
+    "a 0-byte database file": ("db", _empty_file),
+    "another SQLite database": ("db", _another_sqlite_database),
+    "a file that is not SQLite": ("db", _not_sqlite),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(NOT_A_STORE))
+@pytest.mark.parametrize("command", sorted(SAFE_COMMANDS))
+def test_a_file_that_is_not_a_store_is_refused_and_left_as_it_was(
+    command: str, kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    where, make = NOT_A_STORE[kind]
+    directory = tmp_path / "store"
+    directory.mkdir()
+    path = directory / ("x.db" if where == "url" else DB_FILE)
+    make(path)
+    before = path.read_bytes()
+    url = f"embedded:{path if where == 'url' else directory}"
+    code, out, err = run(command_line(command, url), capsys)
+    assert code == 2
+    assert str(directory) in one_error_line(err)  # it names the path
+    assert out == ""
+    assert path.read_bytes() == before
+    assert os.listdir(directory) == [path.name]  # no -wal, -shm or -journal left either
 
 
 def test_the_worker_never_creates_the_default_store(

@@ -80,7 +80,12 @@ versions that garbage collection has not trimmed yet.
 
 A directory is accepted if it does not exist yet (it is created), is empty, or already
 holds the database; anything else is refused with :class:`StoreError`, so pointing the
-store at the wrong directory never scatters files into it.
+store at the wrong directory never scatters files into it.  A database file that is not a
+store (another SQLite database, or not SQLite at all) is refused before anything is written
+to it.  ``EmbeddedStore(path, create=False)`` opens only a store that already exists: the
+directory, the file and the schema are never created, and a database file with nothing in
+it (an empty file, say) raises :class:`~percolator.errors.StoreNotFoundError` and is left
+byte for byte as it was.
 """
 
 from __future__ import annotations
@@ -102,6 +107,7 @@ from percolator.errors import (
     InvalidArgumentError,
     PercolatorError,
     StoreError,
+    StoreNotFoundError,
     StoreUnavailableError,
     TableExistsError,
     TableNotFoundError,
@@ -528,12 +534,18 @@ class EmbeddedStore(Store):
     conditional_puts = True
     calls_run_in_parallel = False
 
-    def __init__(self, path: str, *, busy_timeout_s: float = 60.0) -> None:
+    def __init__(self, path: str, *, busy_timeout_s: float = 60.0, create: bool = True) -> None:
+        """Open the store in ``path``, creating it there (directory, database and schema)
+        unless ``create`` is false.  With ``create=False`` nothing is written before the
+        database is known to be a store: a missing one, or a database file that holds
+        nothing yet, raises :class:`~percolator.errors.StoreNotFoundError`; a file that is
+        not a store raises :class:`~percolator.errors.StoreError`."""
         super().__init__()
         self.path = os.path.abspath(os.path.expanduser(path))
         self.url = f"embedded:{self.path}"
         self._db_path = os.path.join(self.path, DB_FILE)
         self._busy_timeout_s = busy_timeout_s
+        self._create = create
         self._closed = False
         self._initialised = False
         self._local = threading.local()
@@ -566,12 +578,19 @@ class EmbeddedStore(Store):
         path = self.path
         if os.path.lexists(path) and not os.path.isdir(path):
             raise StoreError(f"embedded store path {path!r} exists and is not a directory")
-        try:
-            os.makedirs(path, exist_ok=True)
-        except OSError as exc:
-            raise StoreError(
-                f"cannot create embedded store directory {path!r}: {exc.strerror}"
-            ) from exc
+        if not self._create:
+            # Nothing is made: the directory and its database must be there already.
+            if not os.path.isfile(self._db_path):
+                raise StoreNotFoundError(
+                    f"embedded store {path!r} does not exist (no {DB_FILE} in it)"
+                )
+        else:
+            try:
+                os.makedirs(path, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(
+                    f"cannot create embedded store directory {path!r}: {exc.strerror}"
+                ) from exc
         if not os.access(path, os.R_OK | os.W_OK | os.X_OK):
             raise StoreError(
                 f"embedded store directory {path!r} is not readable and writable by this user"
@@ -586,9 +605,22 @@ class EmbeddedStore(Store):
                 )
 
     def _initialise(self) -> None:
-        """Create the schema if the database is new; otherwise check its format."""
+        """Create the schema if the database is new (and ``create``); otherwise check its
+        format."""
         with self._errors("open"):
             conn = self._conn()
+            # Checked before the switch to WAL, which rewrites the header of a database in
+            # another journal mode: a file that is not a store (or, without ``create``, one
+            # that is not a store yet) is refused as it was found.  The common case, an
+            # existing store, needs no write lock: opening must not wait for a process
+            # that holds it.
+            with self._read() as rconn:
+                exists = self._check_format(rconn)
+            if not exists and not self._create:
+                raise StoreNotFoundError(
+                    f"embedded store {self.path!r} does not exist: its {DB_FILE} is an "
+                    "empty database, not a store; check the path"
+                )
             # Switching to WAL needs a moment without other connections; a concurrent
             # first open may hold the file briefly, so retry within the busy timeout.
             deadline = time.monotonic() + self._busy_timeout_s
@@ -605,11 +637,9 @@ class EmbeddedStore(Store):
                 raise StoreError(
                     f"embedded store {self._db_path!r}: cannot switch to WAL mode (got {mode!r})"
                 )
-            # The common case, an existing store, needs no write lock: opening must not
-            # wait for a process that holds it.
-            with self._read() as rconn:
-                if self._check_format(rconn):
-                    return
+            if exists:
+                return
+            # A new store, unless a concurrent first open made it meanwhile.
             with self._write() as wconn:
                 if not self._check_format(wconn):
                     for statement in _SCHEMA:
@@ -641,9 +671,10 @@ class EmbeddedStore(Store):
         return True
 
     def _connect(self) -> sqlite3.Connection:
-        # Only the first open may create the file: a later connection of a store whose
-        # file was removed must fail rather than start an empty store.
-        mode = "rw" if self._initialised else "rwc"
+        # Only the first open of a store that may be created may create the file: a later
+        # connection of a store whose file was removed must fail rather than start an empty
+        # store, and so must an open that only reads (the file went away after the check).
+        mode = "rwc" if self._create and not self._initialised else "rw"
         with _sqlite:
             conn = sqlite3.connect(
                 _sqlite_uri(self._db_path, mode),

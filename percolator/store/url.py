@@ -122,7 +122,10 @@ def open_store(url: str | None = None, *, create: bool = True) -> Store:
     ``create=False`` is for read-only commands (status, inspect, listings, wait): they must
     never create a store, so an embedded directory without a store in it, or a ``memory:``
     store that does not already exist in this process, raises
-    :class:`~percolator.errors.StoreNotFoundError` naming it.
+    :class:`~percolator.errors.StoreNotFoundError` naming it.  So does an embedded database
+    file with nothing in it (an empty file); one that is not a store (another SQLite
+    database, not SQLite at all) raises :class:`~percolator.errors.StoreError`.  Either
+    way the file is left as it was (``EmbeddedStore(create=False)``).
 
     Raises :class:`ConfigError` for a malformed URL and
     :class:`~percolator.errors.StoreUnavailableError` for an unreachable store.
@@ -146,7 +149,7 @@ def open_store(url: str | None = None, *, create: bool = True) -> Store:
                 f"store {text!r} does not exist (no embedded store in "
                 f"{os.path.abspath(parsed.path)!r}); check the path"
             )
-        return EmbeddedStore(parsed.path)
+        return EmbeddedStore(parsed.path, create=create)
     from percolator.store.hbase import HBaseStore
 
     return HBaseStore(

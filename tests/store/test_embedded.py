@@ -21,6 +21,7 @@ import pytest
 from percolator.errors import (
     InvalidArgumentError,
     StoreError,
+    StoreNotFoundError,
     StoreUnavailableError,
     TableNotFoundError,
 )
@@ -516,6 +517,35 @@ def test_another_sqlite_database_is_refused(tmp_path: Path) -> None:
     other.close()
     with pytest.raises(StoreError, match="not an embedded store"):
         EmbeddedStore(str(tmp_path))
+
+
+def test_a_refused_database_is_left_as_it_was(tmp_path: Path) -> None:
+    # Refused before the switch to WAL, which would rewrite the header of this one.
+    other = sqlite3.connect(tmp_path / DB_FILE)
+    other.execute("CREATE TABLE something (x)")
+    other.commit()
+    other.close()
+    before = (tmp_path / DB_FILE).read_bytes()
+    for create in (True, False):
+        with pytest.raises(StoreError, match="not an embedded store"):
+            EmbeddedStore(str(tmp_path), create=create)
+    assert (tmp_path / DB_FILE).read_bytes() == before
+    assert os.listdir(tmp_path) == [DB_FILE]
+
+
+def test_without_create_only_an_existing_store_opens(tmp_path: Path) -> None:
+    missing = tmp_path / "missing"
+    with pytest.raises(StoreNotFoundError, match="does not exist"):
+        EmbeddedStore(str(missing), create=False)
+    assert not missing.exists()
+    (tmp_path / DB_FILE).write_bytes(b"")  # an empty database: no store yet
+    with pytest.raises(StoreNotFoundError, match="empty database, not a store"):
+        EmbeddedStore(str(tmp_path), create=False)
+    assert (tmp_path / DB_FILE).read_bytes() == b""
+    assert os.listdir(tmp_path) == [DB_FILE]
+    EmbeddedStore(str(tmp_path)).close()  # created on purpose
+    with EmbeddedStore(str(tmp_path), create=False) as store:
+        assert store.list_tables() == []
 
 
 def test_an_unknown_format_version_is_refused(tmp_path: Path) -> None:
