@@ -49,7 +49,13 @@ from percolator.notifications import (
     OBSERVED_REFRESH_ENV as OBSERVED_REFRESH_ENV,  # re-exported: test fixtures import it here
 )
 from percolator.notifications import ObservedColumns, collect_unobserved, notified_cells_of
-from percolator.protocol.gc import GcReport, forget_table_progress, lock_report, run_gc
+from percolator.protocol.gc import (
+    GcReport,
+    check_life_time_ms,
+    forget_table_progress,
+    lock_report,
+    run_gc,
+)
 from percolator.protocol.resolve import LockResolver
 from percolator.readers import ReaderRegistry, release_safe_point, reserve_safe_point
 from percolator.retry import Backoff, retry_transaction
@@ -297,10 +303,7 @@ class Client:
         progress: Callable[[str], None] | None = None,
     ) -> GcReport:
         """Collect versions older than ``life_time_ms`` (see percolator/protocol/gc.py)."""
-        if not isinstance(life_time_ms, int) or life_time_ms < 0:
-            raise InvalidArgumentError(
-                f"life_time_ms must be a non-negative int, got {life_time_ms!r}"
-            )
+        check_life_time_ms(life_time_ms)  # before anything is read or drawn
         every = self.list_tables()
         # A table named twice is collected once.
         names = list(dict.fromkeys(name_list(tables, "tables"))) if tables is not None else every

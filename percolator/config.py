@@ -44,11 +44,21 @@ worker start; only checks that relate several options (a lease at least three ma
 long) wait for the command that uses them.  Settings reach argparse
 as defaults, so a flag given on the command line always wins and a required option supplied
 by the file or the environment is no longer required.
+
+A variable set to nothing (``PERCOLATOR_STORE=`` or blanks, typically ``$STORE`` expanded
+unset) is an error naming it, like a malformed value: it never means "use the default" (unset
+the variable for that).  A ``PERCOLATOR_*`` variable that nothing reads (a misspelt
+``PERCOLATOR_STOER``) is a one-line warning naming the closest known name, not an error: a
+variable meant for another version or another program must not stop the tool.  The known
+names are the options' variables of every installed command (:func:`known_environment`) and
+:data:`OTHER_ENVIRONMENT`, the one list of the variables read elsewhere.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import logging
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -76,6 +86,26 @@ NESTED_TABLES: dict[tuple[str, ...], str] = {("worker",): "observers"}
 # Options of the command line itself, accepted on every command's parser (``--config``
 # after the command) but never set from the file or the environment.
 GLOBAL_OPTIONS = ("config",)
+#: Every ``PERCOLATOR_*`` variable that is not an option's, with what it sets and who reads
+#: it: the one list of them (the options' variables follow from the parsers, see
+#: :func:`known_environment`).  A variable missing here draws the "unknown variable"
+#: warning on every run; tests/test_config.py checks the sources for names missing here,
+#: and docs/operations.md lists them.
+OTHER_ENVIRONMENT: dict[str, str] = {
+    CONFIG_ENV: "the config file (this module)",
+    "PERCOLATOR_ORACLE_TOKEN": "the oracle's shared token (percolator.oracle.addressing)",
+    "PERCOLATOR_OBSERVED_REFRESH_MS": "how often observed-column sets are re-read, in ms "
+    "(percolator.notifications)",
+    "PERCOLATOR_FAILPOINTS": "failpoints to enable, for fault-injection tests "
+    "(percolator.failpoints)",
+    "PERCOLATOR_CACHE_DIR": "where `percolator hbase` caches its jars "
+    "(percolator.testing.localhbase)",
+}
+# Variables of the test suite (tests/conftest.py: PERCOLATOR_TEST_HBASE_URL, ...): the tool
+# never reads them, so they are not checked.
+TEST_ENV_PREFIX = "PERCOLATOR_TEST_"
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -89,10 +119,21 @@ class Setting:
 
 def find_config_file(explicit: str | None, environ: Mapping[str, str]) -> Path | None:
     """The config file to read: ``explicit``, else ``$PERCOLATOR_CONFIG``, else
-    ``./percolator.toml`` if it exists, else None.  A named file that does not exist is an
-    error (a typo must not silently fall back to defaults)."""
-    named = explicit or environ.get(CONFIG_ENV) or None
-    if named:
+    ``./percolator.toml`` if it exists, else None.  A named file that does not exist, and an
+    empty name (``--config ''``, ``PERCOLATOR_CONFIG=``), are errors: a typo or a variable
+    expanded unset must not silently fall back to ./percolator.toml or the defaults."""
+    named = explicit if explicit is not None else environ.get(CONFIG_ENV)
+    if named is not None:
+        if not named.strip():
+            origin, instead = (
+                ("--config", "leave --config out")
+                if explicit is not None
+                else (CONFIG_ENV, f"unset {CONFIG_ENV}")
+            )
+            raise ConfigError(
+                f"{origin}: empty config file name {named!r}; name a file, or {instead} "
+                f"to read ./{DEFAULT_CONFIG_FILE} when present"
+            )
         path = Path(named)
         if not path.is_file():
             origin = "--config" if explicit else CONFIG_ENV
@@ -202,6 +243,46 @@ def env_name(path: Sequence[str], option: str) -> str:
     return ENV_PREFIX + "_".join(part.upper().replace("-", "_") for part in parts)
 
 
+def _from_environment(action: argparse.Action, name: str, raw: str) -> Any:
+    """The value of variable ``name`` for ``action``.  Set but empty (or blanks) is an
+    error, not "unset": ``PERCOLATOR_STORE=$STORE`` with ``$STORE`` forgotten must not
+    quietly fall back to the built-in default."""
+    if not raw.strip():
+        raise ConfigError(
+            f"{name}: bad value {raw!r} for {action.option_strings[-1]}: empty; "
+            f"unset {name} to use the default"
+        )
+    return _convert(action, raw, name)
+
+
+def known_environment(parser: argparse.ArgumentParser) -> set[str]:
+    """Every ``PERCOLATOR_*`` variable the tool reads: the shared options' and every
+    command's options' (of the commands ``parser`` has), and :data:`OTHER_ENVIRONMENT`."""
+    known = set(OTHER_ENVIRONMENT)
+    known.update(env_name((), key) for key in SHARED_OPTIONS)
+    for path, command in command_parsers(parser).items():
+        known.update(env_name(path, key) for key in _options(command))
+    return known
+
+
+def unknown_environment(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> list[str]:
+    """One warning line for each ``PERCOLATOR_*`` variable of ``environ`` that nothing reads
+    (see :func:`known_environment`; ``PERCOLATOR_TEST_*`` are the test suite's), naming the
+    closest known name when one is close; sorted by name."""
+    known = known_environment(parser)
+    candidates = sorted(known)  # sorted: the same hint on every run when two are as close
+    warnings: list[str] = []
+    for name in sorted(environ):
+        if not name.startswith(ENV_PREFIX) or name.startswith(TEST_ENV_PREFIX):
+            continue
+        if name in known:
+            continue
+        close = difflib.get_close_matches(name, candidates, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        warnings.append(f"unknown environment variable {name}{hint}: ignored")
+    return warnings
+
+
 def _file_sections(
     config: Mapping[str, Any],
     parsers: Mapping[tuple[str, ...], argparse.ArgumentParser],
@@ -298,10 +379,14 @@ def resolve(
 ) -> list[Setting]:
     """The file and environment settings for ``command``, environment over file.
 
-    The whole file is validated, not just ``command``'s table.  Unknown
-    ``PERCOLATOR_<COMMAND>_...`` variables are not errors: the environment is shared with
-    other programs and commands, and the names of other commands' options are valid there.
+    The whole file is validated, not just ``command``'s table.  A variable of ``command``
+    set to nothing is an error (:func:`_from_environment`).  Unknown ``PERCOLATOR_*``
+    variables are not errors, only logged warnings (:func:`unknown_environment`): the
+    environment is shared with other programs and versions, and the names of other
+    commands' options are valid there.
     """
+    for warning in unknown_environment(parser, environ):
+        _log.warning(warning)
     parsers = command_parsers(parser)
     sections: dict[tuple[str, ...], dict[str, Any]] = {(): {}}
     if config_path is not None:
@@ -324,14 +409,14 @@ def resolve(
         settings[key] = Setting(options[key].dest, value, source)
     for key in SHARED_OPTIONS:
         name = env_name((), key)  # PERCOLATOR_STORE, PERCOLATOR_LOG_LEVEL, ...
-        if key in options and environ.get(name):
-            settings[key] = Setting(
-                options[key].dest, _convert(options[key], environ[name], name), name
-            )
+        if key in options and name in environ:
+            value = _from_environment(options[key], name, environ[name])
+            settings[key] = Setting(options[key].dest, value, name)
     for key, action in options.items():
         name = env_name(command, key)
         if name in environ and not (key in SHARED_OPTIONS and name == env_name((), key)):
-            settings[key] = Setting(action.dest, _convert(action, environ[name], name), name)
+            value = _from_environment(action, name, environ[name])
+            settings[key] = Setting(action.dest, value, name)
     return list(settings.values())
 
 

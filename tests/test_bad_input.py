@@ -8,7 +8,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -16,8 +16,11 @@ import pytest
 import percolator
 from percolator import cli
 from percolator import command_options as options
-from percolator.errors import ConfigError
+from percolator.errors import ConfigError, InvalidArgumentError
+from percolator.layout import META_FAMILY, META_TABLE
 from percolator.metrics import MetricsServer, Registry
+from percolator.protocol import gc as gc_protocol
+from percolator.readers import SAFE_POINT_ROW
 from percolator.store.url import parse_store_url
 from tests.cli_process import ROOT, run_percolator
 
@@ -78,6 +81,13 @@ def test_the_checked_types_accept_their_range() -> None:
         (["gc", "--life-time", "inf"], "argument --life-time: 'inf' is not finite"),
         (["gc", "--life-time", "1e400"], "argument --life-time: '1e400' is not finite"),
         (["gc", "--life-time", "-1"], "argument --life-time: '-1' is out of range"),
+        (
+            ["gc", "--life-time", "1e30"],
+            "argument --life-time: '1e30' is out of range: expected a finite number in "
+            "[0, 35184372088]",
+        ),
+        (["gc", "--life-time", "1e306"], "argument --life-time: '1e306' is out of range"),
+        (["gc", "--life-time", "35184372089"], "argument --life-time: '35184372089' is out"),
         (["worker", "--drain-timeout", "nan"], "argument --drain-timeout: 'nan' is not finite"),
         (["worker", "--threads", "-3"], "argument --threads: '-3' is out of range"),
         (["worker", "--metrics-port", "70000"], "argument --metrics-port: '70000' is out"),
@@ -134,6 +144,42 @@ def test_non_finite_settings_name_their_source(
     assert message in one_error_line(capsys.readouterr().err)
 
 
+def test_a_gc_life_time_beyond_the_timestamps_range_names_its_source(
+    store: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PERCOLATOR_GC_LIFE_TIME", "1e30")
+    assert cli.main(["gc", "--store", store]) == 2
+    assert (
+        "PERCOLATOR_GC_LIFE_TIME: bad value '1e30' for --life-time: '1e30' is out of range: "
+        "expected a finite number in [0, 35184372088]"
+    ) in one_error_line(capsys.readouterr().err)
+
+
+def test_the_longest_gc_life_time_is_accepted_and_collects_nothing(
+    store: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["gc", "--store", store, "--life-time", "35184372088", "--json"]) == 0
+    assert '"safe_point": 0' in capsys.readouterr().out
+
+
+# The longest life time is 2**45 - 1 ms: the physical part of the largest timestamp.
+@pytest.mark.parametrize("life_time_ms", [10**30, 2**45, True, -1])
+def test_client_gc_refuses_a_life_time_outside_the_timestamps_range(
+    store: str, life_time_ms: int
+) -> None:
+    """The API refuses before the pass does anything: no safe point, not even the store
+    clock cell GC stamps first."""
+    with percolator.connect(store) as client:
+        with pytest.raises(InvalidArgumentError, match="life_time_ms must be"):
+            client.gc(life_time_ms=life_time_ms)
+        column = (META_FAMILY, gc_protocol.CLOCK_QUALIFIER)
+        assert client.store.read_row(META_TABLE, SAFE_POINT_ROW, columns=[column]) == {}
+        assert client.safe_point(refresh=True) == 0
+        assert client.gc(life_time_ms=2**45 - 1).safe_point == 0
+    with pytest.raises(InvalidArgumentError, match=r"must be an int in \[0, 35184372088831\]"):
+        gc_protocol.check_life_time_ms(10**30)
+
+
 def test_a_bad_value_in_another_commands_table_fails_every_command(
     store: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -149,6 +195,19 @@ def test_wait_with_a_nan_timeout_does_not_hang(store: str) -> None:
     result = run(["wait", "--store", store, "--timeout", "nan"])
     assert result.returncode == 2
     assert "argument --timeout: 'nan' is not finite" in result.stderr
+
+
+def test_an_empty_store_variable_is_an_error_not_the_default_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``PERCOLATOR_STORE=`` (``$STORE`` expanded unset) must not mean ./percolator-data."""
+    monkeypatch.chdir(tmp_path)
+    percolator.connect("embedded:./percolator-data").close()  # the default store exists
+    for value in ("", "   "):
+        monkeypatch.setenv("PERCOLATOR_STORE", value)
+        assert cli.main(["status"]) == 2
+        line = one_error_line(capsys.readouterr().err)
+        assert f"PERCOLATOR_STORE: bad value {value!r} for --store: empty" in line
 
 
 # ------------------------------------------------------------ plugins that call sys.exit
@@ -214,6 +273,98 @@ def test_a_worker_whose_only_observer_plugin_exits_at_import_fails(
     assert "observer plugin 'exits_at_import:x': cannot import 'exits_at_import': SystemExit" in (
         one_error_line(result.stderr)
     )
+
+
+def _on_path(directory: Path) -> dict[str, str]:
+    """The environment that puts ``directory`` first on a subprocess's module path."""
+    return {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(directory), os.environ.get("PYTHONPATH")]))
+    }
+
+
+def _broken_entry_point(tmp_path: Path) -> tuple[list[str], dict[str, str]]:
+    (tmp_path / "raises_at_import.py").write_text("raise RuntimeError('broken plugin')\n")
+    info = tmp_path / "raises-0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: raises\nVersion: 0.0\n")
+    (info / "entry_points.txt").write_text(
+        "[percolator.observers]\nbroken = raises_at_import:Observer\n"
+    )
+    return ["--observer", "broken"], _on_path(tmp_path)
+
+
+def _broken_module_path(tmp_path: Path) -> tuple[list[str], dict[str, str]]:
+    (tmp_path / "raises_at_import.py").write_text("raise RuntimeError('broken plugin')\n")
+    return ["--observers-from", "raises_at_import:x"], _on_path(tmp_path)
+
+
+_TWO_ON_ONE_COLUMN = """
+from percolator.observers.api import Observer
+
+class A(Observer):
+    name = "first"
+    table = "t"
+    columns = ("c",)
+
+    def process(self, txn, row, column):
+        pass
+
+class B(A):
+    name = "second"
+
+both = [A, B]
+"""
+
+
+def _two_observers_of_one_column(tmp_path: Path) -> tuple[list[str], dict[str, str]]:
+    (tmp_path / "one_column.py").write_text(_TWO_ON_ONE_COLUMN)
+    return ["--observers-from", "one_column:both"], _on_path(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("observers", "message"),
+    [
+        (
+            _broken_entry_point,
+            "observer plugin 'broken': cannot load 'raises_at_import:Observer': RuntimeError",
+        ),
+        (
+            _broken_module_path,
+            "observer plugin 'raises_at_import:x': cannot import 'raises_at_import': RuntimeError",
+        ),
+        (_two_observers_of_one_column, "observers 'first' and 'second' both watch t/c"),
+    ],
+    ids=["entry point", "module path", "one column twice"],
+)
+def test_a_worker_with_create_checks_its_observers_before_making_the_store(
+    observers: Callable[[Path], tuple[list[str], dict[str, str]]], message: str, tmp_path: Path
+) -> None:
+    (tmp_path / "plugins").mkdir()
+    plugin_args, env = observers(tmp_path / "plugins")
+    missing = tmp_path / "new-store"
+    result = run(["worker", "--store", f"embedded:{missing}", "--create", *plugin_args], env)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    one_error_line(result.stderr)
+    assert not missing.exists()
+
+
+def test_observers_register_with_create_checks_its_observers_before_making_the_store(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "one_column.py").write_text(_TWO_ON_ONE_COLUMN)
+    info = tmp_path / "one_column-0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: one-column\nVersion: 0.0\n")
+    (info / "entry_points.txt").write_text(
+        "[percolator.observers]\nfirst = one_column:A\nsecond = one_column:B\n"
+    )
+    missing = tmp_path / "new-store"
+    register = ["observers", "register", "--observer", "first", "--observer", "second"]
+    result = run([*register, "--store", f"embedded:{missing}", "--create"], _on_path(tmp_path))
+    assert result.returncode == 2, result.stderr
+    assert "observers 'first' and 'second' both watch t/c" in one_error_line(result.stderr)
+    assert not missing.exists()
 
 
 # ------------------------------------------------------------ stores, files, ports, bytes

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
@@ -208,3 +209,120 @@ def test_config_is_an_option_of_the_command_line_not_of_the_file(tmp_path: Path)
     assert parse(["--config", "y.toml", "worker"]).config == "y.toml"
     with pytest.raises(ConfigError, match=r"\[gc\] has no option 'config'"):
         parse(["gc"], file_text='[gc]\nconfig = "other.toml"\n', tmp_path=tmp_path)
+
+
+# ------------------------------------------------------------ empty and unknown variables
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "flag"),
+    [
+        ("PERCOLATOR_STORE", "", "--store"),
+        ("PERCOLATOR_STORE", "  ", "--store"),
+        ("PERCOLATOR_ORACLE", "", "--oracle"),
+        ("PERCOLATOR_LOG_LEVEL", " ", "--log-level"),
+        ("PERCOLATOR_LOG_FORMAT", "", "--log-format"),
+        ("PERCOLATOR_GC_STORE", "", "--store"),
+        ("PERCOLATOR_GC_TABLE", "", "--table"),
+        ("PERCOLATOR_GC_LIFE_TIME", "\t", "--life-time"),
+    ],
+)
+def test_a_variable_set_to_nothing_is_an_error_naming_it(name: str, value: str, flag: str) -> None:
+    """Set but empty is a mistake (``$STORE`` expanded unset), never "use the default"."""
+    message = f"{name}: bad value {value!r} for {flag}: empty; unset {name} to use the default"
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        parse(["gc"], environ={name: value})
+
+
+def test_an_empty_config_file_name_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A ./percolator.toml is there: an empty name must not fall back to it silently.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / config.DEFAULT_CONFIG_FILE).write_text("[gc]\njson = true\n")
+    assert config.find_config_file(None, {}) == Path(config.DEFAULT_CONFIG_FILE)
+    for value in ("", " "):
+        with pytest.raises(ConfigError, match=r"^PERCOLATOR_CONFIG: empty config file name"):
+            config.find_config_file(None, {"PERCOLATOR_CONFIG": value})
+        with pytest.raises(ConfigError, match=r"^--config: empty config file name"):
+            config.find_config_file(value, {})
+
+
+def test_cli_empty_store_variable_is_one_line_exit_2(tmp_path: Path) -> None:
+    result = run_cli(["gc"], tmp_path, {"PERCOLATOR_STORE": ""})
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "percolator: error: PERCOLATOR_STORE: bad value '' for --store: empty; "
+        "unset PERCOLATOR_STORE to use the default"
+    ]
+
+
+def test_a_misspelt_variable_is_a_warning_naming_the_closest_name(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    env = {"PERCOLATOR_STOER": "hbase://db:9090", "PERCOLATOR_GC_LIFETIME": "60"}
+    with caplog.at_level("WARNING", logger="percolator.config"):
+        args = parse(["gc"], environ=env)
+    assert args.store == "embedded:./percolator-data" and args.life_time == 600.0  # ignored
+    assert [r.getMessage() for r in caplog.records if r.name == "percolator.config"] == [
+        "unknown environment variable PERCOLATOR_GC_LIFETIME "
+        "(did you mean PERCOLATOR_GC_LIFE_TIME?): ignored",
+        "unknown environment variable PERCOLATOR_STOER (did you mean PERCOLATOR_STORE?): ignored",
+    ]
+    assert all(r.levelname == "WARNING" for r in caplog.records)
+
+
+def test_known_variables_draw_no_warning_and_a_far_name_no_hint(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    env = {
+        # another command's option, a variable read outside the command line, the test
+        # suite's, and a variable of another program
+        "PERCOLATOR_WORKER_THREADS": "4",
+        "PERCOLATOR_ORACLE_TOKEN": "secret",
+        "PERCOLATOR_FAILPOINTS": "",
+        "PERCOLATOR_TEST_HBASE_URL": "hbase://h:1",
+        "PATH": "/bin",
+        "PERCOLATOR_ZZZZZZZZZZZZZZZZZZZZ": "1",
+    }
+    with caplog.at_level("WARNING", logger="percolator.config"):
+        parse(["gc"], environ=env)
+    assert [r.getMessage() for r in caplog.records] == [
+        "unknown environment variable PERCOLATOR_ZZZZZZZZZZZZZZZZZZZZ: ignored"
+    ]
+
+
+def test_cli_warns_of_a_misspelt_variable_and_runs(tmp_path: Path) -> None:
+    store = tmp_path / "data"
+    percolator.connect(f"embedded:{store}").close()
+    env = {"PERCOLATOR_GC_STORE": f"embedded:{store}", "PERCOLATOR_STOER": "memory:"}
+    result = run_cli(["gc", "--json"], tmp_path, env)
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if "PERCOLATOR_STOER" in line]
+    assert len(lines) == 1 and "did you mean PERCOLATOR_STORE?" in lines[0], result.stderr
+
+
+# Where the tool's code lives (pyproject's package-dir) and the scripts that run it.
+SOURCE_DIRS = ("percolator", "oracle", "observers", "spark_jobs", "bench", "examples", "tools")
+
+
+def test_every_variable_the_sources_name_is_known() -> None:
+    """The known names have one home (config.OTHER_ENVIRONMENT and the options): a variable
+    read anywhere else and not added there would draw the warning on every run."""
+    root = Path(__file__).resolve().parent.parent
+    known = config.known_environment(build_parser())
+    missing: dict[str, str] = {}
+    for folder in SOURCE_DIRS:
+        for path in sorted((root / folder).rglob("*.py")):
+            if path == root / "percolator" / "config.py":  # the list itself, and its examples
+                continue
+            for name in re.findall(r"PERCOLATOR_[A-Z0-9_]*[A-Z0-9]", path.read_text()):
+                if name not in known and not name.startswith(config.TEST_ENV_PREFIX):
+                    missing.setdefault(name, str(path.relative_to(root)))
+    assert missing == {}, "add these to percolator.config.OTHER_ENVIRONMENT"
+
+
+def test_the_operations_guide_lists_every_variable_read_outside_the_options() -> None:
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
+    assert [name for name in config.OTHER_ENVIRONMENT if f"`{name}`" not in guide] == []
+    assert "did you mean PERCOLATOR_STORE?" in guide

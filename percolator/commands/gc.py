@@ -8,11 +8,18 @@ import sys
 from typing import Any
 
 from percolator.command_options import (
-    SECONDS,
     add_oracle_option,
     add_store_option,
     connect_existing,
+    float_option,
 )
+from percolator.protocol.gc import MAX_LIFE_TIME_MS
+
+#: ``--life-time``: seconds, finite, from 0 up to the timestamps' physical range (whole
+#: seconds, so the milliseconds handed to the pass never exceed MAX_LIFE_TIME_MS); a larger
+#: value is a usage error naming the range, before the store is opened.
+MAX_LIFE_TIME_S = MAX_LIFE_TIME_MS // 1000
+LIFE_TIME = float_option(0, MAX_LIFE_TIME_S)
 
 
 def register(subparsers: Any) -> None:
@@ -27,10 +34,11 @@ def register(subparsers: Any) -> None:
     add_oracle_option(parser)
     parser.add_argument(
         "--life-time",
-        type=SECONDS,
+        type=LIFE_TIME,
         default=600.0,
         metavar="SECONDS",
-        help="keep versions younger than this (default %(default)s s)",
+        help=f"keep versions younger than this, at most {MAX_LIFE_TIME_S} s (about 1115 "
+        "years; default %(default)s s)",
     )
     parser.add_argument("--table", action="append", help="only this table (repeatable)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")

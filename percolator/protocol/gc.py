@@ -73,7 +73,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from percolator import failpoints
-from percolator.errors import TableNotFoundError
+from percolator.errors import InvalidArgumentError, TableNotFoundError
 from percolator.layout import (
     DATA,
     LOCK,
@@ -95,7 +95,7 @@ from percolator.readers import (
     set_meta_cell,
 )
 from percolator.records import Kind, LockCell, WriteRecord
-from percolator.store.base import Delete, ScanOptions, Store
+from percolator.store.base import MAX_VERSION, Delete, ScanOptions, Store
 from percolator.timestamps import compose, describe, now_ms, physical_ms
 
 _U64 = struct.Struct(">Q")
@@ -103,6 +103,11 @@ TABLE_PROGRESS_PREFIX = b"gc/table/"
 TABLE_PROGRESS_QUALIFIER = b"collected"
 CLOCK_QUALIFIER = b"clock"
 _DELETE_BATCH = 1000
+#: The longest GC life time, in ms: the whole physical range of the timestamps (the
+#: physical part of the largest version a store holds, 2**45 - 1 ms, about 1115 years).
+#: Longer means nothing (every version of every timestamp is younger), and the command
+#: line's seconds that large overflow on the way to milliseconds.
+MAX_LIFE_TIME_MS = physical_ms(MAX_VERSION)
 
 #: ``notified(table, cells)``: the ``(row, qualifier)`` cells among ``cells`` that have a
 #: notification waiting
@@ -196,6 +201,20 @@ def forget_table_progress(store: Store, table: str) -> None:
     set_table_progress(store, table, 0)
 
 
+def check_life_time_ms(life_time_ms: int) -> None:
+    """Raise :class:`InvalidArgumentError` unless ``life_time_ms`` is an int (not a bool) in
+    ``[0, MAX_LIFE_TIME_MS]``; called before a GC pass does anything."""
+    if (
+        not isinstance(life_time_ms, int)
+        or isinstance(life_time_ms, bool)
+        or not 0 <= life_time_ms <= MAX_LIFE_TIME_MS
+    ):
+        raise InvalidArgumentError(
+            f"life_time_ms must be an int in [0, {MAX_LIFE_TIME_MS}] (the timestamps' "
+            f"physical range, about 1115 years), got {life_time_ms!r}"
+        )
+
+
 def run_gc(
     store: Store,
     resolver: LockResolver,
@@ -215,7 +234,10 @@ def run_gc(
     ``now_ts`` is a fresh timestamp from the oracle: with ``life_time_ms=0`` the safe point
     is above every transaction that started before this call and is not a live reader.
     ``notified(table, cells)``: which of the ``(row, qualifier)`` cells have a notification
-    waiting (percolator/notifications.py owns that family): dead cells among them stay."""
+    waiting (percolator/notifications.py owns that family): dead cells among them stay.
+    ``life_time_ms`` outside ``[0, MAX_LIFE_TIME_MS]`` raises :class:`InvalidArgumentError`
+    before anything is read or written (:func:`check_life_time_ms`)."""
+    check_life_time_ms(life_time_ms)
     say = progress or (lambda message: None)
     report = GcReport(tables=list(tables))
     candidate = max(0, now_ts - compose(life_time_ms))

@@ -25,6 +25,7 @@ import yaml
 
 from percolator import config
 from percolator.cli import build_parser
+from percolator.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -108,7 +109,10 @@ def parse_command(argv: list[str], env: Mapping[str, str]) -> argparse.Namespace
     command = config.command_path(parser, argv)
     if not command:
         raise ValueError(f"{argv[:1]} is not a percolator command")
-    settings = config.resolve(parser, command, config_path=None, environ=env)
+    try:
+        settings = config.resolve(parser, command, config_path=None, environ=env)
+    except ConfigError as exc:  # a variable set to nothing, or to a malformed value
+        raise ValueError(str(exc)) from None
     fill = config.apply(parser, command, settings)
     stderr = io.StringIO()
     try:

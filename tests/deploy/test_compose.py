@@ -100,6 +100,15 @@ def _env(service: str, key: str, value: str) -> Callable[[dict[str, Any]], None]
     return mutate
 
 
+def _unset_env(service: str, key: str) -> Callable[[dict[str, Any]], None]:
+    def mutate(document: dict[str, Any]) -> None:
+        env = dict(document["services"][service]["environment"])
+        del env[key]
+        document["services"][service]["environment"] = env
+
+    return mutate
+
+
 MUTATIONS = {
     "unknown flag": (
         _set(["services", "worker", "command"], ["worker", "--bogus", "4"]),
@@ -155,7 +164,11 @@ MUTATIONS = {
         _set(["services", "worker", "depends_on"], {"tso": {"condition": "service_healthy"}}),
         "depends on unknown service 'tso'",
     ),
-    "no oracle": (_env("worker", "PERCOLATOR_ORACLE", ""), "worker: no oracle configured"),
+    "no oracle": (_unset_env("worker", "PERCOLATOR_ORACLE"), "worker: no oracle configured"),
+    "empty oracle": (
+        _env("worker", "PERCOLATOR_ORACLE", ""),
+        "worker: command is not a valid percolator invocation: PERCOLATOR_ORACLE: bad value ''",
+    ),
     "missing dockerfile": (
         _set(
             ["services", "hbase", "build"], {"context": ".", "dockerfile": "docker/nope/Dockerfile"}
