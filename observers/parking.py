@@ -15,7 +15,11 @@ as usual.  A run that ends (committed, or found the change already covered) read
 cell's latest commit, which covers every change up to its notification; so when a worker
 ends a run of a parked cell's newer change, or of the parked change itself (another worker
 parked it meanwhile: failure counts are per worker), it deletes the record
-(:meth:`ParkingLot.unpark_covered`).
+(:meth:`ParkingLot.unpark_covered`).  A worker that ran the change before it learnt of
+the park leaves the record; the cell then holds no notification at or below the parked
+version (only a covering run cleans one up), and the next reload of the parked set by any
+worker deletes it (:meth:`ParkingLot.forget_covered`).  A park never replaces a record of
+a newer change.
 
 Record format (version 1), one row per parked cell::
 
@@ -38,7 +42,7 @@ from typing import TYPE_CHECKING
 
 from percolator import notifications
 from percolator.errors import ConfigError
-from percolator.layout import META_FAMILY, META_TABLE
+from percolator.layout import META_FAMILY, META_TABLE, NOTIFY
 from percolator.notifications import Notification
 from percolator.protocol.cells import CellKey
 from percolator.store.base import Delete, Put, ScanOptions
@@ -48,6 +52,8 @@ if TYPE_CHECKING:
 
 PARKED_PREFIX = b"parked/"
 _QUALIFIER = b"p"
+# Every version of a notify cell (its versions are few: a run cleans them up).
+_ALL = 1_000_000
 # Error text kept in a record (the rest is in the worker's log).
 _MAX_ERROR_CHARS = 2000
 
@@ -135,7 +141,12 @@ class ParkingLot:
         self, observer: str, notification: Notification, failures: int, last_error: str
     ) -> ParkedNotification:
         """Record ``notification`` as parked (idempotent: a second park replaces the
-        record).  The notification itself is left in place."""
+        record), unless the cell's record already parks a newer notification: that one is
+        returned, unchanged (a worker that failed on an older change must not unpark a
+        newer one).  The notification itself is left in place."""
+        existing = self._record_of(notification.cell)
+        if existing is not None and existing.notify_ts > notification.notify_ts:
+            return existing
         record = ParkedNotification(
             table=notification.table,
             row=notification.row,
@@ -190,32 +201,62 @@ class ParkingLot:
             done.append(record)
         return done
 
-    def unpark_covered(self, cell: Cell, notify_ts: int) -> bool:
-        """Delete the cell's record if it parked a notification at or below ``notify_ts``,
-        the version of a notification whose run just ended, covering it (module docstring).
-        Returns whether one was deleted.  A record of a newer notification stays, and so
-        does a park written after the record read here (its version is newer than the one
-        deleted)."""
+    def _record_of(self, cell: Cell) -> ParkedNotification | None:
         table, row, column = cell
         key = parked_row(table, row, column)
         found = self._client.store.read_rows(META_TABLE, [key], columns=[(META_FAMILY, _QUALIFIER)])
         versions = found.get(key, {}).get((META_FAMILY, _QUALIFIER), [])
         if not versions:
-            return False
+            return None
         version, value = versions[0]
-        if ParkedNotification.decode(value, version).notify_ts > notify_ts:
-            return False
-        self._client.store.delete_versions(
-            META_TABLE, [Delete(key, META_FAMILY, _QUALIFIER, version)]
-        )
-        return True
+        return ParkedNotification.decode(value, version)
 
-    def unpark(self, record: ParkedNotification) -> None:
-        """Delete a record whose notification was processed after all (no new trigger)."""
+    def unpark_covered(self, cell: Cell, notify_ts: int) -> int | None:
+        """Delete the cell's record if it parked a notification at or below ``notify_ts``,
+        the version of a notification whose run just ended, covering it (module docstring).
+        Returns the parked version still in force: None once no record is left, else that
+        of a record of a newer notification, which stays (so does a park written after the
+        record read here: its version is newer than the one deleted)."""
+        record = self._record_of(cell)
+        if record is None:
+            return None
+        if record.notify_ts > notify_ts:
+            return record.notify_ts
+        self._delete(record)
+        return None
+
+    def forget_covered(self, records: Iterable[ParkedNotification]) -> list[ParkedNotification]:
+        """Delete those of ``records`` whose cell holds no notification at or below the
+        parked version any more, and return them.  Only a run that covered a change
+        cleans up its notification, so such a record's change was run after all - by a
+        worker that had not loaded the record yet, say (failure counts are per worker) -
+        and the record would only report a failure nothing is waiting on."""
+        by_table: dict[str, list[ParkedNotification]] = {}
+        for record in records:
+            by_table.setdefault(record.table, []).append(record)
+        gone: list[ParkedNotification] = []
+        for table, of_table in by_table.items():
+            columns = sorted({(NOTIFY, r.column.encode("utf-8")) for r in of_table})
+            found = self._client.store.read_rows(
+                table, sorted({r.row for r in of_table}), columns=columns, max_versions=_ALL
+            )
+            for record in of_table:
+                versions = found.get(record.row, {}).get((NOTIFY, record.column.encode("utf-8")))
+                if not any(version <= record.notify_ts for version, _ in versions or ()):
+                    self._delete(record)
+                    gone.append(record)
+        return gone
+
+    def _delete(self, record: ParkedNotification) -> None:
+        """Delete exactly ``record`` (a later park of the cell has a newer version)."""
         row = parked_row(record.table, record.row, record.column)
         self._client.store.delete_versions(
             META_TABLE, [Delete(row, META_FAMILY, _QUALIFIER, record.version)]
         )
+
+    def unpark(self, record: ParkedNotification) -> None:
+        """Delete a record whose notification was processed after all (no new trigger)."""
+        self._delete(record)
 
 
 def skips(parked: Mapping[Cell, int], notification: Notification) -> bool:

@@ -431,8 +431,8 @@ class NotificationProcessor:
         """Forget the cell's parked change after a run that covered it (observers/parking.py)."""
         cell, notify_ts = notification.cell, notification.notify_ts
         try:
-            deleted = self._parking.unpark_covered(cell, notify_ts)
-        except PercolatorError as exc:  # the record stays; the next run of the cell tries again
+            in_force = self._parking.unpark_covered(cell, notify_ts)
+        except PercolatorError as exc:  # the record stays; a later run or reload deletes it
             log.warning("could not delete the parked record of %s: %s", notification, exc)
             return
         with self._lock:
@@ -440,10 +440,9 @@ class NotificationProcessor:
             if parked_ts is not None and parked_ts <= notify_ts:  # else parked again since
                 del self._parked[cell]
                 self._parked_here.pop(cell, None)
-        if deleted:
-            log.info(
-                "%s ran: the parked change of its cell is covered, record deleted", notification
-            )
+            if in_force is not None:  # a newer change was parked (by another worker)
+                self._parked[cell] = max(in_force, self._parked.get(cell, in_force))
+        log.info("%s ran: the parked change of its cell is covered", notification)
 
     def _back_off_conflict(
         self, observer: str, notification: Notification, exc: BaseException, conflicts: int
@@ -518,16 +517,23 @@ class NotificationProcessor:
     def refresh_parked(self, tables: Collection[str]) -> None:
         """Reload the parked cells of ``tables`` from the store (what :meth:`offer` skips)."""
         started = time.monotonic()
-        parked = {cell: ts for cell, ts in self._parking.parked().items() if cell[0] in tables}
+        records = [r for r in self._parking.records() if r.table in tables]
+        # Records of changes run after all (by a worker that had not loaded them): gone.
+        covered = self._parking.forget_covered(records)
+        parked = {r.cell: r.notify_ts for r in records if r not in covered}
         with self._lock:
             # A park recorded before this reload started is in what it read (or was retried
             # since); one recorded meanwhile may not be: keep it until the next reload.
             self._parked_here = {c: p for c, p in self._parked_here.items() if p[0] >= started}
             for cell, (_, parked_ts) in self._parked_here.items():
                 parked[cell] = max(parked_ts, parked.get(cell, parked_ts))
-            self._parked = parked
-            for cell in self._parked:
-                self._states.pop(cell, None)
+            before, self._parked = self._parked, parked
+            for cell, parked_ts in parked.items():
+                # A newly parked change ends the cell's failure count and back-off; a cell
+                # parked as before keeps them: its newer change runs, and must still be
+                # parked once it fails often enough.
+                if before.get(cell, -1) < parked_ts:
+                    self._states.pop(cell, None)
             # Forget back-off state of cells nobody has offered for ten minutes (another
             # worker processed them).
             horizon = time.monotonic() - 600

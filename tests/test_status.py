@@ -18,6 +18,7 @@ from percolator.observers.parking import ParkingLot
 from percolator.observers.runner import Notification
 
 import percolator
+from percolator import notifications
 from percolator.committer import Committer
 from percolator.layout import NOTIFY
 from percolator.store import open_store
@@ -67,8 +68,11 @@ def make_scenario(store_url: str) -> dict[str, Any]:
         committer = Committer(client._ctx, stuck.start_ts, list(stuck._writes.values()))
         committer.prewrite_all()
         committer._stop_heartbeat()  # the client "dies": nothing extends the lock any more
-        # One notification parked after repeated failures, one on a column nobody watches.
-        ParkingLot(client).park("status-watcher", Notification("docs", b"d0", "body", 0), 5, "boom")
+        # One notification parked after repeated failures (d0), one on a column nobody
+        # watches; and d1 parked at an older change, so its newer one is pending.
+        [d0] = [n for n in notifications.pending(client.store, "docs") if n.row == b"d0"]
+        ParkingLot(client).park("status-watcher", d0, 5, "boom")
+        ParkingLot(client).park("status-watcher", Notification("docs", b"d1", "body", 1), 5, "x")
         client.store.put("other", [Put(b"x", NOTIFY, b"c", 1, b"1")])
         client.close()
     finally:
@@ -90,7 +94,7 @@ def check_report(report: dict[str, Any], expected: dict[str, Any]) -> None:
         "table": "docs",
         "column": "body",
         "pending": 2,
-        "parked": 1,
+        "parked": 2,
         "live_workers": 0,
     }
     assert report["notifications"]["unobserved"] == [
@@ -107,7 +111,7 @@ def check_report(report: dict[str, Any], expected: dict[str, Any]) -> None:
     assert report["gc"]["safe_point"] == expected["safe_point"] > 0
     problems = " ".join(report["problems"])
     assert "1 expired lock" in problems
-    assert "1 parked notification(s) of observer 'status-watcher'" in problems
+    assert "2 parked notification(s) of observer 'status-watcher'" in problems
     assert "other/c, which no observer is registered for" in problems
 
 
@@ -122,7 +126,7 @@ def test_status_reports_locks_notifications_oracle_and_gc(tmp_path: Path) -> Non
     assert text.returncode == 1
     assert "locks: 1 held, 1 expired" in text.stdout
     assert "status-watcher" in text.stdout
-    assert "2 pending, 1 parked, no live worker runs it" in text.stdout
+    assert "2 pending, 2 parked, no live worker runs it" in text.stdout
     assert "EXPIRED other/0xff0062696e617279/c" in text.stdout
     assert "notify scans: 4 notification(s) in " in text.stdout
 

@@ -172,12 +172,12 @@ def notification_report(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """Per registered observed column: pending and parked; pending unobserved ones; and per
     table, how many notifications one scan of its notify family read and how long it took."""
-    from percolator.observers.parking import ParkingLot
+    from percolator.observers.parking import ParkingLot, skips
 
     parked: dict[tuple[str, str], int] = {}
-    for record in ParkingLot(client).records():
-        key = (record.table, record.column)
-        parked[key] = parked.get(key, 0) + 1
+    parked_at = ParkingLot(client).parked()
+    for table, _, column in parked_at:
+        parked[(table, column)] = parked.get((table, column), 0) + 1
     registered = notifications.registrations(client.store)
     pending: dict[tuple[str, str], int] = {}
     scans = []
@@ -185,9 +185,11 @@ def notification_report(
         started, read = time.monotonic(), 0
         for _, found in notifications.scan_notifications(client.store, table, batch_size=1000):
             for notification in found:
+                read += 1
+                if skips(parked_at, notification):
+                    continue  # counted as parked (a newer change of a parked cell is pending)
                 key = (table, notification.column)
                 pending[key] = pending.get(key, 0) + 1
-                read += 1
         seconds = round(time.monotonic() - started, 4)
         scans.append({"table": table, "notifications": read, "seconds": seconds})
     observed = []
@@ -200,8 +202,7 @@ def notification_report(
                 "observer": registration.observer,
                 "table": table,
                 "column": column,
-                # Parked cells keep their notification: count them once, as parked.
-                "pending": max(0, waiting - parked.get((table, column), 0)),
+                "pending": waiting,
                 "parked": parked.get((table, column), 0),
             }
         )

@@ -5,20 +5,23 @@ cell that keeps failing is parked and skipped."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from percolator.observers import processor as processor_module
 from percolator.observers.api import Observer, register_observers
 from percolator.observers.options import WorkerOptions
-from percolator.observers.parking import ParkingLot
+from percolator.observers.parking import ParkedNotification, ParkingLot
 from percolator.observers.processor import NotificationProcessor
 from percolator.observers.runner import ConflictExhaustedError, RunResult
 from percolator.observers.worker import Worker
 from percolator.observers.worker_metrics import WorkerMetrics
 
 import percolator
+from percolator import notifications
 from percolator.errors import UndeterminedCommitError
 from percolator.notifications import Notification
+from percolator.protocol.cells import CellKey
 from percolator.transaction import Transaction
 from tests.observers import helpers
 from tests.observers.helpers import EVENTS
@@ -193,18 +196,21 @@ def test_a_parked_set_reload_racing_with_a_park_keeps_the_cell_parked(
     observer = helpers.AlwaysFails()
     worker = Worker(local_client, [observer], WorkerOptions(failure_limit=1))
     processor = worker.processor
+    helpers.create_tables(local_client)
     notification = Notification(EVENTS, b"p", "poison", 1)
-    read_store = worker.parking.parked
+    # Its notification is in the store (a record of a cell without one is dropped as run).
+    notifications.put_notifications(local_client.store, [CellKey(EVENTS, b"p", "poison")], 1)
+    read_store = worker.parking.records
 
-    def read_then_park() -> dict[tuple[str, bytes, str], int]:
+    def read_then_park() -> list[ParkedNotification]:
         before = read_store()
         processor.failed(observer, notification, RuntimeError("boom"))
         return before
 
-    monkeypatch.setattr(worker.parking, "parked", read_then_park)
+    monkeypatch.setattr(worker.parking, "records", read_then_park)
     processor.refresh_parked([EVENTS])
     assert notification.cell in processor.parked_cells()
-    monkeypatch.setattr(worker.parking, "parked", read_store)
+    monkeypatch.setattr(worker.parking, "records", read_store)
     processor.refresh_parked([EVENTS])
     assert notification.cell in processor.parked_cells()  # now read from the store
     ParkingLot(local_client).retry(ParkingLot(local_client).records())
@@ -286,9 +292,64 @@ def test_a_newer_park_of_the_cell_survives_a_run_of_an_older_change(
     older = write_value(client, b"v1")
     newer = write_value(client, b"v2")
     lot = ParkingLot(client)
-    assert not lot.unpark_covered(older.cell, older.notify_ts)  # nothing parked
+    assert lot.unpark_covered(older.cell, older.notify_ts) is None  # nothing parked
     lot.park("run-logger", newer, 3, "failed elsewhere")
-    assert not lot.unpark_covered(older.cell, newer.notify_ts - 1)
+    assert lot.unpark_covered(older.cell, newer.notify_ts - 1) == newer.notify_ts
     assert [r.notify_ts for r in lot.records()] == [newer.notify_ts]
-    assert lot.unpark_covered(newer.cell, newer.notify_ts)
+    # Nor does a park of the older change replace it.
+    assert lot.park("run-logger", older, 5, "failed here").notify_ts == newer.notify_ts
+    assert [r.notify_ts for r in lot.records()] == [newer.notify_ts]
+    assert lot.unpark_covered(newer.cell, newer.notify_ts) is None
     assert lot.records() == []
+
+
+def test_a_newer_change_that_keeps_failing_is_parked_in_turn_across_reloads(
+    memory_client: percolator.Client,
+) -> None:
+    """A reload of the parked set must not reset the failure count of a parked cell's newer
+    change (which runs): once that change failed ``failure_limit`` times it is parked, the
+    record naming it, instead of being retried for ever."""
+    client = memory_client
+    observer = FailsOnBadValue()
+    register_observers(client, [observer])
+    pool, metrics = processor(
+        client, observer, WorkerOptions(failure_limit=2, backoff_base_s=0.001)
+    )
+
+    def fail_until_parked(notification: Notification) -> None:
+        for _ in range(2):
+            time.sleep(0.01)  # the back-off
+            assert pool.offer(notification)
+            run_queued(pool)
+            pool.refresh_parked([EVENTS])  # the housekeeper's reload, between the failures
+
+    first = write_value(client, b"bad")
+    fail_until_parked(first)
+    assert [r.notify_ts for r in ParkingLot(client).records()] == [first.notify_ts]
+    again = write_value(client, b"bad")
+    fail_until_parked(again)
+    assert [r.notify_ts for r in ParkingLot(client).records()] == [again.notify_ts]
+    assert metrics.parked.value(observer="run-logger") == 2
+    assert not pool.offer(again)
+
+
+def test_a_record_of_a_change_another_worker_ran_before_it_knew_goes_at_the_next_reload(
+    memory_client: percolator.Client,
+) -> None:
+    """A worker that has not reloaded the parked set since a park runs the parked change and
+    cleans its notification up, leaving the record: the next reload finds no notification at
+    or below the parked version on the cell and deletes the record."""
+    client = memory_client
+    register_observers(client, [helpers.RunLogger()])
+    notification = write_value(client, b"v1")
+    failing, _ = processor(client, helpers.AlwaysFails(), WorkerOptions(failure_limit=1))
+    other, _ = processor(client, helpers.RunLogger(), WorkerOptions())
+    other.refresh_parked([EVENTS])
+    assert other.offer(notification)
+    failing.failed(helpers.AlwaysFails(), notification, RuntimeError("only here"))
+    run_queued(other)
+    assert helpers.pending_events(client) == []
+    assert len(ParkingLot(client).records()) == 1
+    failing.refresh_parked([EVENTS])
+    assert ParkingLot(client).records() == []
+    assert failing.parked_cells() == set()
