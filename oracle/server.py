@@ -15,9 +15,11 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import re
 import secrets
 import signal
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -113,6 +115,74 @@ def _read_file(path: str, what: str) -> bytes:
         return Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read the {what} {path!r}: {exc.strerror}") from None
+
+
+class _EncryptedKey(Exception):
+    """Raised by the password callback of :func:`tls_credentials`: the key needs one."""
+
+
+def _no_password() -> bytes:
+    # Without a callback OpenSSL would prompt on the terminal for the passphrase.
+    raise _EncryptedKey
+
+
+def _ssl_reason(exc: ssl.SSLError) -> str:
+    """OpenSSL's words for ``exc``, without Python's source location ``(_ssl.c:NNNN)``."""
+    return re.sub(r"\s*\(_ssl\.c:\d+\)$", "", str(exc))
+
+
+def tls_credentials(cert_path: str, key_path: str) -> grpc.ServerCredentials:
+    """gRPC server credentials of a PEM certificate chain and its PEM private key, checked
+    first: ConfigError naming the file and what is wrong with it (unreadable, not PEM, an
+    encrypted key, a key that does not belong to the certificate).
+
+    gRPC only checks the pair when the port is added, and then reports a bind failure
+    that names neither file nor cause, so the pair is loaded once with :mod:`ssl` first,
+    before the store is opened or the port bound."""
+    key = _read_file(key_path, "TLS key")
+    cert = _read_file(cert_path, "TLS certificate")
+    if b"-----BEGIN CERTIFICATE-----" not in cert:
+        raise ConfigError(
+            f"the TLS certificate {cert_path!r} holds no PEM certificate (no "
+            "'-----BEGIN CERTIFICATE-----' line; a DER file converts with "
+            "'openssl x509 -inform der')"
+        )
+    if b"PRIVATE KEY-----" not in key:
+        raise ConfigError(
+            f"the TLS key {key_path!r} holds no PEM private key (no "
+            "'-----BEGIN ... PRIVATE KEY-----' line)"
+        )
+    try:
+        # The certificate on its own first, so that a failure of the pair below is the
+        # key's.  Text outside the PEM blocks (comments) may be anything: dropped.
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(
+            cadata=cert.decode("ascii", errors="ignore")
+        )
+    except ssl.SSLError as exc:
+        raise ConfigError(
+            f"the TLS certificate {cert_path!r} is not a valid PEM certificate (damaged or "
+            f"truncated? {_ssl_reason(exc)})"
+        ) from None
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(
+            cert_path, key_path, password=_no_password
+        )
+    except _EncryptedKey:
+        raise ConfigError(
+            f"the TLS key {key_path!r} is encrypted (needs a passphrase); the oracle "
+            "needs an unencrypted key (decrypt it with 'openssl pkey')"
+        ) from None
+    except ssl.SSLError as exc:
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            raise ConfigError(
+                f"the TLS key {key_path!r} does not match the certificate {cert_path!r} "
+                "(one of the two belongs to another pair)"
+            ) from None
+        raise ConfigError(
+            f"the TLS key {key_path!r} is not a valid PEM private key for {cert_path!r} "
+            f"(damaged or truncated? {_ssl_reason(exc)})"
+        ) from None
+    return grpc.ssl_server_credentials([(key, cert)])
 
 
 class OracleServicer(oracle_pb2_grpc.TimestampOracleServicer):
@@ -306,14 +376,8 @@ class OracleServer:
         options = self.options
         credentials = None
         if options.tls_cert is not None and options.tls_key is not None:
-            credentials = grpc.ssl_server_credentials(
-                [
-                    (
-                        _read_file(options.tls_key, "TLS key"),
-                        _read_file(options.tls_cert, "TLS certificate"),
-                    )
-                ]
-            )
+            # Before the store is opened (or created) and the port bound.
+            credentials = tls_credentials(options.tls_cert, options.tls_key)
         if self._store is None:
             self._store = open_store(options.store_url) if options.create else _existing(options)
         server = grpc.server(

@@ -35,8 +35,11 @@ BEARER = (("authorization", f"Bearer {TOKEN}"),)
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 (openssl CLI)."""
-    d = tmp_path_factory.mktemp("tls")
+    return self_signed(tmp_path_factory.mktemp("tls"))
+
+
+def self_signed(d: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key (openssl CLI) in ``d``."""
     cert, key = d / "cert.pem", d / "key.pem"
     subprocess.run(
         [
@@ -311,6 +314,68 @@ def test_serve_rejects_bad_options_with_one_clear_line(
     assert result.stderr.startswith("percolator: error: "), result.stderr
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("cert not PEM", "the TLS certificate '{cert}' holds no PEM certificate"),
+        ("cert truncated", "the TLS certificate '{cert}' is not a valid PEM certificate"),
+        ("cert and key swapped", "the TLS certificate '{cert}' holds no PEM certificate"),
+        ("key not PEM", "the TLS key '{key}' holds no PEM private key"),
+        ("key damaged", "the TLS key '{key}' is not a valid PEM private key for '{cert}'"),
+        ("key of another certificate", "the TLS key '{key}' does not match the certificate"),
+        ("key encrypted", "the TLS key '{key}' is encrypted (needs a passphrase)"),
+    ],
+)
+def test_serve_names_a_bad_tls_file_and_what_is_wrong(
+    tmp_path: Path, certs: tuple[Path, Path], case: str, message: str
+) -> None:
+    """A bad certificate or key fails before anything starts, naming the file and the
+    problem, not as a failure to bind the address; even with --create no store is made."""
+    good_cert, good_key = certs
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert.write_bytes(good_cert.read_bytes())
+    key.write_bytes(good_key.read_bytes())
+    if case == "cert not PEM":
+        cert.write_bytes(b"\x30\x82\x01\x0a not a certificate")
+    elif case == "cert truncated":
+        cert.write_bytes(good_cert.read_bytes()[:120] + b"\n-----END CERTIFICATE-----\n")
+    elif case == "cert and key swapped":
+        cert, key = key, cert
+    elif case == "key not PEM":
+        key.write_text("hello\n")
+    elif case == "key damaged":
+        key.write_text("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n")
+    elif case == "key of another certificate":
+        other = tmp_path / "other"
+        other.mkdir()
+        key = self_signed(other)[1]
+    elif case == "key encrypted":
+        subprocess.run(
+            [
+                "openssl",
+                "pkey",
+                "-in",
+                str(good_key),
+                "-out",
+                str(key),
+                "-aes256",
+                "-passout",
+                "pass:x",
+            ],
+            check=True,
+            capture_output=True,
+        )
+    store = tmp_path / "store"
+    tls_args = ["--listen", "127.0.0.1:0", "--tls-cert", str(cert), "--tls-key", str(key)]
+    result = run_cli("serve", "--create", "--store", f"embedded:{store}", *tls_args)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("percolator: error: "), result.stderr
+    assert message.format(cert=cert, key=key) in result.stderr
+    assert "cannot listen" not in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not store.exists()
 
 
 def test_serve_refuses_an_address_in_use(plain: OracleProcess, tmp_path: Path) -> None:
