@@ -168,7 +168,8 @@ def register_export(subparsers: Any) -> None:
         action="append",
         default=[],
         metavar="COLUMN",
-        help="column to export (repeatable; default: every cell)",
+        help="column to export (repeatable; default: every cell); the export fails if "
+        "one has no cell at the snapshot",
     )
     export.add_argument(
         "--layout",

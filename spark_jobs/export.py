@@ -25,6 +25,19 @@ named column (null where absent); rows with none of them are left out.
 Rows and values are ``binary``; with ``strings=True`` they are decoded as UTF-8 (a value that
 is not UTF-8 fails the export with an error naming the cell).
 
+Requested columns
+-----------------
+The store is schemaless: a column exists at ``read_ts`` if at least one of its cells is
+visible there.  The executors count the cells they read per requested column (Spark
+accumulators, no extra reads).  :func:`write_export` fails with
+:class:`MissingColumnsError` when a requested column had no cell at all (a typo would
+otherwise export nothing, or a column of nulls, and succeed): the message names the
+columns and the table, lists the columns its first rows do have, and the output just
+written is removed.  An empty table (no cell visible at ``read_ts``) exports no row with a
+warning, whatever columns were requested: that is its content, not a typo.  A lazy
+:func:`export_table` cannot check before its DataFrame is read: see
+:meth:`Export.cells_found`.
+
 Splitting
 ---------
 The row space is cut into ``splits`` ranges (default: four per core) at row keys sampled
@@ -66,6 +79,7 @@ from percolator.layout import LOCK, check_table_name, encode_column
 from percolator.store.base import ScanOptions
 
 if TYPE_CHECKING:
+    from pyspark import Accumulator
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
@@ -74,6 +88,18 @@ LAYOUTS = ("wide", "cells")
 #: at most this many sampled keys are kept on the driver while splitting
 _MAX_SAMPLES = 4096
 _SCAN_BATCH = 500
+#: rows whose columns a failed export lists (see :func:`_columns_seen`)
+_PEEK_ROWS = 1000
+
+
+class MissingColumnsError(ConfigError):
+    """Requested columns with no cell visible at the export's ``read_ts`` (``columns``,
+    in the order requested) in ``table``."""
+
+    def __init__(self, message: str, table: str, columns: Sequence[str]) -> None:
+        super().__init__(message)
+        self.table = table
+        self.columns = tuple(columns)
 
 
 @dataclass(frozen=True)
@@ -122,12 +148,22 @@ class ExportOptions:
 
 @dataclass
 class Export:
-    """A lazily-read export: ``df`` reads ``table`` at ``read_ts`` over ``ranges``."""
+    """A lazily-read export: ``df`` reads ``table`` at ``read_ts`` over ``ranges``.
+    ``columns``: the requested columns (empty: every cell), counted by ``counters``."""
 
     df: DataFrame
     table: str
     read_ts: int
     ranges: list[tuple[bytes, bytes | None]]
+    columns: tuple[str, ...] = ()
+    counters: tuple[Accumulator[int], ...] = ()
+
+    def cells_found(self) -> dict[str, int]:
+        """Cells read so far of each requested column, by the actions run on ``df`` ({}
+        when no columns were requested).  Spark counts each successful task once per
+        action, so after one action that read all of ``df`` (a write, a count) the counts
+        are that snapshot's; every further action adds its reads again."""
+        return {column: c.value for column, c in zip(self.columns, self.counters, strict=True)}
 
 
 # --------------------------------------------------------------------------- splitting
@@ -196,12 +232,22 @@ def _decode(value: bytes, strings: bool, where: str) -> bytes | str:
         ) from None
 
 
-def _read_range(plan: _ReadPlan, bounds: tuple[bytes, bytes | None]) -> Iterator[tuple[Any, ...]]:
+def _read_range(
+    plan: _ReadPlan,
+    bounds: tuple[bytes, bytes | None],
+    counters: Sequence[Accumulator[int]],
+) -> Iterator[tuple[Any, ...]]:
+    """The output rows of one range; adds the cells found of each of ``plan.columns`` to
+    its counter once the range is read (one accumulator update per task, not per cell)."""
     start, stop = bounds
+    found = dict.fromkeys(plan.columns or (), 0)
     with percolator.connect(plan.store, oracle=plan.oracle, **plan.client_options) as client:
         snapshot = client.snapshot(plan.read_ts)
         columns = list(plan.columns) if plan.columns is not None else None
         for row, cells in snapshot.scan(plan.table, start, stop, columns):
+            for column in found:
+                if column in cells:
+                    found[column] += 1
             key = _decode(row, plan.strings, f"row key {row[:40]!r}")
             if plan.layout == "wide":
                 assert plan.columns is not None
@@ -218,6 +264,8 @@ def _read_range(plan: _ReadPlan, bounds: tuple[bytes, bytes | None]) -> Iterator
                 for column in sorted(cells):
                     value = _decode(cells[column], plan.strings, f"{plan.table}/{row!r}/{column}")
                     yield key, column, value
+    for counter, count in zip(counters, found.values(), strict=True):
+        counter.add(count)
 
 
 def _schema(plan: _ReadPlan) -> Any:
@@ -267,10 +315,57 @@ def export_table(
         layout=layout,
         strings=options.strings,
     )
+    columns = options.columns or ()
+    counters = tuple(spark.sparkContext.accumulator(0) for _ in columns)
     rdd = spark.sparkContext.parallelize(ranges, len(ranges)).flatMap(
-        lambda bounds: _read_range(plan, bounds)
+        lambda bounds: _read_range(plan, bounds, counters)
     )
-    return Export(spark.createDataFrame(rdd, _schema(plan)), options.table, ts, ranges)
+    df = spark.createDataFrame(rdd, _schema(plan))
+    return Export(df, options.table, ts, ranges, columns, counters)
+
+
+def _columns_seen(client: percolator.Client, table: str, read_ts: int) -> tuple[list[str], bool]:
+    """The columns with a cell visible at ``read_ts`` in the first ``_PEEK_ROWS`` rows of
+    ``table`` that ever held a cell, and whether those were all of its rows.  Bounded
+    whatever the table's size: one limited scan of the lock family (every cell ever
+    written has a lock cell) finds where those rows end; only they are read."""
+    options = ScanOptions(limit=_PEEK_ROWS + 1, batch_size=_PEEK_ROWS + 1)
+    rows = [row for row, _ in client.store.scan(table, LOCK, options)]
+    stop = rows[_PEEK_ROWS] if len(rows) > _PEEK_ROWS else None
+    seen: set[str] = set()
+    with client.snapshot(read_ts) as snapshot:
+        for _, cells in snapshot.scan(table, b"", stop):
+            seen.update(cells)
+    return sorted(seen), stop is None
+
+
+def _missing_columns_message(
+    table: str, read_ts: int, missing: Sequence[str], seen: Sequence[str], whole: bool
+) -> str:
+    """Why the export of ``table`` fails: its ``missing`` columns, and what it does hold
+    (``seen``, of all its rows if ``whole``: :func:`_columns_seen`)."""
+    names = ", ".join(repr(c) for c in missing)
+    what = f"column {names} has" if len(missing) == 1 else f"columns {names} have"
+    where = "its columns" if whole else f"the columns of its first {_PEEK_ROWS} rows"
+    found = ", ".join(repr(c) for c in seen) if seen else "none"
+    return (
+        f"export of {table!r}: {what} no cell in the table at read_ts {read_ts} (a typo?); "
+        f"{where}: {found}"
+    )
+
+
+def _remove_output(spark: SparkSession, output: str) -> str | None:
+    """Delete ``output`` (written by Spark) on whichever file system holds it; None when
+    done, else why not."""
+    try:
+        context = spark.sparkContext
+        jvm = context._jvm
+        assert jvm is not None  # set while the context runs: it has just written output
+        path = jvm.org.apache.hadoop.fs.Path(output)
+        path.getFileSystem(context._jsc.hadoopConfiguration()).delete(path, True)
+    except Exception as exc:  # Py4J errors from the JVM's file system
+        return spark_failure_reason(exc)
+    return None
 
 
 def check_output(output: str, mode: str) -> None:
@@ -317,7 +412,12 @@ def write_export(
     ``read_ts`` keeps the GC safe point at or below it: a snapshot at ``options.read_ts``
     (which fails at once with SafePointError if GC passed it already), or, when that is
     None, a read-only transaction whose ``start_ts`` is the read timestamp.  ``mode`` is
-    Spark's save mode."""
+    Spark's save mode.
+
+    MissingColumnsError when one of ``options.columns`` has no cell at ``read_ts`` (see
+    the module docstring); the output just written is removed first, so no wrong export
+    is left behind (with ``mode="overwrite"`` the previous output is gone as well, as on
+    any failure of the write)."""
     started = time.monotonic()
     check_output(output, mode)
     with connect_existing(options.store, options.oracle, **options.client_options) as c:
@@ -341,6 +441,23 @@ def write_export(
                 raise SparkJobError(
                     f"export of {options.table} to {output} failed: {spark_failure_reason(exc)}"
                 ) from None
+            missing = [column for column, n in export.cells_found().items() if n == 0]
+            # Read while the guard still holds read_ts above the GC safe point.
+            seen, whole = _columns_seen(c, options.table, read_ts) if missing else ([], True)
+            if missing and whole and not seen:
+                # An empty table exports no row whatever its columns are called: that is
+                # its content, not a typo.
+                log.warning(
+                    "export of %r: the table is empty at read_ts %d", options.table, read_ts
+                )
+            elif missing:
+                message = _missing_columns_message(options.table, read_ts, missing, seen, whole)
+                not_removed = _remove_output(spark, output)
+                if not_removed is None:
+                    message += f"; nothing was exported ({output} removed)"
+                else:
+                    message += f"; {output} is left behind (cannot remove it: {not_removed})"
+                raise MissingColumnsError(message, options.table, missing)
         finally:
             guard.close()
     return ExportReport(

@@ -166,6 +166,18 @@ def test_backfill_then_export_on_the_command_line(
         "overwrite it"
     )
 
+    # A mistyped column: one line naming it, the table and its columns; no output left.
+    typo_output = tmp_path / "typo.parquet"
+    typo = ["--table", ITEMS, "--column", "txet", "--output", str(typo_output)]
+    code = main(["export", "--store", embedded_url, *typo])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err[-1].startswith(
+        "percolator: error: export of 'items': column 'txet' has no cell in the table at "
+    ), err
+    assert err[-1].endswith(f"its columns: 'text'; nothing was exported ({typo_output} removed)")
+    assert not typo_output.exists()
+
     code = main(
         [
             "backfill",

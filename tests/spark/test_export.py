@@ -4,6 +4,7 @@ consistent while a bank workload moves money."""
 from __future__ import annotations
 
 import random
+import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 from percolator.spark_jobs.export import (
     ExportOptions,
+    MissingColumnsError,
     export_table,
     ranges_of,
     sample_split_keys,
@@ -159,6 +161,62 @@ def test_bad_export_requests_fail_fast(spark: Any, embedded_url: str) -> None:
         export_table(spark, ExportOptions("memory:", "t"))
     with pytest.raises(ConfigError, match="the wide layout needs the columns"):
         ExportOptions(embedded_url, "t", layout="wide")
+
+
+@pytest.mark.spark
+def test_a_requested_column_without_a_cell_fails_and_leaves_no_output(
+    spark: Any, embedded_url: str, tmp_path: Path
+) -> None:
+    """The store is schemaless: a mistyped column (or one written only after read_ts)
+    would export no rows, or a column of nulls, and succeed.  The export counts the cells
+    it reads per requested column and fails, naming the column and the table and listing
+    the table's columns, without leaving the output behind; a column that has one cell in
+    forty rows exports normally."""
+    with connect(embedded_url) as client:
+        client.create_table("t")
+        client.create_table("empty")
+
+        def fill(txn: Transaction) -> None:
+            for i in range(40):
+                txn.set("t", b"r%03d" % i, "a", b"a%d" % i)
+            txn.set("t", b"r017", "rare", b"x")
+
+        client.run(fill)
+        before_late = client.oracle.get_timestamp()
+        client.run(lambda t: t.set("t", b"r005", "late", b"y"))
+
+    out = tmp_path / "typo.parquet"
+    options = ExportOptions(embedded_url, "t", columns=("a", "typo"), splits=3)
+    with pytest.raises(MissingColumnsError) as failed:
+        write_export(spark, options, str(out))
+    assert failed.value.columns == ("typo",) and failed.value.table == "t"
+    assert str(failed.value).startswith("export of 't': column 'typo' has no cell in the table")
+    assert "its columns: 'a', 'late', 'rare'" in str(failed.value)
+    assert not out.exists()
+
+    # The cells layout too; a column that exists only after read_ts does not exist in it.
+    options = ExportOptions(
+        embedded_url, "t", columns=("late", "nope"), layout="cells", read_ts=before_late
+    )
+    with pytest.raises(MissingColumnsError, match="columns 'late', 'nope' have no cell"):
+        write_export(spark, options, str(out))
+    assert not out.exists()
+
+    # An empty table exports no row whatever the columns are called: its content, no typo.
+    empty = write_export(spark, ExportOptions(embedded_url, "empty", columns=("a",)), str(out))
+    assert empty.rows == 0 and out.exists()
+    shutil.rmtree(out)
+
+    # Every requested column has a cell, however rare: exported, and counted.
+    report = write_export(
+        spark, ExportOptions(embedded_url, "t", columns=("a", "rare"), splits=3), str(out)
+    )
+    assert report.rows == 40
+    rare = {bytes(r["row"]) for r in spark.read.parquet(str(out)).collect() if r["rare"]}
+    assert rare == {b"r017"}
+    export = export_table(spark, ExportOptions(embedded_url, "t", columns=("rare", "typo")))
+    assert export.df.count() == 1
+    assert export.cells_found() == {"rare": 1, "typo": 0}
 
 
 def test_an_export_of_a_store_that_does_not_exist_creates_none(spark: Any, tmp_path: Path) -> None:
