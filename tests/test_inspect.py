@@ -76,6 +76,9 @@ def test_memory_store_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
 def test_missing_table_and_bad_options(store_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["inspect", "--store", store_url, "nope"]) == 2
     assert "'nope' does not exist" in capsys.readouterr().err
+    # The engine's own table has none of a user table's families: named as such.
+    assert main(["inspect", "--store", store_url, "percolator_meta"]) == 2
+    assert "'percolator_meta' is reserved" in capsys.readouterr().err
     assert main(["inspect", "--store", store_url, "t", "--row", "a", "--start", "b"]) == 2
     with pytest.raises(SystemExit) as exit_info:  # a usage error, from the option's type
         main(["inspect", "--store", store_url, "t", "--limit", "0"])

@@ -31,7 +31,7 @@ from percolator.command_options import (
 )
 from percolator.commands.display import show_bytes
 from percolator.errors import ConfigError
-from percolator.layout import DATA, LOCK, NOTIFY, WRITE, encode_row
+from percolator.layout import DATA, LOCK, NOTIFY, WRITE, check_table_name, encode_row
 from percolator.records import LockCell, WriteRecord
 from percolator.store.base import ScanOptions, Store
 from percolator.timestamps import describe, now_ms, physical_ms
@@ -87,7 +87,9 @@ def describe_lock_cell(raw: bytes, clock_ms: int) -> dict[str, Any]:
 def inspect_rows(
     store: Store, table: str, start: bytes, stop: bytes | None, *, limit: int = 1000
 ) -> list[CellState]:
-    """Every cell of rows in ``[start, stop)``, at most ``limit`` cells, in row order."""
+    """Every cell of rows in ``[start, stop)``, at most ``limit`` cells, in row order.
+    A user table only: the engine's own (``percolator_meta``) has none of its families."""
+    check_table_name(table)
     if not store.table_exists(table):
         raise ConfigError(f"table {table!r} does not exist in this store")
     clock = now_ms()
