@@ -438,9 +438,16 @@ def unregister_observer(client: Client, name: str) -> list[tuple[str, str]]:
     return removed
 
 
-def forget_observer(client: Client, name: str, *, batch: int = 500) -> int:
+def forget_observer(
+    client: Client,
+    name: str,
+    *,
+    batch: int = 500,
+    progress: Callable[[str, int], None] | None = None,
+) -> int:
     """Delete every ack of observer ``name``, which must not be registered (ConfigError
-    otherwise, nothing deleted); returns how many were deleted.
+    otherwise, nothing deleted); returns how many were deleted.  ``progress(table,
+    deleted)`` is called as each table is done (its whole lock family is scanned).
 
     For an observer removed for good (or renamed): its acks are what garbage collection
     keeps deleted cells for (``owes_delete``), and nothing else removes them.  Registered
@@ -469,6 +476,7 @@ def forget_observer(client: Client, name: str, *, batch: int = 500) -> int:
     check_unregistered()
     for table in client.list_tables():
         pending: list[tuple[bytes, str]] = []
+        deleted_before = deleted
         for row, cells in client.store.scan(table, LOCK, ScanOptions(batch_size=1000)):
             for qualifier, (_, value) in cells.items():
                 if not qualifier.startswith(prefix):
@@ -484,6 +492,8 @@ def forget_observer(client: Client, name: str, *, batch: int = 500) -> int:
         if pending:
             delete(table, pending)
             deleted += len(pending)
+        if progress is not None:
+            progress(table, deleted - deleted_before)
     return deleted
 
 

@@ -495,8 +495,13 @@ def run_observers_forget(args: argparse.Namespace) -> int:
     from percolator.observers.api import forget_observer
 
     _check_name(args.name)
+
+    def table_done(table: str, deleted: int) -> None:
+        # Each table's lock family is scanned whole: say how far a long run has come.
+        print(f"{table}: {deleted} ack(s) deleted", file=sys.stderr, flush=True)
+
     with connect_existing(args.store, args.oracle) as client:
-        deleted = forget_observer(client, args.name)
+        deleted = forget_observer(client, args.name, progress=table_done)
     print(f"forgot observer {args.name}: {deleted} ack(s) deleted")
     return 0
 

@@ -184,7 +184,9 @@ def test_forgetting_an_observer_removed_for_good_lets_gc_remove_what_it_kept(
         txn.delete(EVENTS, b"gone", "value")
     time.sleep(0.01)  # the lock cell's stamp falls below the store's clock (docs/gc.md)
     assert client.gc(life_time_ms=0).dead_cells_owed == 1
-    assert forget_observer(client, "run-logger") == 1
+    done: list[tuple[str, int]] = []
+    assert forget_observer(client, "run-logger", progress=lambda *t: done.append(t)) == 1
+    assert (EVENTS, 1) in done and sorted(t for t, _ in done) == sorted(client.list_tables())
     assert forget_observer(client, "run-logger") == 0  # idempotent
     time.sleep(0.01)
     report = client.gc(life_time_ms=0)

@@ -209,6 +209,7 @@ def test_observers_register_list_and_unregister(url: str) -> None:
     forgot = run_cli(["observers", "forget", "--store", url, "doc-clusters"])
     assert forgot.returncode == 0, forgot.stderr
     assert forgot.stdout.strip() == "forgot observer doc-clusters: 0 ack(s) deleted"
+    assert "documents: 0 ack(s) deleted" in forgot.stderr.splitlines()  # progress per table
     assert run_cli(["observers", "forget", "--store", url, "no/such"]).returncode == 2
 
 
