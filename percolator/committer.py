@@ -76,7 +76,7 @@ from percolator.errors import (
 )
 from percolator.heartbeats import Beat
 from percolator.notifications import put_notifications
-from percolator.protocol.cells import CellKey, Mutation, RawCell, fetch_cells
+from percolator.protocol.cells import CellKey, Mutation, RawCell, absent_cell, fetch_cells
 from percolator.protocol.commit import (
     commit_primary,
     commit_secondaries,
@@ -156,16 +156,25 @@ class Committer:
 
     def prewrite_all(self) -> None:
         ctx = self._ctx
-        if self.secondaries:
-            # One read of every cell not read yet, instead of one in each prewrite.  Sound
-            # for the secondaries though read before the primary is locked: a prewrite
-            # compare-and-sets the exact lock bytes it checked, and every change of a cell
-            # changes its lock cell, so a cell changed since fails it and is read again.
-            unread = [m.key for m in (self.primary, *self.secondaries) if m.key not in self._known]
-            if unread:
-                self._known.update(fetch_cells(ctx.store, unread, before=None, with_data=False))
+        # One read of every cell not read yet, instead of one in each prewrite.  Sound for
+        # the secondaries though read before the primary is locked: a prewrite
+        # compare-and-sets the exact lock bytes it checked, and every change of a cell
+        # changes its lock cell, so a cell changed since fails it and is read again.  Cells
+        # of tables where unread cells are mostly new are not read but taken as absent
+        # (protocol/prewrite.py, AbsentCells): sound for the same reason.
+        absent = ctx.absent_cells
+        unread = [m.key for m in (self.primary, *self.secondaries) if m.key not in self._known]
+        guess = {table: absent.guess(table) for table in {key.table for key in unread}}
+        guessed = [key for key in unread if guess[key.table]]
+        to_read = [key for key in unread if not guess[key.table]]
+        if to_read:
+            fetched = fetch_cells(ctx.store, to_read, before=None, with_data=False)
+            for key, raw in fetched.items():
+                absent.observe(key.table, raw.lock_bytes is None)
+            self._known.update(fetched)
+        self._known.update((key, absent_cell(key)) for key in guessed)
         failpoints.failpoint("prewrite.before_primary")
-        prewrite(
+        lost = prewrite(
             ctx.store,
             ctx.resolver,
             [self.primary],
@@ -179,7 +188,7 @@ class Committer:
         self._start_heartbeat()
         failpoints.failpoint("prewrite.after_primary")
         if self.secondaries:
-            prewrite(
+            lost |= prewrite(
                 ctx.store,
                 ctx.resolver,
                 self.secondaries,
@@ -188,6 +197,8 @@ class Committer:
                 on_locked=self._on_locked,
                 known=self._known,
             )
+        for key in guessed:
+            absent.observe(key.table, key not in lost)
         failpoints.failpoint("prewrite.after_secondaries")
 
     # ---------------------------------------------------------------- heartbeat

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from percolator.heartbeats import Heartbeats
 from percolator.protocol.cells import CellKey
+from percolator.protocol.prewrite import AbsentCells
 from percolator.protocol.resolve import LockResolver
 from percolator.readers import ReaderRegistry
 from percolator.store.base import Store
@@ -64,3 +65,5 @@ class EngineContext:
     is_observed: Callable[[CellKey], bool] = field(default=lambda key: False)
     #: the thread extending the primary locks of this client's commits in flight
     heartbeats: Heartbeats = field(default_factory=Heartbeats)
+    #: per table, whether cells written without a read are prewritten from absent
+    absent_cells: AbsentCells = field(default_factory=AbsentCells)

@@ -92,6 +92,11 @@ def group_by_table(keys: Iterable[CellKey]) -> dict[str, list[CellKey]]:
     return groups
 
 
+def absent_cell(key: CellKey) -> RawCell:
+    """The state of a cell never written (no lock cell, no history), as a read finds it."""
+    return RawCell(key, None, LockCell.decode(None), None, None)
+
+
 def fetch_cells(
     store: Store,
     keys: Sequence[CellKey],

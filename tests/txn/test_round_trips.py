@@ -13,6 +13,7 @@ import pytest
 
 import percolator
 from percolator.errors import ConflictError
+from percolator.protocol.prewrite import AbsentCells
 from tests.conftest import ClientSettings
 
 pytestmark = pytest.mark.usefixtures("steady_table_checks")
@@ -134,3 +135,71 @@ def test_a_blind_write_of_many_rows_reads_only_the_cells_it_writes(
     with client.snapshot() as snap:
         assert snap.get("t", b"token07", "cluster07") == b"p"
         assert snap.get("t", b"token07", "cluster08") is None
+
+
+def insert(client: percolator.Client, rows: list[bytes], table: str = "t") -> None:
+    with client.transaction() as txn:
+        for row in rows:
+            txn.set(table, row, "c", b"new")
+
+
+def test_inserts_into_a_table_of_new_cells_skip_the_prewrite_read(
+    client: percolator.Client,
+) -> None:
+    """Once a table's unread written cells have mostly been new (AbsentCells), a blind
+    write takes them as absent: no read, the compare-and-sets from absent apply."""
+    for i in range(AbsentCells.MIN_SEEN):
+        insert(client, [b"warm%02d" % i])
+    before = reads_and_writes(client)
+    insert(client, [b"fresh"])
+    one = delta(before, reads_and_writes(client))
+    assert not any(op.startswith(("read", "get", "scan")) for op in one), one
+    before = reads_and_writes(client)
+    insert(client, [b"fresh%02d" % i for i in range(10)])
+    ten = delta(before, reads_and_writes(client))
+    assert not any(op.startswith(("read", "get", "scan")) for op in ten), ten
+    with client.snapshot() as snap:
+        assert snap.get("t", b"fresh", "c") == b"new"
+        assert snap.get("t", b"fresh07", "c") == b"new"
+
+
+def test_a_guess_that_meets_an_existing_cell_reads_it_and_still_conflicts(
+    client: percolator.Client,
+) -> None:
+    """Taken as absent, a cell that exists fails its compare-and-set from absent and is
+    read: a write-write conflict is still found, and a blind update still commits."""
+    insert(client, [b"k"])
+    for i in range(AbsentCells.MIN_SEEN):
+        insert(client, [b"warm%02d" % i])
+    assert client._ctx.absent_cells.guess("t")
+    stale = client.transaction()
+    with client.transaction() as txn:
+        txn.set("t", b"k", "c", b"committed after stale began")
+    stale.set("t", b"k", "c", b"lost update")
+    with pytest.raises(ConflictError, match="write-write conflict"):
+        stale.commit()
+    insert(client, [b"k", b"new-too"])  # an update taken as absent, with a real insert
+    with client.snapshot() as snap:
+        assert snap.get("t", b"k", "c") == b"new"
+        assert snap.get("t", b"new-too", "c") == b"new"
+
+
+def test_a_table_of_blind_updates_keeps_reading_first(client: percolator.Client) -> None:
+    """Where unread written cells exist, guessing would cost a failed compare-and-set
+    each: such a table is never guessed, and one that turns to updates stops being."""
+    rows = [b"u%02d" % i for i in range(4)]
+    insert(client, rows)
+    for _ in range(3 * AbsentCells.MIN_SEEN):
+        insert(client, rows)
+    assert not client._ctx.absent_cells.guess("t")
+    before = reads_and_writes(client)
+    insert(client, rows)
+    calls = delta(before, reads_and_writes(client))
+    assert sum(n for op, n in calls.items() if op.startswith("read")) == 1, calls
+
+    for i in range(2 * AbsentCells.MIN_SEEN):  # inserts for a while: guessed
+        insert(client, [b"i%02d" % i])
+    assert client._ctx.absent_cells.guess("t")
+    for _ in range(5):  # then updates again: the failed guesses turn it back
+        insert(client, rows)
+    assert not client._ctx.absent_cells.guess("t")
