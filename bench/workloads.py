@@ -234,12 +234,14 @@ def txn_read_full_op(client: percolator.Client, table: str) -> Op:
 
 
 def txn_write_op(client: percolator.Client, table: str, value: bytes, cells: int = 1) -> Op:
-    """A transaction writing ``cells`` fresh cells in as many rows, start to commit."""
+    """A transaction writing ``cells`` fresh cells in as many rows, start to commit.  The
+    rows are named after ``cells`` too, so that operations of different sizes on one table
+    all insert (none overwrites a cell another wrote)."""
 
     def write(i: int) -> None:
         with client.transaction() as txn:
             for j in range(cells):
-                txn.set(table, b"w%09d-%d" % (i, j), "c", value)
+                txn.set(table, b"w%d-%09d-%d" % (cells, i, j), "c", value)
 
     return write
 

@@ -62,6 +62,7 @@ goes through percolator/protocol/lock.py.
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 from collections.abc import Mapping, Sequence
@@ -164,7 +165,8 @@ class Committer:
         # (protocol/prewrite.py, AbsentCells): sound for the same reason.
         absent = ctx.absent_cells
         unread = [m.key for m in (self.primary, *self.secondaries) if m.key not in self._known]
-        guess = {table: absent.guess(table) for table in {key.table for key in unread}}
+        per_table = collections.Counter(key.table for key in unread)
+        guess = {table: absent.guess(table, cells) for table, cells in per_table.items()}
         guessed = [key for key in unread if guess[key.table]]
         to_read = [key for key in unread if not guess[key.table]]
         if to_read:

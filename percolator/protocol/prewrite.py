@@ -246,11 +246,14 @@ class AbsentCells:
     saves that round trip, and is exactly as safe as a read that found the cell absent:
     the compare-and-set from absent applies only while the cell has no lock cell (a lock
     cell is never empty), and the checks an absent cell passes are none; otherwise it
-    fails, and the prewrite reads the cell and tries again (one round trip more than
-    reading first).  So the guess is made only for tables where it has mostly been right:
-    at least :data:`MIN_SEEN` cells seen, and an exponentially weighted share of absent
-    ones (weight :data:`WEIGHT` per cell) of at least :data:`GUESS_AT`.  Reads and guesses
-    both feed it, so a table whose writes turn into updates stops being guessed."""
+    fails, and the prewrite reads the cell and tries again (a failed round, then a read:
+    one round trip more than reading first).  A transaction's unread cells of one table
+    are read in one call, so one cell that exists among many guessed costs that call and
+    more: the guess is all or nothing per table and transaction, made only where it is
+    likely to be right for every cell - at least :data:`MIN_SEEN` cells seen, and an
+    exponentially weighted share ``p`` of absent ones (weight :data:`WEIGHT` per cell)
+    with ``p ** cells >= GUESS_AT``.  Reads and guesses both feed it, so a table whose
+    writes turn into updates stops being guessed."""
 
     MIN_SEEN = 8
     GUESS_AT = 0.75
@@ -260,11 +263,12 @@ class AbsentCells:
         self._lock = threading.Lock()
         self._by_table: dict[str, tuple[int, float]] = {}
 
-    def guess(self, table: str) -> bool:
-        """Whether to take an unread cell of ``table`` as absent."""
+    def guess(self, table: str, cells: int = 1) -> bool:
+        """Whether to take ``cells`` unread cells of ``table``, written by one transaction,
+        as absent."""
         with self._lock:
             seen, share = self._by_table.get(table, (0, 0.0))
-        return seen >= self.MIN_SEEN and share >= self.GUESS_AT
+        return seen >= self.MIN_SEEN and share**cells >= self.GUESS_AT
 
     def observe(self, table: str, absent: bool) -> None:
         """An unread cell of ``table`` was (``absent``) or was not absent: read, or guessed

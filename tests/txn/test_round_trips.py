@@ -203,3 +203,16 @@ def test_a_table_of_blind_updates_keeps_reading_first(client: percolator.Client)
     for _ in range(5):  # then updates again: the failed guesses turn it back
         insert(client, rows)
     assert not client._ctx.absent_cells.guess("t")
+
+
+def test_a_guess_covers_every_cell_of_a_table_or_none() -> None:
+    """One existing cell among many guessed costs a failed round and a read: a transaction's
+    cells of a table are guessed only if all of them are likely absent."""
+    absent = AbsentCells()
+    assert not absent.guess("t")  # nothing seen yet
+    for _ in range(AbsentCells.MIN_SEEN):
+        absent.observe("t", True)
+    assert absent.guess("t", 1) and absent.guess("t", 10)
+    absent.observe("t", False)  # share 0.9
+    assert absent.guess("t", 1) and not absent.guess("t", 10)
+    assert not absent.guess("other")
