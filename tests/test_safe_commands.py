@@ -224,7 +224,11 @@ def deployment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
         with client.transaction() as txn:
             txn.set("t", b"r1", "c", b"x")
             txn.set("t", b"r2", "c", b"y")
-        ParkingLot(client).park("safe-watcher", Notification("t", b"r2", "c", 0), 5, "boom")
+        # r2's own notification is parked (one of an older change would leave it pending).
+        assert txn.commit_ts is not None
+        ParkingLot(client).park(
+            "safe-watcher", Notification("t", b"r2", "c", txn.commit_ts), 5, "b"
+        )
     return url
 
 
