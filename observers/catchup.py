@@ -55,11 +55,10 @@ from percolator.protocol.cells import CellKey
 from percolator.readers import read_safe_point
 from percolator.records import LockCell, RecordError
 from percolator.store.base import ScanOptions
+from percolator.store.checks import UNLIMITED_VERSIONS
 
 if TYPE_CHECKING:
     from percolator.client import Client
-
-_ALL_VERSIONS = 2**31 - 1
 
 
 def _oldest_owed(
@@ -160,7 +159,7 @@ def catch_up(
                 table,
                 sorted({row for row, _, _ in owed}),
                 columns=[(WRITE, q) for q in qualifiers] + [(LOCK, q) for q in qualifiers],
-                max_versions=_ALL_VERSIONS,
+                max_versions=UNLIMITED_VERSIONS,
             )
             # Read after the history: every commit GC removed from it is at or below this.
             safe_point, _ = read_safe_point(store)

@@ -46,14 +46,13 @@ from percolator.layout import META_FAMILY, META_TABLE, NOTIFY
 from percolator.notifications import Notification
 from percolator.protocol.cells import CellKey
 from percolator.store.base import Delete, Put, ScanOptions
+from percolator.store.checks import UNLIMITED_VERSIONS
 
 if TYPE_CHECKING:
     from percolator.client import Client
 
 PARKED_PREFIX = b"parked/"
 _QUALIFIER = b"p"
-# Every version of a notify cell (its versions are few: a run cleans them up).
-_ALL = 1_000_000
 # Error text kept in a record (the rest is in the worker's log).
 _MAX_ERROR_CHARS = 2000
 
@@ -238,7 +237,10 @@ class ParkingLot:
         for table, of_table in by_table.items():
             columns = sorted({(NOTIFY, r.column.encode("utf-8")) for r in of_table})
             found = self._client.store.read_rows(
-                table, sorted({r.row for r in of_table}), columns=columns, max_versions=_ALL
+                table,
+                sorted({r.row for r in of_table}),
+                columns=columns,
+                max_versions=UNLIMITED_VERSIONS,
             )
             for record in of_table:
                 versions = found.get(record.row, {}).get((NOTIFY, record.column.encode("utf-8")))
@@ -253,10 +255,6 @@ class ParkingLot:
         self._client.store.delete_versions(
             META_TABLE, [Delete(row, META_FAMILY, _QUALIFIER, record.version)]
         )
-
-    def unpark(self, record: ParkedNotification) -> None:
-        """Delete a record whose notification was processed after all (no new trigger)."""
-        self._delete(record)
 
 
 def skips(parked: Mapping[Cell, int], notification: Notification) -> bool:

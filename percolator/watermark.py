@@ -138,6 +138,7 @@ from percolator.layout import LOCK, META_FAMILY, META_TABLE, NOTIFY, name_list
 from percolator.notifications import Notification, Registration, registrations
 from percolator.records import LockCell, RecordError
 from percolator.store.base import ScanOptions, Store
+from percolator.store.checks import UNLIMITED_VERSIONS
 from percolator.tablestate import LoadState, read_raw_states
 from percolator.timestamps.hybrid import physical_ms
 
@@ -152,8 +153,6 @@ _TOMBSTONE = b"-"
 # the engine only counts them per observer, it never writes them.
 _PARKED_PREFIX = b"parked/"
 _PARKED_QUALIFIER = b"p"
-# Every notify version of a dirty cell is read to find the oldest one.
-_ALL_VERSIONS = 2**31 - 1
 _SAMPLES = 5
 
 
@@ -435,7 +434,8 @@ def _scan_notify(
             table,
             rows,
             columns=[(NOTIFY, q) for q in qualifiers],
-            max_versions=_ALL_VERSIONS,
+            # Every notify version of a dirty cell: the oldest one is wanted.
+            max_versions=UNLIMITED_VERSIONS,
         )
         for row, row_cells in found.items():
             for (_, qualifier), versions in sorted(row_cells.items()):
