@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 from percolator.oracle.lease import LeaseConfig, OracleNode, Role
@@ -811,41 +813,11 @@ def test_a_process_paused_while_holding_the_lease_breaks_no_real_time_order(
     check_real_time_order(calls)
 
 
-def test_a_renewal_stalled_on_the_store_does_not_hold_a_batch_past_the_timeout() -> None:
-    """A batch that finds the lease's validity over waits for the background renewal under
-    way, but no longer than the oracle's ``timeout_s``: then OracleUnavailableError."""
-    from percolator.store.memory import MemoryStore
-
-    stall = threading.Event()
-
-    class StallingStore(MemoryStore):
-        def read_row(self, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
-            if stall.is_set() and threading.current_thread().name.endswith("renewal"):
-                time.sleep(3)
-            return super().read_row(*args, **kwargs)  # type: ignore[arg-type]
-
-    oracle = LocalOracle(StallingStore(), timeout_s=0.5, renew_in_background=True)
-    try:
-        until = time.monotonic() + 0.3
-        while time.monotonic() < until:  # takes and renews the lease
-            oracle.get_timestamp()
-        assert oracle.holds_lease
-        stall.set()
-        time.sleep(0.03)
-        oracle.get_timestamp()  # due: starts the renewal, which stalls
-        time.sleep(0.15)  # the lease's validity is over
-        started = time.monotonic()
-        with pytest.raises(OracleUnavailableError, match="renewal of its lease"):
-            oracle.get_timestamp()
-        assert time.monotonic() - started < 1.5
-    finally:
-        stall.clear()
-        oracle.close()
-
-
-def test_close_does_not_wait_past_the_timeout_for_a_stalled_renewal() -> None:
-    """``close`` waits for a renewal under way before it releases the lease, but no longer
-    than the oracle's ``timeout_s``: then it returns without releasing (the lease lapses)."""
+@contextlib.contextmanager
+def stalled_renewal() -> Iterator[LocalOracle]:
+    """A local oracle (``timeout_s`` 0.5, renewing in the background) that holds a lease
+    and has just started a renewal, which stalls on the store until the block ends (at
+    most 5 s); then the store answers again and the oracle is closed."""
     from percolator.store.memory import MemoryStore
 
     stall = threading.Event()
@@ -857,8 +829,7 @@ def test_close_does_not_wait_past_the_timeout_for_a_stalled_renewal() -> None:
                 released.wait(5)
             return super().read_row(*args, **kwargs)  # type: ignore[arg-type]
 
-    store = StallingStore()
-    oracle = LocalOracle(store, timeout_s=0.5, renew_in_background=True)
+    oracle = LocalOracle(StallingStore(), timeout_s=0.5, renew_in_background=True)
     try:
         until = time.monotonic() + 0.3
         while time.monotonic() < until:  # takes and renews the lease
@@ -867,9 +838,28 @@ def test_close_does_not_wait_past_the_timeout_for_a_stalled_renewal() -> None:
         stall.set()
         time.sleep(0.03)
         oracle.get_timestamp()  # due: starts the renewal, which stalls
-        started = time.monotonic()
-        oracle.close()
-        assert time.monotonic() - started < 1.5
+        yield oracle
     finally:
         released.set()
         stall.clear()
+        oracle.close()
+
+
+def test_a_renewal_stalled_on_the_store_does_not_hold_a_batch_past_the_timeout() -> None:
+    """A batch that finds the lease's validity over waits for the background renewal under
+    way, but no longer than the oracle's ``timeout_s``: then OracleUnavailableError."""
+    with stalled_renewal() as oracle:
+        time.sleep(0.15)  # the lease's validity is over
+        started = time.monotonic()
+        with pytest.raises(OracleUnavailableError, match="renewal of its lease"):
+            oracle.get_timestamp()
+        assert time.monotonic() - started < 1.5
+
+
+def test_close_does_not_wait_past_the_timeout_for_a_stalled_renewal() -> None:
+    """``close`` waits for a renewal under way before it releases the lease, but no longer
+    than the oracle's ``timeout_s``: then it returns without releasing (the lease lapses)."""
+    with stalled_renewal() as oracle:
+        started = time.monotonic()
+        oracle.close()
+        assert time.monotonic() - started < 1.5
