@@ -1,8 +1,9 @@
 """``percolator wait``, ``percolator watermarks`` and ``percolator catch-up``: entry points of
 the ``percolator.commands`` group (see pyproject.toml).
 
-``wait`` and ``watermarks`` never create a store (``open_store(create=False)``); they write
-nothing but the published watermarks (percolator/watermark.py).
+All three open only a store that already holds a deployment (``connect_existing``): they
+create no store and no table.  ``wait`` and ``watermarks`` write nothing but the published
+watermarks (percolator/watermark.py); ``catch-up`` writes notifications.
 """
 
 from __future__ import annotations
@@ -12,7 +13,13 @@ import json
 import sys
 from typing import Any
 
-from percolator.command_options import SECONDS, TIMESTAMP, add_oracle_option, add_store_option
+from percolator.command_options import (
+    SECONDS,
+    TIMESTAMP,
+    add_oracle_option,
+    add_store_option,
+    connect_existing,
+)
 
 
 def register_wait(subparsers: Any) -> None:
@@ -81,12 +88,9 @@ def _print(results: dict[str, Any], as_json: bool) -> None:
 
 
 def run_wait(args: argparse.Namespace) -> int:
-    import percolator
-    from percolator.store.url import open_store
     from percolator.watermark import WatermarkTimeoutError
 
-    store = open_store(args.store, create=False)
-    with percolator.connect(store, oracle=args.oracle) as client:
+    with connect_existing(args.store, args.oracle) as client:
         try:
             results = client.wait_for(args.ts, args.observer, timeout=args.timeout)
         except WatermarkTimeoutError as exc:
@@ -97,12 +101,9 @@ def run_wait(args: argparse.Namespace) -> int:
 
 
 def run_watermarks(args: argparse.Namespace) -> int:
-    import percolator
-    from percolator.store.url import open_store
     from percolator.watermark import watermarks
 
-    store = open_store(args.store, create=False)
-    with percolator.connect(store, oracle=args.oracle) as client:
+    with connect_existing(args.store, args.oracle) as client:
         results = watermarks(client.store, client.oracle, args.observer)
     _print(results, args.json)
     return 0
@@ -111,15 +112,11 @@ def run_watermarks(args: argparse.Namespace) -> int:
 def run_catch_up(args: argparse.Namespace) -> int:
     from percolator.observers.catchup import CatchUpReport, catch_up
 
-    import percolator
-    from percolator.store.url import open_store
-
     def progress(report: CatchUpReport) -> None:
         if not args.quiet:
             print(f"scanned {report.scanned} cells, {report.owed} owed", file=sys.stderr)
 
-    store = open_store(args.store, create=False)
-    with percolator.connect(store, oracle=args.oracle) as client:
+    with connect_existing(args.store, args.oracle) as client:
         report = catch_up(client, args.name, progress=progress)
     print(
         f"caught up {report.observer}: {report.owed} of {report.scanned} cells notified"

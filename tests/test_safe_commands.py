@@ -39,6 +39,9 @@ SAFE_COMMANDS = {
     "worker": (["worker"], ["--observer", "doc-index"]),
     "observers register": (["observers", "register"], ["--observer", "doc-index"]),
     "gc": (["gc"], ["--life-time", "0"]),
+    "watermarks": (["watermarks"], []),
+    "wait": (["wait"], ["--timeout", "1"]),
+    "catch-up": (["catch-up"], ["doc-index"]),
     "export": (["export"], ["--table", "t", "--output", "never-written.parquet"]),
     "backfill --forget": (
         ["backfill"],
