@@ -427,6 +427,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     level_before = root.level
     try:
         _setup_logging(args, argv)
+        config.warn_unknown_environment(parser, os.environ)
         code = args.func(args)
     except PercolatorError as exc:
         return _error(exc)

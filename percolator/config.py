@@ -283,6 +283,14 @@ def unknown_environment(parser: argparse.ArgumentParser, environ: Mapping[str, s
     return warnings
 
 
+def warn_unknown_environment(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    """Log :func:`unknown_environment`'s lines as warnings.  Not errors: the environment is
+    shared with other programs and versions, and the names of other commands' options are
+    valid there.  Called once logging is set up, so the lines take the chosen log format."""
+    for warning in unknown_environment(parser, environ):
+        _log.warning(warning)
+
+
 def _file_sections(
     config: Mapping[str, Any],
     parsers: Mapping[tuple[str, ...], argparse.ArgumentParser],
@@ -381,12 +389,8 @@ def resolve(
 
     The whole file is validated, not just ``command``'s table.  A variable of ``command``
     set to nothing is an error (:func:`_from_environment`).  Unknown ``PERCOLATOR_*``
-    variables are not errors, only logged warnings (:func:`unknown_environment`): the
-    environment is shared with other programs and versions, and the names of other
-    commands' options are valid there.
+    variables are not errors (see :func:`warn_unknown_environment`).
     """
-    for warning in unknown_environment(parser, environ):
-        _log.warning(warning)
     parsers = command_parsers(parser)
     sections: dict[tuple[str, ...], dict[str, Any]] = {(): {}}
     if config_path is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import subprocess
 from collections.abc import Mapping
@@ -33,6 +34,7 @@ def parse(
         path.write_text(file_text)
     command = config.command_path(parser, argv)
     settings = config.resolve(parser, command, config_path=path, environ=environ or {})
+    config.warn_unknown_environment(parser, environ or {})
     fill = config.apply(parser, command, settings)
     args = parser.parse_args(argv)
     fill(args)
@@ -300,6 +302,18 @@ def test_cli_warns_of_a_misspelt_variable_and_runs(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stderr.splitlines() if "PERCOLATOR_STOER" in line]
     assert len(lines) == 1 and "did you mean PERCOLATOR_STORE?" in lines[0], result.stderr
+
+
+def test_the_warning_takes_the_chosen_log_format(tmp_path: Path) -> None:
+    store = tmp_path / "data"
+    percolator.connect(f"embedded:{store}").close()
+    env = {"PERCOLATOR_GC_STORE": f"embedded:{store}", "PERCOLATOR_STOER": "memory:"}
+    result = run_cli(["--log-format", "json", "gc", "--json"], tmp_path, env)
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if "PERCOLATOR_STOER" in line]
+    assert len(lines) == 1, result.stderr
+    record = json.loads(lines[0])
+    assert record["level"] == "WARNING" and "did you mean PERCOLATOR_STORE?" in record["message"]
 
 
 # Where the tool's code lives (pyproject's package-dir) and the scripts that run it.
