@@ -101,7 +101,9 @@ def register_backfill(subparsers: Any) -> None:
         help="table of progress markers (default %(default)s)",
     )
     backfill.add_argument(
-        "--batch-size", type=POSITIVE_INT, help="rows per transaction (default 200)"
+        "--batch-size",
+        type=POSITIVE_INT,
+        help="rows per transaction (default 200); with --mode bulk, rows per put (default 500)",
     )
     backfill.add_argument(
         "--buckets", type=POSITIVE_INT, help="number of write tasks (default: from the row count)"

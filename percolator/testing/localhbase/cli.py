@@ -81,11 +81,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add the ``hbase`` command and its actions to the ``percolator`` parser."""
     parser = subparsers.add_parser(
         "hbase",
-        help="run a real local HBase (standalone + Thrift gateway) without Docker",
+        help="run a real local HBase (standalone + Thrift gateways) without Docker",
         description=(
-            f"Run HBase {hbase_version()} in standalone mode with its Thrift-1 gateway on "
-            "127.0.0.1, from jars that Maven resolves into ~/.m2. Needs java (17+) and mvn. "
-            "See docs/hbase-local.md."
+            f"Run HBase {hbase_version()} in standalone mode with its Thrift-1 and Thrift-2 "
+            "gateways on 127.0.0.1, from jars that Maven resolves into ~/.m2. Needs java (17+) "
+            "and mvn. See docs/hbase-local.md."
         ),
     )
     actions = parser.add_subparsers(dest="hbase_action", metavar="ACTION")
@@ -146,9 +146,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "stop",
         help="stop the HBase running from DIR (does nothing if none runs)",
         description=(
-            "Send SIGTERM to both JVMs, then SIGKILL to any still alive after the grace "
-            "period. A standalone HBase takes 2 to 25 s to exit on SIGTERM (its regions are "
-            "flushed and closed within the first seconds)."
+            "Send SIGTERM to the three JVMs (master, Thrift, Thrift-2), then SIGKILL to any "
+            "still alive after the grace period. A standalone HBase takes 2 to 25 s to exit on "
+            "SIGTERM (its regions are flushed and closed within the first seconds)."
         ),
     )
     stop.add_argument("--dir", type=Path, default=Path(DEFAULT_DIR), help=dir_help)
