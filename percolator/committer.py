@@ -175,8 +175,26 @@ class Committer:
                 absent.observe(key.table, raw.lock_bytes is None)
             self._known.update(fetched)
         self._known.update((key, absent_cell(key)) for key in guessed)
+        lost: set[CellKey] = set()  # cells whose compare-and-set failed, guessed or read
+        done = False
+        try:
+            self._prewrite_locks(lost)
+            done = True
+        finally:
+            # A guess that met an existing cell counts against guessing even when the
+            # transaction then fails on it (a conflict, a live lock): a table of such cells
+            # must stop being guessed.  Guesses never tried (an earlier failure) count not.
+            for key in guessed:
+                if done or key in lost:
+                    absent.observe(key.table, key not in lost)
+        failpoints.failpoint("prewrite.after_secondaries")
+
+    def _prewrite_locks(self, lost: set[CellKey]) -> None:
+        """The primary's prewrite, then the secondaries' (MUST: primary first); ``lost``
+        receives every cell whose compare-and-set failed."""
+        ctx = self._ctx
         failpoints.failpoint("prewrite.before_primary")
-        lost = prewrite(
+        prewrite(
             ctx.store,
             ctx.resolver,
             [self.primary],
@@ -184,13 +202,14 @@ class Committer:
             self._make_lock,
             on_locked=self._on_locked,
             known=self._known,
+            lost=lost,
         )
         with self._primary_guard, self._locked_guard:
             self._primary_bytes = self._locked[self.primary.key]
         self._start_heartbeat()
         failpoints.failpoint("prewrite.after_primary")
         if self.secondaries:
-            lost |= prewrite(
+            prewrite(
                 ctx.store,
                 ctx.resolver,
                 self.secondaries,
@@ -198,10 +217,8 @@ class Committer:
                 self._make_lock,
                 on_locked=self._on_locked,
                 known=self._known,
+                lost=lost,
             )
-        for key in guessed:
-            absent.observe(key.table, key not in lost)
-        failpoints.failpoint("prewrite.after_secondaries")
 
     # ---------------------------------------------------------------- heartbeat
 

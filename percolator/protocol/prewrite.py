@@ -59,10 +59,12 @@ def prewrite(
     make_lock: Callable[[Mutation], LockInfo],
     on_locked: Callable[[CellKey, bytes], None] | None = None,
     known: Mapping[CellKey, RawCell] | None = None,
+    lost: set[CellKey] | None = None,
 ) -> set[CellKey]:
     """Prewrite ``mutations`` (any tables).  Raises ConflictError or TransactionAbortedError.
     Returns the cells whose compare-and-set failed at least once (re-read and tried again):
-    a state in ``known`` that was not the cell's any more.
+    a state in ``known`` that was not the cell's any more.  A ``lost`` set given is that
+    set, filled as the compare-and-sets fail: it also holds them when this call raises.
 
     ``on_locked(key, lock_bytes)`` is called for every cell this call locked, as soon as it
     is locked, with the exact bytes of the lock cell: a caller that aborts later knows exactly
@@ -79,7 +81,7 @@ def prewrite(
     """
     by_key = {m.key: m for m in mutations}
     pending = list(by_key)
-    lost: set[CellKey] = set()
+    lost = set() if lost is None else lost
     for _ in range(_MAX_ROUNDS):
         if not pending:
             return lost

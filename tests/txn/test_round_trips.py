@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 import percolator
-from percolator.errors import ConflictError
+from percolator.errors import ConflictError, PercolatorError
 from percolator.protocol.prewrite import AbsentCells
 from tests.conftest import ClientSettings
 
@@ -203,6 +203,34 @@ def test_a_table_of_blind_updates_keeps_reading_first(client: percolator.Client)
     for _ in range(5):  # then updates again: the failed guesses turn it back
         insert(client, rows)
     assert not client._ctx.absent_cells.guess("t")
+
+
+def test_guesses_that_end_in_a_conflict_still_count(client: percolator.Client) -> None:
+    """A guessed cell that exists and is locked by a live transaction fails its
+    compare-and-set and then the transaction (a conflict): that failure counts too, so a
+    table of such cells stops being guessed instead of paying a failed round each time."""
+    for i in range(AbsentCells.MIN_SEEN):
+        insert(client, [b"warm%02d" % i])
+    assert client._ctx.absent_cells.guess("t")
+    holder = client.transaction()
+    holder.set("t", b"hot", "c", b"held")
+    holder.set("t", b"hot2", "c", b"held")
+    from percolator.committer import Committer
+
+    committer = Committer(client._ctx, holder.start_ts, list(holder._writes.values()))
+    committer.prewrite_all()  # holder's locks stay: a live transaction
+    for n in range(10):
+        txn = client.transaction()
+        txn.set("t", b"new%02d" % n, "c", b"x")
+        txn.set("t", b"hot", "c", b"x")
+        txn.set("t", b"hot2", "c", b"x")
+        with pytest.raises(PercolatorError):
+            txn.commit()
+        if not client._ctx.absent_cells.guess("t", 3):
+            break
+    else:
+        pytest.fail("a table whose guesses keep failing is still guessed")
+    committer.commit()
 
 
 def test_a_guess_covers_every_cell_of_a_table_or_none() -> None:
