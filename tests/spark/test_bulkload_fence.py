@@ -20,9 +20,10 @@ from percolator.bulkload import (
     release_lease,
     renew_lease,
 )
-from percolator.layout import DATA, TABLE_FAMILIES, WRITE
+from percolator.layout import DATA, LOCK, TABLE_FAMILIES, WRITE
 from percolator.readers import live_readers, scan_reservations
 from percolator.store import open_store
+from percolator.store.base import Put
 from percolator.tablestate import read_state
 from percolator.timestamps import now_ms
 from tests.spark.helpers import ITEMS, connect
@@ -112,6 +113,40 @@ def test_take_over_publish_and_rerun(embedded_url: str) -> None:
         client.drop_table("other")
         assert read_state(store, "other")[0] is not None
         assert not begin_load(store, ts, "other", "load-4").published
+    store.close()
+
+
+def test_a_loaded_cell_without_its_lock_cell_is_not_published(embedded_url: str) -> None:
+    """A write record without its lock cell (the lock cell's put hidden, e.g. by a newer
+    delete marker of garbage collection) would let a prewrite take the cell as never
+    written: the publish into a table the load did not create checks every loaded cell has
+    one, scanning the two families side by side."""
+    store = open_store(embedded_url)
+    with connect(embedded_url) as client:
+        client.create_table("existing")
+        state = begin_load(store, client.oracle.get_timestamp, "existing", "load-1").state
+        for row in (b"r1", b"r2", b"r3"):
+            puts = cell_puts(state, row, [(b"a", b"1"), (b"b", b"2")], ())
+            if row == b"r2":  # r2/b's lock cell is missing
+                puts = [p for p in puts if not (p.family == LOCK and p.qualifier == b"b")]
+            store.put("existing", puts)
+        with pytest.raises(
+            BulkLoadError, match="r2'/b'b' has the commit of load 'load-1' but no lock cell"
+        ):
+            publish_load(store, "existing", "load-1")
+        assert not begin_load(store, client.oracle.get_timestamp, "existing", "load-1").published
+    store.close()
+
+
+def test_a_foreign_lock_cell_after_the_last_loaded_row_is_found(embedded_url: str) -> None:
+    store = open_store(embedded_url)
+    with connect(embedded_url) as client:
+        client.create_table("existing")
+        state = begin_load(store, client.oracle.get_timestamp, "existing", "load-1").state
+        store.put("existing", cell_puts(state, b"r1", [(b"a", b"1")], ()))
+        store.put("existing", [Put(b"r9", LOCK, b"a", now_ms(), b"not the load's lock cell")])
+        with pytest.raises(BulkLoadError, match="r9'/b'a' was written by a transaction"):
+            publish_load(store, "existing", "load-1")
     store.close()
 
 
