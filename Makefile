@@ -1,6 +1,7 @@
 # The README's commands.  Each target creates its own virtualenv on first use.
 #   make demo   - set up and run the demo on the embedded store (no HBase, no Docker)
-#   make test   - set up and run the whole test suite against a real local HBase
+#   make test   - set up and run the whole test suite against a real local HBase (the
+#                 long trials included; make test-quick leaves them out)
 #   make lint   - ruff (rules and formatting) and mypy
 #   make compose-check         - build the images and run docker-compose.yml for real with
 #                                podman (tests/deploy/compose_run.py; docs/operations.md)
@@ -8,12 +9,13 @@
 #                                podman's Docker-compatible API and the locally built image
 PYTHON ?= python3
 VENV ?= .venv
-# Long trials (marker "slow") are left to `make test-slow`; everything else runs in `make test`.
-PYTEST_ARGS ?= -m "not slow"
+# `make test` runs every test, the long adversarial trials (marker "slow": crash matrices,
+# kill -9 soaks) included; `make test-quick` leaves those out while developing.
+PYTEST_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint imports promtool venv bench clean compose-check testcontainers-check
+.PHONY: demo test test-quick test-slow lint imports promtool venv bench clean compose-check testcontainers-check
 
 venv: $(STAMP)
 
@@ -37,6 +39,9 @@ test: imports promtool
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests - treating as failure" >&2; exit 1; fi; \
 	exit $$rc
+
+test-quick: $(STAMP)
+	$(MAKE) test PYTEST_ARGS='-m "not slow"'
 
 test-slow: $(STAMP)
 	$(MAKE) test PYTEST_ARGS='-m slow'
