@@ -457,7 +457,7 @@ def run_observers_list(args: argparse.Namespace) -> int:
 
 def run_observers_register(args: argparse.Namespace) -> int:
     from percolator.observers.api import check_observer_set, register_observers
-    from percolator.observers.plugins import load_observers
+    from percolator.observers.plugins import PluginError, load_observers
 
     import percolator
 
@@ -472,7 +472,12 @@ def run_observers_register(args: argparse.Namespace) -> int:
     )
     with opened as client:
         for observer in loaded.observers:
-            observer.setup(client)
+            try:
+                observer.setup(client)
+            except Exception as exc:  # the plugin's code: name it, register nothing
+                raise PluginError(
+                    observer.name, f"setup() failed: {type(exc).__name__}: {exc}"
+                ) from exc
         register_observers(client, loaded.observers)
     for observer in loaded.observers:
         print(f"registered {observer.name}: {observer.table} {', '.join(observer.columns)}")

@@ -367,6 +367,49 @@ def test_observers_register_with_create_checks_its_observers_before_making_the_s
     assert not missing.exists()
 
 
+_SETUP_RAISES = """
+from percolator.observers.api import Observer
+
+class Good(Observer):
+    name = "good"
+    table = "t"
+    columns = ("c",)
+
+    def process(self, txn, row, column):
+        pass
+
+class Bad(Good):
+    name = "bad"
+    columns = ("d",)
+
+    def setup(self, client):
+        raise RuntimeError("cannot reach the index service")
+"""
+
+
+def test_observers_register_names_an_observer_whose_setup_fails_and_registers_none(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "setup_raises.py").write_text(_SETUP_RAISES)
+    info = tmp_path / "setup_raises-0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: setup-raises\nVersion: 0.0\n")
+    (info / "entry_points.txt").write_text(
+        "[percolator.observers]\ngood = setup_raises:Good\nbad = setup_raises:Bad\n"
+    )
+    store = f"embedded:{tmp_path / 'store'}"
+    percolator.connect(store).close()
+    register = ["observers", "register", "--observer", "good", "--observer", "bad"]
+    result = run([*register, "--store", store], _on_path(tmp_path))
+    assert result.returncode == 2, result.stderr
+    assert (
+        "observer plugin 'bad': setup() failed: RuntimeError: cannot reach the index service"
+        in one_error_line(result.stderr)
+    )
+    listed = run(["observers", "list", "--store", store])
+    assert listed.returncode == 0 and listed.stdout == "", listed
+
+
 # ------------------------------------------------------------ stores, files, ports, bytes
 
 
