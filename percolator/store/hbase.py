@@ -193,6 +193,9 @@ _MAX_BATCH_MUTATIONS = 20_000
 # Measured (bench/read_cells_bench.py): below it the two cost the same within noise, above
 # it the cross product grows with rows x columns (20x slower at 512 rows of one column).
 _EXACT_READ_FACTOR = 8
+# The most cells one scannerGetList asks the Thrift gateway for (TScan.batchSize x caching):
+# about 10 MB of small cells, whatever the width of the rows scanned.
+_SCAN_CELLS_PER_CALL = 100_000
 
 # HBase's region lookup key is ``<table>,<row>,99999999999999``: the row plus the table name
 # plus 16 bytes must fit in 32767 (see HBaseStore.max_row_length).
@@ -1331,10 +1334,12 @@ class HBaseStore(Store):
 
         One ``scannerOpenWithScan`` (``TScan`` with ``caching=batch_size`` and
         ``timestamp=before``), then ``scannerGetList(batch_size)`` per batch, all counted
-        as ``scan`` in :attr:`stats`.  The scanner is always closed, also when the caller
-        stops iterating early.  If a batch fails with a transport error, the scan re-opens
-        once just after the last row it received (the old scanner's position on the
-        server is unknown, so the same request cannot simply be sent again).
+        as ``scan`` in :attr:`stats`.  A batch holds at most ``_SCAN_CELLS_PER_CALL``
+        cells: a wide row comes in several results (``TScan.batchSize``), and is yielded
+        whole.  The scanner is always closed, also when the caller stops iterating early.
+        If a batch fails with a transport error, the scan re-opens once just after the last
+        row it yielded (the old scanner's position on the server is unknown, so the same
+        request cannot simply be sent again).
         """
         check_table_name(table)
         opts = options if options is not None else ScanOptions()
@@ -1361,8 +1366,12 @@ class HBaseStore(Store):
         hname = self._hname(table)
         prefix = family.encode("utf-8") + b":"
         remaining = opts.limit
-        next_start = opts.start
+        next_start = opts.start  # just after the last row yielded
         reopened = False  # one re-open per failure; reset after each good batch
+        # A row may come in several results (TScan.batchSize, below); it is yielded whole,
+        # once the next row's first result (or the end) shows it complete.
+        row: bytes | None = None
+        cells: dict[bytes, Version] = {}
         while True:
             count = opts.batch_size if remaining is None else min(opts.batch_size, remaining)
             tscan = TScan(
@@ -1371,6 +1380,11 @@ class HBaseStore(Store):
                 timestamp=opts.before,
                 columns=specs,
                 caching=count,
+                # At most this many cells per result, so one scannerGetList of ``count``
+                # results holds at most _SCAN_CELLS_PER_CALL cells however wide the rows
+                # are (an index row with a column per document would otherwise fill the
+                # gateway's heap).
+                batchSize=max(1, _SCAN_CELLS_PER_CALL // count),
                 filterString=(
                     None if opts.value_ranges is None else value_filter(opts.value_ranges)
                 ),
@@ -1402,22 +1416,30 @@ class HBaseStore(Store):
                             # makes such a scan a get).
                             return
                         reopened = True
-                        break  # re-open after the last row received
+                        row, cells = None, {}  # a row not yielded yet is read again whole
+                        break  # re-open after the last row yielded
                     reopened = False
                     for result in batch:
-                        row = bytes(result.row)
-                        next_start = row + b"\x00"  # the smallest row key after ``row``
-                        cells = {
-                            bytes(name)[len(prefix) :]: (int(cell.timestamp), bytes(cell.value))
-                            for name, cell in (result.columns or {}).items()
-                            if bytes(name).startswith(prefix)
-                        }
-                        if cells:
+                        result_row = bytes(result.row)
+                        if result_row != row:
+                            if row is not None and cells:
+                                yield row, cells
+                                next_start = row + b"\x00"  # the smallest row key after it
+                                if remaining is not None:
+                                    remaining -= 1
+                                    if remaining == 0:
+                                        return
+                            row, cells = result_row, {}
+                        for name, cell in (result.columns or {}).items():
+                            if bytes(name).startswith(prefix):
+                                cells[bytes(name)[len(prefix) :]] = (
+                                    int(cell.timestamp),
+                                    bytes(cell.value),
+                                )
+                    # scannerGetList returns fewer results than asked only at the end.
+                    if len(batch) < count:
+                        if row is not None and cells:
                             yield row, cells
-                            if remaining is not None:
-                                remaining -= 1
-                    # scannerGetList returns fewer rows than asked only at the end.
-                    if len(batch) < count or remaining == 0:
                         return
             finally:
                 self._close_scanner(table, scanner_id)

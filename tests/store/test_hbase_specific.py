@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import happybase
 import pytest
@@ -23,6 +24,7 @@ import thriftpy2
 from thriftpy2.rpc import make_server
 
 from percolator.errors import InvalidArgumentError, StoreUnavailableError
+from percolator.store import hbase as hbase_module
 from percolator.store.base import Delete, FamilySpec, Put, ScanOptions, Store
 from percolator.store.hbase import HBaseStore
 from percolator.store.url import parse_store_url
@@ -407,6 +409,75 @@ def test_a_scan_reopened_just_before_its_stop_reads_nothing_past_it(
     rest = list(scan)
     assert proxy.fault is None
     assert [row for row, _ in [first, *rest]] == [k(b"a")]
+
+
+@pytest.fixture
+def small_scan_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scans ask for at most 12 cells per scannerGetList: with batches of 3 rows, 4 cells
+    per result, so a row of 10 cells comes in 3 results."""
+    monkeypatch.setattr(hbase_module, "_SCAN_CELLS_PER_CALL", 12)
+
+
+#: cells per row of _wide_rows, in row order
+WIDTHS = (1, 10, 3, 25, 4, 1, 9)
+
+
+def _wide_rows(store: HBaseStore, table: str, k: Callable[[bytes], bytes]) -> list[bytes]:
+    rows = [k(b"r%02d" % i) for i in range(len(WIDTHS))]
+    store.put(
+        table,
+        [
+            Put(r, "d", q, v, x)
+            for r, n in zip(rows, WIDTHS, strict=True)
+            for q, (v, x) in _row(r, n).items()
+        ],
+    )
+    return rows
+
+
+def _row(row: bytes, width: int) -> dict[bytes, tuple[int, bytes]]:
+    """The cells of a whole row of ``_wide_rows``."""
+    return {b"c%02d" % c: (5, b"%s/%d" % (row, c)) for c in range(width)}
+
+
+@pytest.mark.hbase
+@pytest.mark.usefixtures("small_scan_calls")
+def test_a_scan_yields_wide_rows_whole_in_bounded_batches(
+    store: HBaseStore, table: str, k: Callable[[bytes], bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row wider than a result's cells (TScan.batchSize) comes in several results; the
+    scan yields it once, whole, and its limit counts rows."""
+    rows = _wide_rows(store, table, k)
+    whole = [(r, _row(r, n)) for r, n in zip(rows, WIDTHS, strict=True)]
+    cells_per_call: list[int] = []
+    real_call = store._call
+
+    def counting_call(op: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        answer = real_call(op, method, *args, **kwargs)
+        if method == "scannerGetList":
+            cells_per_call.append(sum(len(result.columns or {}) for result in answer))
+        return answer
+
+    monkeypatch.setattr(store, "_call", counting_call)
+    everything = ScanOptions(start=k(b""), stop=k(b"\xff"), batch_size=3)
+    assert list(store.scan(table, "d", everything)) == whole
+    assert max(cells_per_call) <= 12 and sum(cells_per_call) == sum(WIDTHS), cells_per_call
+    limited = ScanOptions(start=k(b""), stop=k(b"\xff"), batch_size=3, limit=4)
+    assert list(store.scan(table, "d", limited)) == whole[:4]
+
+
+@pytest.mark.hbase
+@pytest.mark.usefixtures("small_scan_calls")
+def test_a_scan_reopened_inside_a_wide_row_reads_it_again_whole(
+    proxied: HBaseStore, proxy: FaultyProxy, table: str, k: Callable[[bytes], bytes]
+) -> None:
+    rows = _wide_rows(proxied, table, k)
+    scan = proxied.scan(table, "d", ScanOptions(start=k(b""), stop=k(b"\xff"), batch_size=3))
+    first = [next(scan) for _ in range(3)]  # the third, r02, needed r03's first result
+    proxy.fault = "drop_reply"  # lost while r03 (25 cells) is part read
+    rest = list(scan)
+    assert proxy.fault is None
+    assert first + rest == [(r, _row(r, n)) for r, n in zip(rows, WIDTHS, strict=True)]
 
 
 @pytest.mark.hbase
