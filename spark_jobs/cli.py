@@ -294,7 +294,7 @@ def run_export_command(args: argparse.Namespace) -> int:
     from percolator.command_options import open_existing_store
 
     mode = "overwrite" if args.mode == "overwrite" else "errorifexists"
-    check_output(args.output, mode)  # before the JVM starts
+    check_output(args.output, mode, args.store)  # before the JVM starts
     open_existing_store(args.store).close()  # a missing store is an error, never created
     spark = _session(args, "percolator-export")
     _progress("export")(f"exporting {args.table} to {args.output}")

@@ -77,6 +77,7 @@ from percolator.command_options import connect_existing
 from percolator.errors import ConfigError, InvalidArgumentError, TableNotFoundError
 from percolator.layout import LOCK, check_table_name, encode_column
 from percolator.store.base import ScanOptions
+from percolator.store.url import DEFAULT_STORE_URL, parse_store_url
 
 if TYPE_CHECKING:
     from pyspark import Accumulator
@@ -368,11 +369,54 @@ def _remove_output(spark: SparkSession, output: str) -> str | None:
     return None
 
 
-def check_output(output: str, mode: str) -> None:
-    """ConfigError if a local ``output`` exists and ``mode`` does not allow replacing it."""
+def check_output(output: str, mode: str, store: str | None = None) -> None:
+    """ConfigError, before anything is written, if a local ``output`` may not be written:
+
+    * it exists and ``mode`` does not allow replacing it;
+    * ``mode`` replaces it, and it is not an earlier export (a directory of Spark's
+      ``part-*`` files, ``_SUCCESS`` and checksums, or empty): Spark deletes the whole path
+      first, so a typo would delete whatever was there;
+    * it is, holds or lies inside the embedded store ``store`` (a store URL; None: the
+      default store), which the write would overwrite or mix its files into.
+
+    Outputs on other file systems (``hdfs://``, ``s3a://``) are left to Spark."""
     local = _local(output)
-    if mode in ("error", "errorifexists") and local is not None and os.path.exists(local):
+    if local is None:
+        return
+    target = os.path.realpath(local)
+    parsed = parse_store_url(store if store is not None else DEFAULT_STORE_URL)
+    if parsed.scheme == "embedded":
+        store_dir = os.path.realpath(parsed.path)
+        if os.path.commonpath([target, store_dir]) in (target, store_dir):
+            raise ConfigError(
+                f"export output {output} is, holds or lies inside the store's directory "
+                f"{parsed.path}: choose a path outside it"
+            )
+    if not os.path.lexists(local):
+        return
+    if mode in ("error", "errorifexists"):
         raise ConfigError(f"export output {output} already exists; remove it or overwrite it")
+    if not _is_export(local):
+        raise ConfigError(
+            f"export output {output} exists and is not an earlier export (Parquet part files "
+            "and _SUCCESS): refusing to overwrite it, which would delete it; remove it "
+            "yourself or choose another path"
+        )
+
+
+def _is_export(path: str) -> bool:
+    """Whether the local ``path`` looks like Spark's output: a directory holding only its
+    ``part-*`` files, ``_*`` markers, ``.``-checksums and ``key=value`` partitions."""
+    if not os.path.isdir(path) or os.path.islink(path):
+        return False
+    for entry in os.scandir(path):
+        name = entry.name
+        if entry.is_dir(follow_symlinks=False):
+            if "=" not in name or not _is_export(entry.path):
+                return False
+        elif not name.startswith(("part-", "_", ".")):
+            return False
+    return True
 
 
 def _local(path: str) -> str | None:
@@ -419,7 +463,7 @@ def write_export(
     is left behind (with ``mode="overwrite"`` the previous output is gone as well, as on
     any failure of the write)."""
     started = time.monotonic()
-    check_output(output, mode)
+    check_output(output, mode, options.store)
     with connect_existing(options.store, options.oracle, **options.client_options) as c:
         # A guard at a fresh timestamp would not protect an older options.read_ts.
         guard = c.transaction() if options.read_ts is None else c.snapshot(options.read_ts)
