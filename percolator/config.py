@@ -137,7 +137,14 @@ def find_config_file(explicit: str | None, environ: Mapping[str, str]) -> Path |
         path = Path(named)
         if not path.is_file():
             origin = "--config" if explicit else CONFIG_ENV
-            raise ConfigError(f"config file {named!r} (from {origin}) does not exist")
+            what = (
+                "is a directory"
+                if path.is_dir()
+                else "is not a regular file"
+                if path.exists()
+                else "does not exist"
+            )
+            raise ConfigError(f"config file {named!r} (from {origin}) {what}")
         return path
     default = Path(DEFAULT_CONFIG_FILE)
     return default if default.is_file() else None

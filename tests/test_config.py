@@ -171,6 +171,12 @@ def test_cli_bad_config_is_one_line_exit_2(tmp_path: Path) -> None:
     result = run_cli(["gc"], tmp_path, {"PERCOLATOR_CONFIG": str(tmp_path / "missing.toml")})
     assert result.returncode == 2
     assert "missing.toml" in result.stderr and "does not exist" in result.stderr
+    result = run_cli(["--config", str(tmp_path), "gc"], tmp_path, {})
+    assert result.returncode == 2
+    assert f"config file '{tmp_path}' (from --config) is a directory" in result.stderr
+    result = run_cli(["--config", "/dev/null", "gc"], tmp_path, {})
+    assert result.returncode == 2
+    assert "config file '/dev/null' (from --config) is not a regular file" in result.stderr
 
 
 def test_the_example_in_the_operations_guide_is_valid(tmp_path: Path) -> None:
