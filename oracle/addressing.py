@@ -29,6 +29,7 @@ from pathlib import Path
 from urllib.parse import parse_qsl
 
 from percolator.errors import ConfigError
+from percolator.hostnames import encodable_host
 
 TOKEN_ENV = "PERCOLATOR_ORACLE_TOKEN"
 TOKEN_METADATA_KEY = "authorization"
@@ -53,8 +54,12 @@ def parse_oracle_url(
     addresses = [part.strip() for part in hosts.split(",")]
     for address in addresses:
         host, colon, port = address.rpartition(":")
-        if not colon or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        if not colon or not host or not _ascii_digits(port) or not 0 < int(port) <= 65535:
             raise ConfigError(f"oracle {spec!r}: address {address!r} must look like HOST:PORT")
+        if not encodable_host(host):
+            raise ConfigError(
+                f"oracle {spec!r}: host {host!r} is not a host name or address (not ASCII or IDNA)"
+            )
     options = dict(parse_qsl(query, keep_blank_values=True))
     unknown = set(options) - _OPTIONS
     if unknown:
@@ -69,17 +74,21 @@ def parse_oracle_url(
     token = os.environ.get(TOKEN_ENV) or None
     if "token_file" in options:
         try:
-            token = Path(options["token_file"]).read_text().strip()
+            token = Path(options["token_file"]).read_text(encoding="utf-8").strip()
         except OSError as exc:
             raise ConfigError(
                 f"oracle {spec!r}: cannot read token_file {options['token_file']!r}: {exc.strerror}"
+            ) from None
+        except UnicodeDecodeError:
+            raise ConfigError(
+                f"oracle {spec!r}: token_file {options['token_file']!r} is not UTF-8 text"
             ) from None
         if not token:
             raise ConfigError(f"oracle {spec!r}: token_file {options['token_file']!r} is empty")
     timeouts = []
     for key, default in (("timeout_ms", 10_000), ("rpc_timeout_ms", 2_000)):
         raw = options.get(key, str(default))
-        if not raw.isdigit() or int(raw) <= 0:
+        if not _ascii_digits(raw) or int(raw) <= 0:
             raise ConfigError(f"oracle {spec!r}: {key} must be a positive integer, got {raw!r}")
         timeouts.append(int(raw) / 1000)
     return addresses, tls, token, (timeouts[0], timeouts[1])
@@ -88,8 +97,18 @@ def parse_oracle_url(
 def check_listen_address(address: str) -> tuple[str, int]:
     """Split ``HOST:PORT`` (``[V6]:PORT`` for IPv6); ConfigError naming what is wrong."""
     host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not host or not _ascii_digits(port) or not 0 <= int(port) <= 65535:
         raise ConfigError(
             f"address {address!r} must look like HOST:PORT (for example 127.0.0.1:7070)"
         )
+    if not encodable_host(host):
+        raise ConfigError(
+            f"address {address!r}: host {host!r} is not a host name or address (not ASCII or IDNA)"
+        )
     return host.strip("[]"), int(port)
+
+
+def _ascii_digits(text: str) -> bool:
+    # isdigit() alone also takes digits int() refuses ("²") and other scripts' ("٣"), which
+    # int() reads but gRPC does not.
+    return text.isascii() and text.isdigit()

@@ -127,11 +127,13 @@ def _token(args: argparse.Namespace) -> str | None:
         raise ConfigError("give --token or --token-file, not both")
     if args.token_file is not None:
         try:
-            token = Path(args.token_file).read_text().strip()
+            token = Path(args.token_file).read_text(encoding="utf-8").strip()
         except OSError as exc:
             raise ConfigError(
                 f"cannot read --token-file {args.token_file!r}: {exc.strerror}"
             ) from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"--token-file {args.token_file!r} is not UTF-8 text") from None
         if not token:
             raise ConfigError(f"--token-file {args.token_file!r} is empty")
         return token

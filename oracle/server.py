@@ -45,6 +45,7 @@ from percolator.errors import (
     StoreNotFoundError,
 )
 from percolator.failpoints import failpoint
+from percolator.hostnames import encodable_host
 from percolator.layout import deployment_id
 from percolator.metrics import MetricsServer
 from percolator.store.base import Store
@@ -98,6 +99,11 @@ class ServerOptions:
             )
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics port {self.metrics_port} outside [0, 65535]")
+        if not encodable_host(self.metrics_host):  # here: before the store is opened
+            raise ConfigError(
+                f"--metrics-host {self.metrics_host!r} is not a host name or address "
+                "(not ASCII or IDNA)"
+            )
 
 
 def _existing(options: ServerOptions) -> Store:

@@ -32,6 +32,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from percolator.errors import ConfigError, InvalidArgumentError
+from percolator.hostnames import encodable_host
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
@@ -212,7 +213,8 @@ class MetricsServer:
     ``/healthz``, from a daemon thread.  ``port=0`` picks a free port (see :attr:`port`).
 
     ``health``: the process's health check (see :data:`HealthCheck`); without one the
-    process is healthy while it serves."""
+    process is healthy while it serves.  A host that is not ASCII or IDNA, a port in use or
+    an unknown host raises :class:`ConfigError` naming it."""
 
     def __init__(
         self,
@@ -222,6 +224,10 @@ class MetricsServer:
         *,
         health: HealthCheck | None = None,
     ) -> None:
+        if not encodable_host(host):
+            raise ConfigError(
+                f"metrics host {host!r} is not a host name or address (not ASCII or IDNA)"
+            )
         check: HealthCheck = health if health is not None else (lambda: None)
 
         def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:

@@ -287,7 +287,8 @@ def observed_refresh_ms() -> int:
     raw = os.environ.get(OBSERVED_REFRESH_ENV, "").strip()
     if not raw:
         return DEFAULT_OBSERVED_REFRESH_MS
-    if not raw.isdigit() or int(raw) <= 0:
+    # isdigit() alone also takes digits int() refuses ("²") or other scripts' ("٣").
+    if not (raw.isascii() and raw.isdigit()) or int(raw) <= 0:
         raise ConfigError(f"{OBSERVED_REFRESH_ENV} must be a positive integer (ms), got {raw!r}")
     return int(raw)
 

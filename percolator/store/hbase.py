@@ -122,6 +122,7 @@ from percolator.errors import (
     TableExistsError,
     TableNotFoundError,
 )
+from percolator.hostnames import encodable_host
 from percolator.store import thrift2
 from percolator.store.base import (
     MAX_ROW_LENGTH,
@@ -706,6 +707,10 @@ class HBaseStore(Store):
         super().__init__()
         if not isinstance(host, str) or not host:
             raise InvalidArgumentError(f"host must be a non-empty str, got {host!r}")
+        if not encodable_host(host):
+            raise InvalidArgumentError(
+                f"host {host!r} is not a host name or address (not ASCII or IDNA)"
+            )
         if not isinstance(port, int) or not 0 < port < 65536:
             raise InvalidArgumentError(f"port must be 1..65535, got {port!r}")
         if prefix and not _PREFIX.match(prefix):

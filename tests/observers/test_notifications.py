@@ -200,9 +200,11 @@ def test_the_cached_set_is_reloaded_by_the_first_use_after_the_interval(store: S
 
 def test_the_refresh_interval_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert observed_refresh_ms() == REFRESH_MS
-    monkeypatch.setenv("PERCOLATOR_OBSERVED_REFRESH_MS", "soon")
-    with pytest.raises(ConfigError, match="PERCOLATOR_OBSERVED_REFRESH_MS"):
-        observed_refresh_ms()
+    # "²" and "٣" pass str.isdigit(); int() refuses the first, and neither is a number here
+    for bad in ("soon", "²", "٣"):
+        monkeypatch.setenv("PERCOLATOR_OBSERVED_REFRESH_MS", bad)
+        with pytest.raises(ConfigError, match="PERCOLATOR_OBSERVED_REFRESH_MS"):
+            observed_refresh_ms()
     monkeypatch.delenv("PERCOLATOR_OBSERVED_REFRESH_MS")
     assert observed_refresh_ms() == 2000
 

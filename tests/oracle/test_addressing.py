@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from percolator.oracle.addressing import TOKEN_ENV, parse_oracle_url
+from percolator.oracle.addressing import TOKEN_ENV, check_listen_address, parse_oracle_url
 from percolator.oracle.client import GrpcOracleClient
 
 import percolator
@@ -64,11 +64,40 @@ def test_options_tls_token_and_timeouts(tmp_path: Path, monkeypatch: pytest.Monk
         ("grpc://h:1?ca=/x.pem", "ca= needs grpcs://"),
         ("grpc://h:1?timeout_ms=-1", "timeout_ms must be a positive integer"),
         ("grpc://h:1?token_file=/nonexistent/t", "cannot read token_file"),
+        # digits str.isdigit() takes: "²" int() refuses, "٣" int() reads but gRPC does not
+        ("grpc://h:²", "must look like HOST:PORT"),
+        ("grpc://h:٣", "must look like HOST:PORT"),
+        ("grpc://h:1?timeout_ms=²", "timeout_ms must be a positive integer"),
+        ("grpc://h:1?rpc_timeout_ms=٣", "rpc_timeout_ms must be a positive integer"),
+        # a command-line byte that is not UTF-8 ($'\\xff') arrives as a lone surrogate
+        ("grpc://\udcff:1", r"host '\\udcff' is not a host name or address"),
     ],
 )
 def test_bad_specs_are_config_errors(spec: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         open_oracle(spec, MemoryStore())
+
+
+def test_a_token_file_that_is_not_utf8_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    token_file = tmp_path / "garbage.bin"
+    token_file.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ConfigError, match=f"token_file '{token_file}' is not UTF-8 text"):
+        parse_oracle_url(f"grpc://h:1?token_file={token_file}")
+
+
+@pytest.mark.parametrize(
+    ("address", "message"),
+    [
+        ("127.0.0.1:²", "must look like HOST:PORT"),
+        ("127.0.0.1:٣", "must look like HOST:PORT"),
+        ("\udcff:0", r"host '\\udcff' is not a host name or address"),
+    ],
+)
+def test_bad_listen_addresses_are_config_errors(address: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        check_listen_address(address)
+    assert check_listen_address("[::1]:0") == ("::1", 0)
+    assert check_listen_address("bücher.example:7070") == ("bücher.example", 7070)
 
 
 def test_a_url_of_another_scheme_is_not_understood_by_the_grpc_parser() -> None:

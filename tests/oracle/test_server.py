@@ -296,6 +296,14 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     ("args", "message"),
     [
         (["--listen", "nowhere"], "must look like HOST:PORT"),
+        (["--listen", "127.0.0.1:²"], "must look like HOST:PORT"),
+        # the byte 0xff, not UTF-8, reaches the command as a lone surrogate
+        (["--listen", "\udcff:0"], "host '\\udcff' is not a host name or address"),
+        (
+            ["--metrics-host", "\udcff", "--metrics-port", "0"],
+            "--metrics-host '\\udcff' is not a host name or address",
+        ),
+        (["--token-file", "{garbage}"], "--token-file '{garbage}' is not UTF-8 text"),
         (["--tls-cert", "/x.pem"], "TLS needs both --tls-cert and --tls-key"),
         (
             ["--tls-cert", "/nonexistent/c.pem", "--tls-key", "/nonexistent/k.pem"],
@@ -309,10 +317,13 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 def test_serve_rejects_bad_options_with_one_clear_line(
     tmp_path: Path, args: list[str], message: str
 ) -> None:
+    garbage = tmp_path / "garbage.bin"
+    garbage.write_bytes(b"\xff\xfe\x00garbage")
+    args = [arg.format(garbage=garbage) for arg in args]
     result = run_cli("serve", "--store", f"embedded:{tmp_path / 's'}", *args)
     assert result.returncode == 2
     assert result.stderr.startswith("percolator: error: "), result.stderr
-    assert message in result.stderr
+    assert message.format(garbage=garbage) in result.stderr
     assert "Traceback" not in result.stderr
 
 

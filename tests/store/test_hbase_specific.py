@@ -199,6 +199,13 @@ def test_connection_refused_is_one_clear_line() -> None:
     )
 
 
+def test_a_host_that_is_not_ascii_or_idna_is_refused_before_connecting() -> None:
+    # A command-line byte that is not UTF-8 arrives as a lone surrogate; sockets would raise
+    # a bare TypeError for it at the first connection.
+    with pytest.raises(InvalidArgumentError, match=r"host '\\udcff' is not a host name"):
+        HBaseStore("\udcff", 9090)
+
+
 def test_silent_port_fails_within_the_timeout() -> None:
     # A listener that accepts (the kernel does, from the backlog) but never answers.
     with socket.create_server(("127.0.0.1", 0)) as listener:
