@@ -15,6 +15,9 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
+from percolator.observers.options import MAX_SCANNERS, MAX_THREADS
+from percolator.observers.partition import MAX_KEY_GROUPS
+
 import percolator
 from percolator import config
 from percolator.command_options import (
@@ -63,12 +66,17 @@ def register_worker(subparsers: Any) -> None:
     )
     worker.add_argument(
         "--threads",
-        type=POSITIVE_INT,
+        type=int_option(1, MAX_THREADS),
         default=None,
-        help="observer runs in parallel (default: 1 on the embedded store, where more threads "
-        "cost CPU and add nothing; 4 on HBase)",
+        help=f"observer runs in parallel, at most {MAX_THREADS} (default: 1 on the embedded "
+        "store, where more threads cost CPU and add nothing; 4 on HBase)",
     )
-    worker.add_argument("--scanners", type=POSITIVE_INT, default=1, help="scanner threads")
+    worker.add_argument(
+        "--scanners",
+        type=int_option(1, MAX_SCANNERS),
+        default=1,
+        help=f"scanner threads, at most {MAX_SCANNERS} (default %(default)s)",
+    )
     worker.add_argument(
         "--batch",
         type=POSITIVE_INT,
@@ -85,9 +93,10 @@ def register_worker(subparsers: Any) -> None:
     )
     worker.add_argument(
         "--key-groups",
-        type=POSITIVE_INT,
+        type=int_option(1, MAX_KEY_GROUPS),
         default=None,
-        help="key groups (the same in every worker; default 64); with --partitioned only",
+        help=f"key groups, at most {MAX_KEY_GROUPS} (the same in every worker; default 64); "
+        "with --partitioned only",
     )
     worker.add_argument(
         "--lease-ms",
@@ -471,6 +480,10 @@ def run_observers_register(args: argparse.Namespace) -> int:
         else _connect_existing_or_hint(args.store, args.oracle)
     )
     with opened as client:
+        # A wrong or dead oracle fails here, before setup() creates tables and the
+        # registration claims columns that no catch-up could then be run for.
+        with client.snapshot():
+            pass
         for observer in loaded.observers:
             try:
                 observer.setup(client)

@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from percolator.observers.partition import MAX_KEY_GROUPS
 from percolator.observers.runner import RunResult
 
 from percolator.errors import ConfigError
@@ -28,6 +29,14 @@ LOCAL_STORE_THREADS = 1
 #: A batch that keeps conflicting is split into single runs (observers/processor.py), so a
 #: few hot cells do not hold back the others queued with them.
 DEFAULT_BATCH_SIZE = 32
+
+#: The most run threads and scanner threads a worker takes.  Each is an OS thread of this
+#: one process (Python runs one at a time), so far fewer already saturate the store or the
+#: CPU (docs/operations.md, "Scaling workers"); past this a mistyped count only exhausts
+#: the process's memory or thread limit (``can't start new thread``) instead of failing
+#: with a message.  More throughput comes from more worker processes.
+MAX_THREADS = 256
+MAX_SCANNERS = 256
 
 
 @dataclass(frozen=True)
@@ -69,12 +78,26 @@ class WorkerOptions:
     batch_size: int = DEFAULT_BATCH_SIZE
 
     def __post_init__(self) -> None:
+        """Raises :class:`ConfigError` naming the first option out of its range (counts at
+        least 1, ``threads`` at most :data:`MAX_THREADS`, ``scanners`` at most
+        :data:`MAX_SCANNERS`, ``key_groups`` at most :data:`MAX_KEY_GROUPS`)."""
         if self.threads is not None and (
-            not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 1
+            not isinstance(self.threads, int)
+            or isinstance(self.threads, bool)
+            or not 1 <= self.threads <= MAX_THREADS
         ):
-            raise ConfigError(f"worker option threads must be an int >= 1, got {self.threads!r}")
+            raise ConfigError(
+                f"worker option threads must be an int in 1..{MAX_THREADS}, got {self.threads!r}"
+            )
+        if (
+            not isinstance(self.scanners, int)
+            or isinstance(self.scanners, bool)
+            or not 1 <= self.scanners <= MAX_SCANNERS
+        ):
+            raise ConfigError(
+                f"worker option scanners must be an int in 1..{MAX_SCANNERS}, got {self.scanners!r}"
+            )
         for name in (
-            "scanners",
             "failure_limit",
             "scan_batch",
             "attempts",
@@ -98,9 +121,14 @@ class WorkerOptions:
                 raise ConfigError(
                     f"worker option {name} must be a finite number >= 0, got {value!r}"
                 )
-        if not isinstance(self.key_groups, int) or self.key_groups < 1:
+        if (
+            not isinstance(self.key_groups, int)
+            or isinstance(self.key_groups, bool)
+            or not 1 <= self.key_groups <= MAX_KEY_GROUPS
+        ):
             raise ConfigError(
-                f"worker option key_groups must be an int >= 1, got {self.key_groups!r}"
+                f"worker option key_groups must be an int in 1..{MAX_KEY_GROUPS}, "
+                f"got {self.key_groups!r}"
             )
         if not isinstance(self.lease_ms, int) or self.lease_ms < 100:
             raise ConfigError(

@@ -80,6 +80,12 @@ def partition_domain(observers: Iterable[str]) -> str:
 #: a heartbeat this many leases old belongs to a worker long gone: any worker removes it
 _STALE_MEMBER_LEASES = 10
 
+#: The most key groups a partition may have.  Every rebalance (once per housekeeping
+#: interval) walks all the groups and their lease rows, so the count costs memory and
+#: store reads in every worker; a few groups per worker balance the load (the default is
+#: 64), and this is far more than any deployment has workers.
+MAX_KEY_GROUPS = 65_536
+
 
 def group_of(row: bytes, groups: int) -> int:
     """The key group of ``row`` (stable across processes and versions)."""
@@ -138,9 +144,10 @@ class KeyGroupLeases:
         clock: Callable[[], float] = time.time,
         domain: str = "",
     ) -> None:
-        if groups < 1 or lease_ms < 100:
+        if not 1 <= groups <= MAX_KEY_GROUPS or lease_ms < 100:
             raise ConfigError(
-                f"key groups must be >= 1 and lease >= 100 ms, got {groups}, {lease_ms}"
+                f"key groups must be in 1..{MAX_KEY_GROUPS} and lease >= 100 ms, "
+                f"got {groups}, {lease_ms}"
             )
         self._client = client
         self.worker_id = worker_id

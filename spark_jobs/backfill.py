@@ -269,6 +269,50 @@ def _write_partition(
 # --------------------------------------------------------------------------- job record
 
 
+def _adopt_job_record(
+    options: BackfillOptions, job_id: str, existing: bytes, record: dict[str, Any]
+) -> dict[str, Any]:
+    """The existing job record ``existing`` if this run (``record``) may resume the job;
+    ConfigError naming the difference if not (other input, table, mapping or pinned
+    bucket count or batch size)."""
+    old: dict[str, Any] = json.loads(existing)
+    if (old["rows"], old["digest"]) != (record["rows"], record["digest"]):
+        raise ConfigError(
+            f"backfill job {job_id!r} ran before on different input ({old['rows']} rows, "
+            f"digest {old['digest'][:12]}; now {record['rows']} rows, digest "
+            f"{record['digest'][:12]}): its progress markers do not describe this input. "
+            "Run it as a new job (pass another job id)"
+        )
+    if old["table"] != record["table"] or old["mapping"] != record["mapping"]:
+        raise ConfigError(
+            f"backfill job {job_id!r} ran before into table {old['table']!r} with mapping "
+            f"{old['mapping']}; now {record['table']!r} with {record['mapping']}"
+        )
+    for name in ("buckets", "batch_size"):
+        asked = getattr(options, name)
+        if asked is not None and asked != old[name]:
+            raise ConfigError(
+                f"backfill job {job_id!r} was started with {name}={old[name]}; a re-run "
+                f"must use the same value (asked for {asked}), or leave it unset"
+            )
+    return old
+
+
+def _check_job_record(
+    client: percolator.Client,
+    options: BackfillOptions,
+    job_id: str,
+    record: dict[str, Any],
+) -> None:
+    """Raise ConfigError if the job ran before and this run may not resume it (see
+    :func:`_adopt_job_record`).  Reads only: the check that counts is the one in
+    :func:`_settle_job_record`; this one refuses before the target table is created."""
+    with client.snapshot() as snapshot:
+        existing = snapshot.get(options.progress_table, job_row(job_id), JOB_COLUMN)
+    if existing is not None:
+        _adopt_job_record(options, job_id, existing, record)
+
+
 def _settle_job_record(
     client: percolator.Client,
     options: BackfillOptions,
@@ -285,27 +329,7 @@ def _settle_job_record(
         if existing is None:
             txn.set(options.progress_table, row, JOB_COLUMN, json.dumps(record).encode())
             return record
-        old: dict[str, Any] = json.loads(existing)
-        if (old["rows"], old["digest"]) != (record["rows"], record["digest"]):
-            raise ConfigError(
-                f"backfill job {job_id!r} ran before on different input ({old['rows']} rows, "
-                f"digest {old['digest'][:12]}; now {record['rows']} rows, digest "
-                f"{record['digest'][:12]}): its progress markers do not describe this input. "
-                "Run it as a new job (pass another job id)"
-            )
-        if old["table"] != record["table"] or old["mapping"] != record["mapping"]:
-            raise ConfigError(
-                f"backfill job {job_id!r} ran before into table {old['table']!r} with mapping "
-                f"{old['mapping']}; now {record['table']!r} with {record['mapping']}"
-            )
-        for name in ("buckets", "batch_size"):
-            asked = getattr(options, name)
-            if asked is not None and asked != old[name]:
-                raise ConfigError(
-                    f"backfill job {job_id!r} was started with {name}={old[name]}; a re-run "
-                    f"must use the same value (asked for {asked}), or leave it unset"
-                )
-        return old
+        return _adopt_job_record(options, job_id, existing, record)
 
     return client.run(settle)
 
@@ -391,7 +415,6 @@ def _write_checked(
     job_id, report, started = prepared.job_id, prepared.report, prepared.started
 
     with percolator.connect(options.store, oracle=options.oracle, **options.client_options) as c:
-        c.create_table(options.table)
         c.create_table(options.progress_table)
         batch_size = options.batch_size or DEFAULT_BATCH_SIZE
         wanted = {
@@ -404,6 +427,12 @@ def _write_checked(
             or default_buckets(checked.good, batch_size, spark.sparkContext.defaultParallelism),
             "batch_size": batch_size,
         }
+        # A run the job record refuses (the job ran into another table, or on other input)
+        # must not leave a new empty table behind, so it is checked before the target table
+        # is created; and the record is written only once the table exists, so a table that
+        # cannot be created (not an engine table, being bulk-loaded) pins nothing.
+        _check_job_record(c, options, job_id, wanted)
+        c.create_table(options.table)
         record = _settle_job_record(c, options, job_id, wanted)
     report.buckets, report.batch_size = int(record["buckets"]), int(record["batch_size"])
 

@@ -90,6 +90,20 @@ def test_the_checked_types_accept_their_range() -> None:
         (["gc", "--life-time", "35184372089"], "argument --life-time: '35184372089' is out"),
         (["worker", "--drain-timeout", "nan"], "argument --drain-timeout: 'nan' is not finite"),
         (["worker", "--threads", "-3"], "argument --threads: '-3' is out of range"),
+        # bounded: a mistyped count would grow the process or run out of OS threads
+        (
+            ["worker", "--threads", "100000000"],
+            "argument --threads: '100000000' is out of range: expected an integer in [1, 256]",
+        ),
+        (
+            ["worker", "--scanners", "5000"],
+            "argument --scanners: '5000' is out of range: expected an integer in [1, 256]",
+        ),
+        (
+            ["worker", "--key-groups", "99999999999"],
+            "argument --key-groups: '99999999999' is out of range: expected an integer in "
+            "[1, 65536]",
+        ),
         (["worker", "--metrics-port", "70000"], "argument --metrics-port: '70000' is out"),
         (["oracle", "serve", "--stream-slots", "-1"], "argument --stream-slots: '-1' is out"),
         (
@@ -410,6 +424,21 @@ def test_observers_register_names_an_observer_whose_setup_fails_and_registers_no
     assert listed.returncode == 0 and listed.stdout == "", listed
 
 
+def test_observers_register_with_a_dead_oracle_writes_nothing(tmp_path: Path) -> None:
+    store = f"embedded:{tmp_path / 'store'}"
+    percolator.connect(store).close()
+    dead = "grpc://127.0.0.1:1?timeout_ms=500"  # nothing listens on port 1
+    result = run(
+        ["observers", "register", "--observer", "doc-index", "--store", store, "--oracle", dead]
+    )
+    assert result.returncode == 2, result.stderr
+    assert "no timestamp oracle among ['127.0.0.1:1'] answered" in one_error_line(result.stderr)
+    with percolator.connect(store) as client:
+        assert client.store.list_tables() == [META_TABLE]  # no table of doc-index's setup
+    listed = run(["observers", "list", "--store", store])
+    assert listed.returncode == 0 and listed.stdout == "", listed
+
+
 # ------------------------------------------------------------ stores, files, ports, bytes
 
 
@@ -432,6 +461,26 @@ def test_a_malformed_hbase_url_is_a_config_error_naming_it(
         percolator.connect(url)
     assert cli.main(["status", "--store", url]) == 2
     assert f"store URL {url!r} is malformed" in one_error_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        # digits str.isdigit() takes: "²" int() refuses, "٣" int() reads as 3
+        ("hbase://127.0.0.1:1?timeout_ms=²", "timeout_ms must be a positive integer"),
+        ("hbase://127.0.0.1:1?pool_size=٣", "pool_size must be a positive integer"),
+        ("hbase://127.0.0.1:1?thrift2_port=²", "thrift2_port must be a port number"),
+        # the byte 0xff, not UTF-8, reaches the command line as a lone surrogate
+        ("hbase://\udcff:9090", r"host '\\udcff' is not a host name or address"),
+    ],
+)
+def test_non_ascii_digits_and_hosts_in_an_hbase_url_are_config_errors_naming_it(
+    url: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_store_url(url)
+    assert cli.main(["status", "--store", url]) == 2
+    assert f"store URL {url!r}: " in one_error_line(capsys.readouterr().err)
 
 
 def test_a_config_file_that_is_not_utf8_names_the_file(
@@ -457,6 +506,15 @@ def test_a_metrics_port_in_use_or_a_bad_host_names_host_and_port(busy_port: int)
         MetricsServer(Registry(), "127.0.0.1", busy_port)
     with pytest.raises(ConfigError, match=r"cannot serve metrics on 999\.1\.1\.1:0: "):
         MetricsServer(Registry(), "999.1.1.1", 0)
+
+
+def test_a_metrics_host_that_is_not_ascii_or_idna_is_named(store: str) -> None:
+    # the byte 0xff, not UTF-8, reaches the command line as a lone surrogate
+    with pytest.raises(ConfigError, match=r"metrics host '\\udcff' is not a host name"):
+        MetricsServer(Registry(), "\udcff", 0)
+    result = run(["worker", "--store", store, "--metrics-host", "\udcff", "--metrics-port", "0"])
+    assert result.returncode == 2
+    assert "metrics host '\\udcff' is not a host name" in one_error_line(result.stderr)
 
 
 def test_oracle_serve_with_a_metrics_port_in_use(store: str, busy_port: int) -> None:

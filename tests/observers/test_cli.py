@@ -123,7 +123,9 @@ def test_a_worker_whose_metrics_address_cannot_be_served_registers_nothing(
 def test_bad_worker_options_are_reported(url: str) -> None:
     result = run_cli(["worker", "--store", url, "--observer", "doc-index", "--threads", "0"])
     assert result.returncode == 2
-    assert "argument --threads: '0' is out of range: expected an integer >= 1" in result.stderr
+    assert "argument --threads: '0' is out of range: expected an integer in [1, 256]" in (
+        result.stderr
+    )
 
 
 def test_a_worker_with_an_unreachable_oracle_or_store_fails_at_start(url: str) -> None:

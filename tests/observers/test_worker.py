@@ -266,6 +266,22 @@ def test_bad_worker_options_are_config_errors(option: str, value: object) -> Non
         WorkerOptions(**{option: value})  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("option", "bound"), [("threads", 256), ("scanners", 256), ("key_groups", 65_536)]
+)
+def test_thread_and_key_group_counts_are_bounded(option: str, bound: int) -> None:
+    """A count past its bound is refused before any thread starts or group is listed (a
+    mistyped one grew a process to 20 GB or ran out of OS threads); the bound itself is
+    accepted."""
+    assert getattr(WorkerOptions(**{option: bound}), option) == bound  # type: ignore[arg-type]
+    for value in (bound + 1, 99_999_999_999):
+        with pytest.raises(
+            ConfigError,
+            match=rf"worker option {option} must be an int in 1\.\.{bound}, got {value}",
+        ):
+            WorkerOptions(**{option: value})  # type: ignore[arg-type]
+
+
 def test_default_threads_follow_the_store(store: Store) -> None:
     """One run thread where the store's calls take turns in this process (memory,
     embedded), four where a server does the work (HBase); given threads are kept."""

@@ -19,6 +19,7 @@ from percolator.spark_jobs.prepare import (
 )
 from percolator.spark_jobs.session import SparkJobError
 
+from percolator.errors import ConfigError
 from percolator.layout import NOTIFY
 from percolator.store.base import ScanOptions
 from tests.spark.helpers import (
@@ -207,6 +208,21 @@ def test_changed_input_under_the_same_job_id_fails_before_writing(
     )
     with pytest.raises(Exception, match="ran before on different input"):
         run_backfill(spark, options(embedded_url, path, job_id="same"))
+    check_written_once(embedded_url, rows)  # untouched
+
+
+def test_a_job_id_reused_for_another_table_fails_without_creating_it(
+    spark: Any, embedded_url: str, tmp_path: Path
+) -> None:
+    """The job record is checked before the target table is created: a refused run leaves
+    no new empty table behind."""
+    rows = item_rows(20)
+    path = write_json(tmp_path / "in", rows, files=1)
+    run_backfill(spark, options(embedded_url, path, job_id="J1"))
+    with pytest.raises(ConfigError, match=f"ran before into table {ITEMS!r}"):
+        run_backfill(spark, options(embedded_url, path, job_id="J1", table="other_items"))
+    with connect(embedded_url) as client:
+        assert "other_items" not in client.list_tables()
     check_written_once(embedded_url, rows)  # untouched
 
 
