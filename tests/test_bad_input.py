@@ -227,15 +227,29 @@ def test_an_empty_store_variable_is_an_error_not_the_default_store(
 # ------------------------------------------------------------ plugins that call sys.exit
 
 
-def _exiting_distribution(tmp_path: Path, group: str, name: str, value: str) -> dict[str, str]:
-    (tmp_path / "exits_at_import.py").write_text("import sys\nsys.exit(0)\n")
-    info = tmp_path / "exits-0.0.dist-info"
+def _distribution(
+    directory: Path, module: str, source: str, entry_points: dict[str, list[str]]
+) -> dict[str, str]:
+    """An installed-looking distribution in ``directory``: ``module``.py holding
+    ``source`` and a dist-info declaring ``entry_points`` (group -> ``name = value``
+    lines); returns the environment that puts it on a subprocess's module path."""
+    (directory / f"{module}.py").write_text(source)
+    info = directory / f"{module}-0.0.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: exits\nVersion: 0.0\n")
-    (info / "entry_points.txt").write_text(f"[{group}]\n{name} = {value}\n")
-    return {
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
-    }
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: 0.0\n")
+    (info / "entry_points.txt").write_text(
+        "".join(
+            f"[{group}]\n" + "".join(f"{line}\n" for line in lines)
+            for group, lines in entry_points.items()
+        )
+    )
+    return _on_path(directory)
+
+
+def _exiting_distribution(tmp_path: Path, group: str, name: str, value: str) -> dict[str, str]:
+    return _distribution(
+        tmp_path, "exits_at_import", "import sys\nsys.exit(0)\n", {group: [f"{name} = {value}"]}
+    )
 
 
 def test_a_command_plugin_that_exits_at_import_is_a_broken_plugin(tmp_path: Path) -> None:
@@ -297,14 +311,13 @@ def _on_path(directory: Path) -> dict[str, str]:
 
 
 def _broken_entry_point(tmp_path: Path) -> tuple[list[str], dict[str, str]]:
-    (tmp_path / "raises_at_import.py").write_text("raise RuntimeError('broken plugin')\n")
-    info = tmp_path / "raises-0.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: raises\nVersion: 0.0\n")
-    (info / "entry_points.txt").write_text(
-        "[percolator.observers]\nbroken = raises_at_import:Observer\n"
+    env = _distribution(
+        tmp_path,
+        "raises_at_import",
+        "raise RuntimeError('broken plugin')\n",
+        {"percolator.observers": ["broken = raises_at_import:Observer"]},
     )
-    return ["--observer", "broken"], _on_path(tmp_path)
+    return ["--observer", "broken"], env
 
 
 def _broken_module_path(tmp_path: Path) -> tuple[list[str], dict[str, str]]:
@@ -366,16 +379,15 @@ def test_a_worker_with_create_checks_its_observers_before_making_the_store(
 def test_observers_register_with_create_checks_its_observers_before_making_the_store(
     tmp_path: Path,
 ) -> None:
-    (tmp_path / "one_column.py").write_text(_TWO_ON_ONE_COLUMN)
-    info = tmp_path / "one_column-0.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: one-column\nVersion: 0.0\n")
-    (info / "entry_points.txt").write_text(
-        "[percolator.observers]\nfirst = one_column:A\nsecond = one_column:B\n"
+    env = _distribution(
+        tmp_path,
+        "one_column",
+        _TWO_ON_ONE_COLUMN,
+        {"percolator.observers": ["first = one_column:A", "second = one_column:B"]},
     )
     missing = tmp_path / "new-store"
     register = ["observers", "register", "--observer", "first", "--observer", "second"]
-    result = run([*register, "--store", f"embedded:{missing}", "--create"], _on_path(tmp_path))
+    result = run([*register, "--store", f"embedded:{missing}", "--create"], env)
     assert result.returncode == 2, result.stderr
     assert "observers 'first' and 'second' both watch t/c" in one_error_line(result.stderr)
     assert not missing.exists()
@@ -404,17 +416,16 @@ class Bad(Good):
 def test_observers_register_names_an_observer_whose_setup_fails_and_registers_none(
     tmp_path: Path,
 ) -> None:
-    (tmp_path / "setup_raises.py").write_text(_SETUP_RAISES)
-    info = tmp_path / "setup_raises-0.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: setup-raises\nVersion: 0.0\n")
-    (info / "entry_points.txt").write_text(
-        "[percolator.observers]\ngood = setup_raises:Good\nbad = setup_raises:Bad\n"
+    env = _distribution(
+        tmp_path,
+        "setup_raises",
+        _SETUP_RAISES,
+        {"percolator.observers": ["good = setup_raises:Good", "bad = setup_raises:Bad"]},
     )
     store = f"embedded:{tmp_path / 'store'}"
     percolator.connect(store).close()
     register = ["observers", "register", "--observer", "good", "--observer", "bad"]
-    result = run([*register, "--store", store], _on_path(tmp_path))
+    result = run([*register, "--store", store], env)
     assert result.returncode == 2, result.stderr
     assert (
         "observer plugin 'bad': setup() failed: RuntimeError: cannot reach the index service"
