@@ -101,8 +101,10 @@ class ColumnMapping:
     @staticmethod
     def parse(spec: str) -> ColumnMapping:
         """``SOURCE`` or ``SOURCE=TARGET``."""
-        source, _, target = spec.partition("=")
-        if not source.strip():
+        source, renamed, target = spec.partition("=")
+        if not source.strip() or (renamed and not target.strip()):
+            # "v=" (a rename whose target was lost, e.g. to an unset shell variable) must
+            # not quietly store the column under its own name.
             raise ConfigError(f"column mapping {spec!r} must look like SOURCE or SOURCE=TARGET")
         return ColumnMapping(source.strip(), target.strip())
 

@@ -221,3 +221,12 @@ def test_input_replaced_after_the_check_is_not_written(
         assert table_rows(client, ITEMS) == {
             f"k{i}".encode(): {"value": f"checked{i}".encode()} for i in range(20)
         }
+
+
+@pytest.mark.parametrize("spec", ["", "=v", " = ", "v=", "v= "])
+def test_a_column_mapping_with_an_empty_side_is_refused(spec: str) -> None:
+    """``v=`` (a target lost to an unset shell variable) is not ``v``."""
+    with pytest.raises(ConfigError, match="must look like SOURCE or SOURCE=TARGET"):
+        ColumnMapping.parse(spec)
+    assert ColumnMapping.parse("v").column == "v"
+    assert ColumnMapping.parse(" v = w ").column == "w"
