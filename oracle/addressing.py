@@ -46,8 +46,8 @@ def parse_oracle_url(
     scheme, sep, rest = spec.strip().partition("://")
     if not sep or scheme.lower() not in ("grpc", "grpcs"):
         raise ConfigError(
-            f"oracle {spec!r} is not understood: use None for the local oracle or "
-            "grpc://HOST:PORT[,HOST:PORT...] (grpcs:// for TLS)"
+            f"oracle {spec!r} is not understood: use grpc://HOST:PORT[,HOST:PORT...] "
+            "(grpcs:// for TLS), or no oracle for the local one"
         )
     tls_wanted = scheme.lower() == "grpcs"
     hosts, _, query = rest.partition("?")
@@ -55,7 +55,9 @@ def parse_oracle_url(
     for address in addresses:
         host, colon, port = address.rpartition(":")
         if not colon or not host or not _ascii_digits(port) or not 0 < int(port) <= 65535:
-            raise ConfigError(f"oracle {spec!r}: address {address!r} must look like HOST:PORT")
+            raise ConfigError(
+                f"oracle {spec!r}: address {address!r} must look like HOST:PORT, PORT in 1..65535"
+            )
         if not encodable_host(host):
             raise ConfigError(
                 f"oracle {spec!r}: host {host!r} is not a host name or address (not ASCII or IDNA)"
@@ -99,7 +101,8 @@ def check_listen_address(address: str) -> tuple[str, int]:
     host, sep, port = address.rpartition(":")
     if not sep or not host or not _ascii_digits(port) or not 0 <= int(port) <= 65535:
         raise ConfigError(
-            f"address {address!r} must look like HOST:PORT (for example 127.0.0.1:7070)"
+            f"address {address!r} must look like HOST:PORT, PORT in 0..65535 (for example "
+            "127.0.0.1:7070)"
         )
     if not encodable_host(host):
         raise ConfigError(

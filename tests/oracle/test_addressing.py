@@ -58,7 +58,7 @@ def test_options_tls_token_and_timeouts(tmp_path: Path, monkeypatch: pytest.Monk
         ("grpc://", "must look like HOST:PORT"),
         ("grpc://h", "must look like HOST:PORT"),
         ("grpc://h:0", "must look like HOST:PORT"),
-        ("grpc://h:99999", "must look like HOST:PORT"),
+        ("grpc://h:99999", "must look like HOST:PORT, PORT in 1..65535"),
         ("grpc://h:1,", "must look like HOST:PORT"),
         ("grpc://h:1?bogus=1", r"unknown option\(s\) \['bogus'\]"),
         ("grpc://h:1?ca=/x.pem", "ca= needs grpcs://"),
