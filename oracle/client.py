@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import ssl
 import threading
 import time
 from collections.abc import Sequence
@@ -510,6 +511,18 @@ def _channel_credentials(tls: bool | str) -> grpc.ChannelCredentials | None:
     except OSError as exc:
         raise ConfigError(
             f"cannot read the oracle's root certificates {tls!r}: {exc.strerror}"
+        ) from None
+    # gRPC would take anything here and report every later call as "unavailable", naming
+    # neither the file nor the cause: load the certificates once with ssl first.
+    try:
+        if b"-----BEGIN CERTIFICATE-----" not in roots:
+            raise ssl.SSLError("no '-----BEGIN CERTIFICATE-----' line")
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(
+            cadata=roots.decode("ascii", errors="ignore")
+        )
+    except ssl.SSLError as exc:
+        raise ConfigError(
+            f"the oracle's root certificates {tls!r} are not PEM certificates ({exc})"
         ) from None
     return grpc.ssl_channel_credentials(root_certificates=roots)
 

@@ -22,7 +22,12 @@ from percolator.oracle.lease import LeaseConfig
 from percolator.oracle.proto_gen import oracle_pb2, oracle_pb2_grpc
 from percolator.oracle.server import OracleServer, ServerOptions
 
-from percolator.errors import InvalidArgumentError, OracleError, OracleUnavailableError
+from percolator.errors import (
+    ConfigError,
+    InvalidArgumentError,
+    OracleError,
+    OracleUnavailableError,
+)
 from percolator.metrics import parse_text
 from percolator.store import open_store
 from percolator.store.memory import MemoryStore
@@ -197,6 +202,20 @@ def test_tls_with_the_right_roots_and_token_works(
         assert second > first
     finally:
         client.close()
+
+
+@pytest.mark.parametrize(
+    "content", [b"\x00\xffgarbage", b"-----BEGIN CERTIFICATE-----\nnot base64\n"]
+)
+def test_root_certificates_that_are_not_pem_are_named(
+    tmp_path: Path, content: bytes, certs: tuple[Path, Path]
+) -> None:
+    """gRPC would take them and report every call as 'unavailable'."""
+    roots = tmp_path / "roots.pem"
+    roots.write_bytes(content)
+    with pytest.raises(ConfigError, match=r"root certificates .*roots.pem' are not PEM"):
+        GrpcOracleClient(["127.0.0.1:1"], token=TOKEN, tls=str(roots)).get_timestamp()
+    GrpcOracleClient(["127.0.0.1:1"], token=TOKEN, tls=str(certs[0])).close()  # a good one
 
 
 def test_plaintext_client_against_tls_server_is_a_clear_error(tls: OracleProcess) -> None:
