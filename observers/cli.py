@@ -443,7 +443,18 @@ def run_retry(args: argparse.Namespace) -> int:
                     f"retried {record.observer}\t{record.table}\t"
                     f"{record.row.decode('utf-8', 'backslashreplace')}\t{record.column}"
                 )
-        if not done:
+        if done:
+            # The notification is back, but only a registered observer runs it.
+            from percolator.observers.api import registrations
+
+            registered = {reg.observer for reg in registrations(client.store).values()}
+            for name in sorted({r.observer for r in done} - registered):
+                print(
+                    f"note: observer {name!r} is not registered: its retried notifications "
+                    "run only once it is registered again",
+                    file=sys.stderr,
+                )
+        else:
             print("no parked notification matched", file=sys.stderr)
             _say_unknown_filters(client, observer, table)
             return 1

@@ -171,6 +171,11 @@ def test_notifications_list_and_retry(url: str) -> None:
     retried = run_cli(["notifications", "retry", "--store", url, "--row-hex", "ff00"])
     assert retried.returncode == 0, retried.stderr
     assert "retried always-fails" in retried.stdout
+    # Nothing registers "always-fails" here: the notification waits for it, and that is said.
+    assert (
+        "note: observer 'always-fails' is not registered: its retried notifications run only "
+        "once it is registered again" in retried.stderr
+    )
     assert [r.observer for r in lot.records()] == ["flaky"]
     # A retried notification is back in the notify family, at a fresh timestamp.
     [(row, column, notify_ts)] = pending(client, EVENTS)
