@@ -81,31 +81,28 @@ class WorkerOptions:
         """Raises :class:`ConfigError` naming the first option out of its range (counts at
         least 1, ``threads`` at most :data:`MAX_THREADS`, ``scanners`` at most
         :data:`MAX_SCANNERS`, ``key_groups`` at most :data:`MAX_KEY_GROUPS`)."""
-        if self.threads is not None and (
-            not isinstance(self.threads, int)
-            or isinstance(self.threads, bool)
-            or not 1 <= self.threads <= MAX_THREADS
-        ):
-            raise ConfigError(
-                f"worker option threads must be an int in 1..{MAX_THREADS}, got {self.threads!r}"
-            )
-        if (
-            not isinstance(self.scanners, int)
-            or isinstance(self.scanners, bool)
-            or not 1 <= self.scanners <= MAX_SCANNERS
-        ):
-            raise ConfigError(
-                f"worker option scanners must be an int in 1..{MAX_SCANNERS}, got {self.scanners!r}"
-            )
-        for name in (
-            "failure_limit",
-            "scan_batch",
-            "attempts",
-            "batch_size",
-        ):
+        # Counts: at least 1; those that start OS threads or walk every group, bounded.
+        counts: tuple[tuple[str, int | None], ...] = (
+            ("threads", MAX_THREADS),
+            ("scanners", MAX_SCANNERS),
+            ("key_groups", MAX_KEY_GROUPS),
+            ("failure_limit", None),
+            ("scan_batch", None),
+            ("attempts", None),
+            ("batch_size", None),
+        )
+        for name, high in counts:
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"worker option {name} must be an int >= 1, got {value!r}")
+            if name == "threads" and value is None:
+                continue  # follows the store (for_store)
+            if (
+                not isinstance(value, int)
+                or isinstance(value, bool)
+                or value < 1
+                or (high is not None and value > high)
+            ):
+                bound = f"in 1..{high}" if high is not None else ">= 1"
+                raise ConfigError(f"worker option {name} must be an int {bound}, got {value!r}")
         for name in (
             "backoff_base_s",
             "backoff_max_s",
@@ -121,15 +118,6 @@ class WorkerOptions:
                 raise ConfigError(
                     f"worker option {name} must be a finite number >= 0, got {value!r}"
                 )
-        if (
-            not isinstance(self.key_groups, int)
-            or isinstance(self.key_groups, bool)
-            or not 1 <= self.key_groups <= MAX_KEY_GROUPS
-        ):
-            raise ConfigError(
-                f"worker option key_groups must be an int in 1..{MAX_KEY_GROUPS}, "
-                f"got {self.key_groups!r}"
-            )
         if not isinstance(self.lease_ms, int) or self.lease_ms < 100:
             raise ConfigError(
                 f"worker option lease_ms must be an int >= 100, got {self.lease_ms!r}"
