@@ -30,6 +30,7 @@ from urllib.parse import parse_qsl
 
 from percolator.errors import ConfigError
 from percolator.hostnames import encodable_host
+from percolator.numerals import ascii_digits
 
 TOKEN_ENV = "PERCOLATOR_ORACLE_TOKEN"
 TOKEN_METADATA_KEY = "authorization"
@@ -54,7 +55,7 @@ def parse_oracle_url(
     addresses = [part.strip() for part in hosts.split(",")]
     for address in addresses:
         host, colon, port = address.rpartition(":")
-        if not colon or not host or not _ascii_digits(port) or not 0 < int(port) <= 65535:
+        if not colon or not host or not ascii_digits(port) or not 0 < int(port) <= 65535:
             raise ConfigError(
                 f"oracle {spec!r}: address {address!r} must look like HOST:PORT, PORT in 1..65535"
             )
@@ -90,7 +91,7 @@ def parse_oracle_url(
     timeouts = []
     for key, default in (("timeout_ms", 10_000), ("rpc_timeout_ms", 2_000)):
         raw = options.get(key, str(default))
-        if not _ascii_digits(raw) or int(raw) <= 0:
+        if not ascii_digits(raw) or int(raw) <= 0:
             raise ConfigError(f"oracle {spec!r}: {key} must be a positive integer, got {raw!r}")
         timeouts.append(int(raw) / 1000)
     return addresses, tls, token, (timeouts[0], timeouts[1])
@@ -99,7 +100,7 @@ def parse_oracle_url(
 def check_listen_address(address: str) -> tuple[str, int]:
     """Split ``HOST:PORT`` (``[V6]:PORT`` for IPv6); ConfigError naming what is wrong."""
     host, sep, port = address.rpartition(":")
-    if not sep or not host or not _ascii_digits(port) or not 0 <= int(port) <= 65535:
+    if not sep or not host or not ascii_digits(port) or not 0 <= int(port) <= 65535:
         raise ConfigError(
             f"address {address!r} must look like HOST:PORT, PORT in 0..65535 (for example "
             "127.0.0.1:7070)"
@@ -109,9 +110,3 @@ def check_listen_address(address: str) -> tuple[str, int]:
             f"address {address!r}: host {host!r} is not a host name or address (not ASCII or IDNA)"
         )
     return host.strip("[]"), int(port)
-
-
-def _ascii_digits(text: str) -> bool:
-    # isdigit() alone also takes digits int() refuses ("²") and other scripts' ("٣"), which
-    # int() reads but gRPC does not.
-    return text.isascii() and text.isdigit()

@@ -29,6 +29,7 @@ import threading
 import time
 
 from percolator.errors import ConfigError, PercolatorError, StoreUnavailableError
+from percolator.numerals import ascii_digits
 
 POINTS = frozenset(
     {
@@ -81,14 +82,14 @@ def _validate(name: str, action: str) -> None:
         raise ConfigError(f"unknown failpoint {name!r}; known: {sorted(POINTS)}")
     base = action.split(":", 2)
     if base[0] in ("count", "every"):
-        if len(base) != 3 or not base[1].isdigit() or int(base[1]) < 1:
+        if len(base) != 3 or not ascii_digits(base[1]) or int(base[1]) < 1:
             raise ConfigError(
                 f"failpoint action {action!r} must look like {base[0]}:N:ACTION with N >= 1"
             )
         _validate(name, base[2])
         return
     if base[0] == "sleep":
-        if len(base) != 2 or not base[1].isdigit():
+        if len(base) != 2 or not ascii_digits(base[1]):
             raise ConfigError(f"failpoint action {action!r} must look like sleep:MS")
         return
     if action not in {"crash", "pause", "raise", "unavailable"}:

@@ -82,6 +82,7 @@ from typing import Protocol
 from percolator.concurrency import renew_after_fork
 from percolator.errors import ConfigError
 from percolator.layout import META_FAMILY, META_TABLE, NOTIFY, ack_column
+from percolator.numerals import ascii_digits
 from percolator.protocol.cells import CellKey, group_by_table
 from percolator.store.base import Delete, Put, ScanOptions, Store
 
@@ -287,8 +288,7 @@ def observed_refresh_ms() -> int:
     raw = os.environ.get(OBSERVED_REFRESH_ENV, "").strip()
     if not raw:
         return DEFAULT_OBSERVED_REFRESH_MS
-    # isdigit() alone also takes digits int() refuses ("²") or other scripts' ("٣").
-    if not (raw.isascii() and raw.isdigit()) or int(raw) <= 0:
+    if not ascii_digits(raw) or int(raw) <= 0:
         raise ConfigError(f"{OBSERVED_REFRESH_ENV} must be a positive integer (ms), got {raw!r}")
     return int(raw)
 

@@ -51,7 +51,18 @@ def test_other_points_pass() -> None:
 
 @pytest.mark.parametrize(
     "action",
-    ["every:0:raise", "every:x:raise", "every:2", "every:2:explode", "count:0:raise", "count:2"],
+    [
+        "every:0:raise",
+        "every:x:raise",
+        "every:2",
+        "every:2:explode",
+        "count:0:raise",
+        "count:2",
+        # digits str.isdigit() takes: "²" int() refuses, "٣" int() reads as 3
+        "count:²:raise",
+        "every:٣:raise",
+        "sleep:²",
+    ],
 )
 def test_a_malformed_action_is_refused(action: str) -> None:
     with pytest.raises(ConfigError, match=r"failpoint action"):

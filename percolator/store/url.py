@@ -12,6 +12,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from percolator.errors import ConfigError, StoreNotFoundError
 from percolator.hostnames import encodable_host
+from percolator.numerals import ascii_digits
 from percolator.store.base import Store
 
 DEFAULT_STORE_URL = "embedded:./percolator-data"
@@ -103,10 +104,10 @@ def _parse_hbase(url: str) -> StoreURL:
             f"known: {sorted(_HBASE_OPTIONS)}"
         )
     for key in ("pool_size", "timeout_ms"):
-        if key in options and not (_ascii_digits(options[key]) and int(options[key]) > 0):
+        if key in options and not (ascii_digits(options[key]) and int(options[key]) > 0):
             raise ConfigError(f"store URL {url!r}: {key} must be a positive integer")
     if "thrift2_port" in options and not (
-        _ascii_digits(options["thrift2_port"]) and 0 < int(options["thrift2_port"]) < 65536
+        ascii_digits(options["thrift2_port"]) and 0 < int(options["thrift2_port"]) < 65536
     ):
         raise ConfigError(f"store URL {url!r}: thrift2_port must be a port number, 1..65535")
     for key, allowed in (("transport", HBASE_TRANSPORTS), ("protocol", HBASE_PROTOCOLS)):
@@ -119,11 +120,6 @@ def _parse_hbase(url: str) -> StoreURL:
     if prefix and not all(c.isalnum() or c in "_-." for c in prefix):
         raise ConfigError(f"store URL {url!r}: prefix may hold only letters, digits, _ - .")
     return StoreURL("hbase", host=host, port=port, options=options)
-
-
-def _ascii_digits(text: str) -> bool:
-    # isdigit() alone also takes digits int() refuses ("²") and other scripts' ("٣").
-    return text.isascii() and text.isdigit()
 
 
 def open_store(url: str | None = None, *, create: bool = True) -> Store:
