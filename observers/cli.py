@@ -532,6 +532,13 @@ def run_observers_forget(args: argparse.Namespace) -> int:
     with connect_existing(args.store, args.oracle) as client:
         deleted = forget_observer(client, args.name, progress=table_done)
     print(f"forgot observer {args.name}: {deleted} ack(s) deleted")
+    if not deleted:
+        # Success either way (forgetting is idempotent), but a misspelt name finds no acks too.
+        print(
+            f"no ack of observer {args.name!r} was found in any table; if it has run, "
+            "check the name's spelling",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -217,6 +217,7 @@ def test_observers_register_list_and_unregister(url: str) -> None:
     assert forgot.returncode == 0, forgot.stderr
     assert forgot.stdout.strip() == "forgot observer doc-clusters: 0 ack(s) deleted"
     assert "documents: 0 ack(s) deleted" in forgot.stderr.splitlines()  # progress per table
+    assert "no ack of observer 'doc-clusters' was found in any table" in forgot.stderr
     assert run_cli(["observers", "forget", "--store", url, "no/such"]).returncode == 2
 
 
