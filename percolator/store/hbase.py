@@ -1372,7 +1372,9 @@ class HBaseStore(Store):
         prefix = family.encode("utf-8") + b":"
         remaining = opts.limit
         next_start = opts.start  # just after the last row yielded
-        reopened = False  # one re-open per failure; reset after each good batch
+        # One re-open per failure without progress: reset only when a row is yielded, since
+        # a good batch inside a wide row gains nothing that a re-open keeps.
+        reopened = False
         # A row may come in several results (TScan.batchSize, below); it is yielded whole,
         # once the next row's first result (or the end) shows it complete.
         row: bytes | None = None
@@ -1399,9 +1401,10 @@ class HBaseStore(Store):
             )
             try:
                 while True:
-                    count = (
-                        opts.batch_size if remaining is None else min(opts.batch_size, remaining)
-                    )
+                    # Always the count the scanner was opened with: its results' cells
+                    # (batchSize) were sized for it, and a smaller count near the limit
+                    # would take a call per few cells of a wide row.  Rows past the limit
+                    # that this fetches are not yielded.
                     try:
                         # Not idempotent (it advances the scanner), so never re-sent as is.
                         batch = self._call(
@@ -1423,13 +1426,13 @@ class HBaseStore(Store):
                         reopened = True
                         row, cells = None, {}  # a row not yielded yet is read again whole
                         break  # re-open after the last row yielded
-                    reopened = False
                     for result in batch:
                         result_row = bytes(result.row)
                         if result_row != row:
                             if row is not None and cells:
                                 yield row, cells
                                 next_start = row + b"\x00"  # the smallest row key after it
+                                reopened = False
                                 if remaining is not None:
                                     remaining -= 1
                                     if remaining == 0:

@@ -488,6 +488,66 @@ def test_a_scan_reopened_inside_a_wide_row_reads_it_again_whole(
 
 
 @pytest.mark.hbase
+@pytest.mark.usefixtures("small_scan_calls")
+def test_a_scan_failing_again_and_again_inside_a_wide_row_gives_up(
+    store: HBaseStore, table: str, k: Callable[[bytes], bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second scannerGetList of every scanner fails.  The first call yields r00 and
+    reads 8 of r01's 10 cells; after the re-open, one call reads r01 whole but cannot yet
+    know it is (that takes r02's first result), and the next call fails again.  No row was
+    yielded between the two failures, so the scan raises instead of re-opening for ever."""
+    rows = _wide_rows(store, table, k)
+    calls_since_open = 0
+    reopens = 0
+    real_call = store._call
+
+    def failing_call(op: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        nonlocal calls_since_open, reopens
+        if method == "scannerOpenWithScan":
+            calls_since_open = 0
+            reopens += 1
+        elif method == "scannerGetList":
+            calls_since_open += 1
+            if calls_since_open == 2:
+                raise StoreUnavailableError("injected: the gateway did not answer")
+        return real_call(op, method, *args, **kwargs)
+
+    monkeypatch.setattr(store, "_call", failing_call)
+    scan = store.scan(table, "d", ScanOptions(start=k(b""), stop=k(b"\xff"), batch_size=3))
+    yielded = []
+    with pytest.raises(StoreUnavailableError):
+        for row, cells in scan:
+            yielded.append(row)
+            assert cells == _row(row, WIDTHS[rows.index(row)])  # whole, never part of it
+    assert (yielded, reopens) == (rows[:1], 2)
+
+
+@pytest.mark.hbase
+@pytest.mark.usefixtures("small_scan_calls")
+def test_a_limited_scan_keeps_its_cells_per_call_near_the_limit(
+    store: HBaseStore, table: str, k: Callable[[bytes], bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With one row left before the limit, the scan still asks for the results it opened
+    with, so a wide last row takes a few calls, not one per result."""
+    rows = _wide_rows(store, table, k)
+    get_lists = 0
+    real_call = store._call
+
+    def counting_call(op: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        nonlocal get_lists
+        get_lists += method == "scannerGetList"
+        return real_call(op, method, *args, **kwargs)
+
+    monkeypatch.setattr(store, "_call", counting_call)
+    limited = ScanOptions(start=k(b""), stop=k(b"\xff"), batch_size=3, limit=4)
+    found = list(store.scan(table, "d", limited))
+    assert [r for r, _ in found] == rows[:4]
+    # 1 + 10 + 3 + 25 cells in results of at most 4 cells, 3 results per call:
+    # 13 results with the next row's first, 5 calls; one result per call near the limit took 9.
+    assert get_lists <= 6, get_lists
+
+
+@pytest.mark.hbase
 def test_scan_closes_its_scanner_when_abandoned(
     store: HBaseStore, table: str, k: Callable[[bytes], bytes]
 ) -> None:
