@@ -49,9 +49,10 @@ other input" below.
 * A table that existed before the load (``created`` is ``no``, or ``pending`` when a run
   died before creating it and someone else created it) may have been cached by a client
   that could still write it during the load.  Its publish therefore first **verifies** the
-  table: every lock cell must hold exactly the load's committed state and every cell's
-  newest write record must be the load's; otherwise the publish fails naming the cell and
-  the table stays fenced (nothing is silently overwritten).
+  table: every lock cell must hold exactly the load's committed state, every cell's
+  newest write record must be the load's, and each must have the other beside it;
+  otherwise the publish fails naming the cell and the table stays fenced (nothing is
+  silently overwritten).
 * **Writers stop before the lease ends.**  Each writer of the load (a Spark task) checks,
   before each batch and at most every :meth:`LeaseCheck.interval_ms`, that the state still
   names its load (id and timestamps) as ``loading`` with at least a quarter of the lease
@@ -535,52 +536,64 @@ class CellWriter:
 
 def verify_table(store: Store, table: str, state: LoadState) -> None:
     """BulkLoadError naming the first cell not written by this load alone, or written by it
-    without its lock cell.
+    in part (a write record without its lock cell, or a lock cell without its record).
 
     A write record needs its lock cell: a prewrite takes a cell with no lock cell for one
     never written and compare-and-sets it from absent, so a loaded cell whose lock cell is
     missing would let a transaction that began before the load overwrite it unchecked.
     (The lock cell's put is at store time as this host sees it; an older delete marker of
     the table's garbage collection, stamped by a store clock ahead of ours, would hide it.)
-    The two families are scanned side by side in row order: memory does not grow with the
-    table."""
+    And a lock cell of the load names a commit that readers take as visible, so one without
+    its write record is a put of the load applied in part.  The two families are scanned
+    side by side in row order: memory does not grow with the table."""
     lock = state.committed_lock()
     write = WriteRecord(Kind.PUT, state.start_ts).encode()
-    locks = store.scan(table, LOCK, ScanOptions(batch_size=1000))
-    lock_row: tuple[bytes, dict[bytes, Version]] | None = next(locks, None)
+    refused = (
+        f"load {state.load_id!r} is not published and table {table!r} stays fenced: drop it "
+        "and load again"
+    )
 
-    def check_locks(cells: dict[bytes, Version], row: bytes) -> None:
-        for qualifier, (_, value) in cells.items():
+    def check_locks(row: bytes, locked: dict[bytes, Version], written: Collection[bytes]) -> None:
+        for qualifier, (_, value) in locked.items():
             if value != lock:
                 raise BulkLoadError(
-                    f"table {table!r} cell {row!r}/{qualifier!r} was written by a transaction "
-                    f"during load {state.load_id!r} ({_describe_lock(value)}); the load is not "
-                    "published and the table stays fenced: drop it and load again"
+                    f"cell {row!r}/{qualifier!r} holds a lock cell that is not the load's "
+                    f"committed state ({_describe_lock(value)}): a transaction wrote it "
+                    f"during the load; {refused}"
+                )
+            if qualifier not in written:
+                raise BulkLoadError(
+                    f"cell {row!r}/{qualifier!r} has the load's lock cell but no write record "
+                    f"(a put of the load applied in part); {refused}"
                 )
 
-    for row, cells in store.scan(table, WRITE, ScanOptions(batch_size=1000)):
+    locks = store.scan(table, LOCK, ScanOptions(batch_size=1000))
+    writes = store.scan(table, WRITE, ScanOptions(batch_size=1000))
+    lock_row: tuple[bytes, dict[bytes, Version]] | None = next(locks, None)
+    for row, cells in writes:
         while lock_row is not None and lock_row[0] < row:
-            check_locks(lock_row[1], lock_row[0])
+            check_locks(lock_row[0], lock_row[1], frozenset())
             lock_row = next(locks, None)
         locked: dict[bytes, Version] = {}
         if lock_row is not None and lock_row[0] == row:
             locked = lock_row[1]
+            lock_row = next(locks, None)
+        check_locks(row, locked, cells.keys())
         for qualifier, (commit_ts, value) in cells.items():
             if commit_ts != state.commit_ts or value != write:
                 raise BulkLoadError(
-                    f"table {table!r} cell {row!r}/{qualifier!r} has a commit at "
-                    f"{describe(commit_ts)} that is not load {state.load_id!r}'s; the load is "
-                    "not published and the table stays fenced: drop it and load again"
+                    f"cell {row!r}/{qualifier!r} has a commit at {describe(commit_ts)} "
+                    f"that is not load {state.load_id!r}'s; {refused}"
                 )
             if qualifier not in locked:
                 raise BulkLoadError(
-                    f"table {table!r} cell {row!r}/{qualifier!r} has the commit of load "
-                    f"{state.load_id!r} but no lock cell (its put is hidden: is this host's "
-                    "clock behind the store's?); the load is not published and the table "
-                    "stays fenced: drop it and load again"
+                    f"cell {row!r}/{qualifier!r} has the commit of load "
+                    f"{state.load_id!r} but no lock cell (its put is hidden, if this "
+                    "host's clock is behind the store's, or was applied in part); "
+                    f"{refused}"
                 )
     while lock_row is not None:
-        check_locks(lock_row[1], lock_row[0])
+        check_locks(lock_row[0], lock_row[1], frozenset())
         lock_row = next(locks, None)
 
 

@@ -3,6 +3,7 @@ refused, never silently overwritten; take-over, publish, GC and drop."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from typing import Any
@@ -145,8 +146,44 @@ def test_a_foreign_lock_cell_after_the_last_loaded_row_is_found(embedded_url: st
         state = begin_load(store, client.oracle.get_timestamp, "existing", "load-1").state
         store.put("existing", cell_puts(state, b"r1", [(b"a", b"1")], ()))
         store.put("existing", [Put(b"r9", LOCK, b"a", now_ms(), b"not the load's lock cell")])
-        with pytest.raises(BulkLoadError, match="r9'/b'a' was written by a transaction"):
+        with pytest.raises(BulkLoadError, match="r9'/b'a' holds a lock cell that is not the"):
             publish_load(store, "existing", "load-1")
+    store.close()
+
+
+#: (where, extra lock cell, the error's words): a cell whose lock cell is not the load's
+#: committed state, or is the load's but without a write record beside it
+PARTIAL_OR_FOREIGN = [
+    ("before the loaded rows", b"r0", b"a", "foreign", "holds a lock cell that is not"),
+    ("between loaded rows", b"r1\x00", b"a", "foreign", "holds a lock cell that is not"),
+    ("on a loaded cell", b"r2", b"a", "foreign", "holds a lock cell that is not"),
+    ("in a loaded row", b"r2", b"z", "load's", "has the load's lock cell but no write record"),
+    ("in a row of its own", b"r2a", b"a", "load's", "has the load's lock cell but no write"),
+    ("after the loaded rows", b"r9", b"a", "load's", "has the load's lock cell but no write"),
+]
+
+
+@pytest.mark.parametrize(
+    ("row", "qualifier", "lock", "words"),
+    [case[1:] for case in PARTIAL_OR_FOREIGN],
+    ids=[case[0] for case in PARTIAL_OR_FOREIGN],
+)
+def test_a_lock_cell_that_is_not_one_of_the_loads_values_is_found(
+    embedded_url: str, row: bytes, qualifier: bytes, lock: str, words: str
+) -> None:
+    """The publish of a table the load did not create refuses any lock cell that is not the
+    load's committed state beside the load's write record, wherever it is in the scan."""
+    store = open_store(embedded_url)
+    with connect(embedded_url) as client:
+        client.create_table("existing")
+        state = begin_load(store, client.oracle.get_timestamp, "existing", "load-1").state
+        for loaded in (b"r1", b"r2", b"r3"):
+            store.put("existing", cell_puts(state, loaded, [(b"a", b"1"), (b"b", b"2")], ()))
+        value = state.committed_lock() if lock == "load's" else b"a transaction's lock"
+        store.put("existing", [Put(row, LOCK, qualifier, now_ms(), value)])
+        with pytest.raises(BulkLoadError, match=re.escape(f"{row!r}/{qualifier!r} {words}")):
+            publish_load(store, "existing", "load-1")
+        assert not begin_load(store, client.oracle.get_timestamp, "existing", "load-1").published
     store.close()
 
 
