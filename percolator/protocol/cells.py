@@ -12,7 +12,14 @@ from dataclasses import dataclass, field
 
 from percolator.layout import DATA, LOCK, WRITE
 from percolator.records import CommitInfo, Kind, LockCell, WriteRecord
-from percolator.store.base import Column, Put, Store
+from percolator.store.base import Put, RowCells, Store
+
+#: The most cells the protocol names in one store read.  A read is a consistent snapshot
+#: of each row, but the protocol needs that only per cell (its lock cell, write record and
+#: data together, which stay in one read): a read of more cells is split, so that a row of
+#: an index with a column per document is not asked of the store (and of HBase's Thrift
+#: gateway, which holds a whole answer in its heap) in one piece.
+CELLS_PER_READ = 30_000
 
 
 @dataclass(frozen=True, order=True)
@@ -105,36 +112,44 @@ def fetch_cells(
     with_data: bool = True,
 ) -> dict[CellKey, RawCell]:
     """Read lock cell, newest write record and (optionally) newest data version of each
-    cell, below ``before`` (exclusive), in one store round trip per table.
+    cell, below ``before`` (exclusive), in one store round trip per table (per
+    :data:`CELLS_PER_READ` cells of a table: each cell's own cells are always read together).
 
     The lock cell is stamped with store time (milliseconds), which is always far below any
     hybrid timestamp, so it is always inside the range.
     """
     result: dict[CellKey, RawCell] = {}
-    for table, table_keys in group_by_table(keys).items():
-        # Exactly these cells, not every column of every row: a transaction writing a
-        # different column in each of many rows reads as many cells as it writes.
-        wanted: list[tuple[bytes, Column]] = []
-        for key in table_keys:
-            row, q = key.row, key.qualifier
-            wanted.append((row, (LOCK, q)))
-            wanted.append((row, (WRITE, q)))
-            if with_data:
-                wanted.append((row, (DATA, q)))
-        fetched = store.read_cells(table, wanted, before=before)
-        for key in table_keys:
-            cells = fetched.get(key.row, {})
-            q = key.qualifier
-            lock_versions = cells.get((LOCK, q))
-            lock_bytes = lock_versions[0][1] if lock_versions else None
-            write_versions = cells.get((WRITE, q))
-            write = None
-            if write_versions:
-                write = (write_versions[0][0], WriteRecord.decode(write_versions[0][1]))
-            data_versions = cells.get((DATA, q))
-            data = data_versions[0] if data_versions else None
-            result[key] = RawCell(key, lock_bytes, LockCell.decode(lock_bytes), write, data)
+    families = (LOCK, WRITE, DATA) if with_data else (LOCK, WRITE)
+    per_read = max(1, CELLS_PER_READ // len(families))
+    for table, all_keys in group_by_table(keys).items():
+        for first in range(0, len(all_keys), per_read):
+            table_keys = all_keys[first : first + per_read]
+            # Exactly these cells, not every column of every row: a transaction writing a
+            # different column in each of many rows reads as many cells as it writes.
+            wanted = [
+                (key.row, (family, key.qualifier)) for key in table_keys for family in families
+            ]
+            fetched = store.read_cells(table, wanted, before=before)
+            _decode_fetched(table_keys, fetched, result)
     return result
+
+
+def _decode_fetched(
+    table_keys: Sequence[CellKey], fetched: Mapping[bytes, RowCells], result: dict[CellKey, RawCell]
+) -> None:
+    """The :class:`RawCell` of each of ``table_keys`` from one read's answer, into ``result``."""
+    for key in table_keys:
+        cells = fetched.get(key.row, {})
+        q = key.qualifier
+        lock_versions = cells.get((LOCK, q))
+        lock_bytes = lock_versions[0][1] if lock_versions else None
+        write_versions = cells.get((WRITE, q))
+        write = None
+        if write_versions:
+            write = (write_versions[0][0], WriteRecord.decode(write_versions[0][1]))
+        data_versions = cells.get((DATA, q))
+        data = data_versions[0] if data_versions else None
+        result[key] = RawCell(key, lock_bytes, LockCell.decode(lock_bytes), write, data)
 
 
 def put_by_table(store: Store, by_table: Mapping[str, Sequence[Put]]) -> None:

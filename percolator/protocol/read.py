@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from percolator.errors import LockWaitTimeoutError, StoreError
 from percolator.layout import DATA
-from percolator.protocol.cells import CellKey, RawCell, fetch_cells
+from percolator.protocol.cells import CELLS_PER_READ, CellKey, RawCell, fetch_cells
 from percolator.protocol.resolve import LockResolver
 from percolator.records import CommitInfo, Kind
 from percolator.retry import Backoff
@@ -115,26 +115,36 @@ def read_commits(
 
 
 def _fetch_data_at(store: Store, wanted: list[tuple[CellKey, int]]) -> dict[CellKey, bytes]:
-    """Fetch data versions at exact ``start_ts``s, one read per (table, start_ts) group."""
+    """Fetch data versions at exact ``start_ts``s, one read per (table, start_ts) group (per
+    :data:`~percolator.protocol.cells.CELLS_PER_READ` cells of a group)."""
     groups: dict[tuple[str, int], list[CellKey]] = defaultdict(list)
     for key, start_ts in wanted:
         groups[(key.table, start_ts)].append(key)
     out: dict[CellKey, bytes] = {}
-    for (table, start_ts), keys in groups.items():
-        rows = sorted({k.row for k in keys})
-        columns = list(dict.fromkeys((DATA, k.qualifier) for k in keys))
-        fetched = store.read_rows(table, rows, columns=columns, before=start_ts + 1)
-        for key in keys:
-            versions = fetched.get(key.row, {}).get((DATA, key.qualifier))
-            if not versions or versions[0][0] != start_ts:
-                # A write record points at data that is gone: only garbage collection
-                # removes data, and it never removes the data of a visible commit.
-                raise StoreError(
-                    f"data of {key} at start_ts {start_ts} is missing although a commit "
-                    "points at it (store damaged or read below the GC safe point)"
-                )
-            out[key] = versions[0][1]
+    for (table, start_ts), group in groups.items():
+        for first in range(0, len(group), CELLS_PER_READ):
+            keys = group[first : first + CELLS_PER_READ]
+            _fetch_data_group(store, table, start_ts, keys, out)
     return out
+
+
+def _fetch_data_group(
+    store: Store, table: str, start_ts: int, keys: list[CellKey], out: dict[CellKey, bytes]
+) -> None:
+    """The data at ``start_ts`` of ``keys`` (of ``table``), in one read, into ``out``."""
+    rows = sorted({k.row for k in keys})
+    columns = list(dict.fromkeys((DATA, k.qualifier) for k in keys))
+    fetched = store.read_rows(table, rows, columns=columns, before=start_ts + 1)
+    for key in keys:
+        versions = fetched.get(key.row, {}).get((DATA, key.qualifier))
+        if not versions or versions[0][0] != start_ts:
+            # A write record points at data that is gone: only garbage collection
+            # removes data, and it never removes the data of a visible commit.
+            raise StoreError(
+                f"data of {key} at start_ts {start_ts} is missing although a commit "
+                "points at it (store damaged or read below the GC safe point)"
+            )
+        out[key] = versions[0][1]
 
 
 def raw_read(store: Store, keys: Sequence[CellKey], read_ts: int) -> dict[CellKey, RawCell]:
