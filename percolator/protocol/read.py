@@ -132,9 +132,10 @@ def _fetch_data_group(
     store: Store, table: str, start_ts: int, keys: list[CellKey], out: dict[CellKey, bytes]
 ) -> None:
     """The data at ``start_ts`` of ``keys`` (of ``table``), in one read, into ``out``."""
-    rows = sorted({k.row for k in keys})
-    columns = list(dict.fromkeys((DATA, k.qualifier) for k in keys))
-    fetched = store.read_rows(table, rows, columns=columns, before=start_ts + 1)
+    # Exactly these cells: a cross product of their rows and columns could name far more.
+    fetched = store.read_cells(
+        table, [(k.row, (DATA, k.qualifier)) for k in keys], before=start_ts + 1
+    )
     for key in keys:
         versions = fetched.get(key.row, {}).get((DATA, key.qualifier))
         if not versions or versions[0][0] != start_ts:
