@@ -1,7 +1,8 @@
 """Addresses and raw state of user cells, shared by every protocol step.
 
 :func:`fetch_cells` is the one place that turns a set of user cells into store reads; every
-step reads through it, so "one round trip per table" holds everywhere.
+step reads through it, so "one round trip per table" (per :data:`CELLS_PER_READ` cells)
+holds everywhere.
 """
 
 from __future__ import annotations

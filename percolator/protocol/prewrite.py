@@ -2,7 +2,8 @@
 
 Per cell, in this order:
 
-1. **Read** the lock cell and the newest write record (one Get per row, batched).
+1. **Read** the lock cell and the newest write record (one Get per row, batched;
+   :func:`~percolator.protocol.cells.fetch_cells`).
 2. **Check**: a lock of another transaction -> resolve it if that transaction is finished or
    dead, otherwise conflict; a latest commit ``>= start_ts`` -> write-write conflict (snapshot
    isolation's first-committer-wins); a rollback marker for ``start_ts`` -> we were rolled

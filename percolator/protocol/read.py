@@ -1,7 +1,9 @@
 """Snapshot read at ``read_ts``.
 
 One Get per row fetches the lock cell, the newest write record ``<= read_ts`` and the newest
-data version ``<= read_ts`` (exclusive bound ``read_ts + 1``).  In the common case (no lock,
+data version ``<= read_ts`` (exclusive bound ``read_ts + 1``); a read of more than
+:data:`~percolator.protocol.cells.CELLS_PER_READ` cells takes several, each cell's own cells
+in one of them.  In the common case (no lock,
 newest data version is the committed one) that is the whole read: **one round trip**.
 
 * A lock with ``start_ts <= read_ts`` may belong to a transaction that commits below
@@ -25,7 +27,8 @@ from collections.abc import Sequence
 
 from percolator.errors import LockWaitTimeoutError, StoreError
 from percolator.layout import DATA
-from percolator.protocol.cells import CELLS_PER_READ, CellKey, RawCell, fetch_cells
+from percolator.protocol import cells
+from percolator.protocol.cells import CellKey, RawCell, fetch_cells
 from percolator.protocol.resolve import LockResolver
 from percolator.records import CommitInfo, Kind
 from percolator.retry import Backoff
@@ -122,8 +125,9 @@ def _fetch_data_at(store: Store, wanted: list[tuple[CellKey, int]]) -> dict[Cell
         groups[(key.table, start_ts)].append(key)
     out: dict[CellKey, bytes] = {}
     for (table, start_ts), group in groups.items():
-        for first in range(0, len(group), CELLS_PER_READ):
-            keys = group[first : first + CELLS_PER_READ]
+        per_read = cells.CELLS_PER_READ  # read at call time: one setting for every read
+        for first in range(0, len(group), per_read):
+            keys = group[first : first + per_read]
             _fetch_data_group(store, table, start_ts, keys, out)
     return out
 

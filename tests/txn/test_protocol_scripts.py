@@ -10,8 +10,10 @@ import pytest
 
 from percolator.errors import ConflictError, LockWaitTimeoutError, TransactionAbortedError
 from percolator.layout import DATA, WRITE
+from percolator.protocol import cells as cells_module
 from percolator.protocol.cells import fetch_cells
 from percolator.protocol.lock import commit_lock
+from percolator.protocol.read import read_cells
 from percolator.protocol.resolve import TxnOutcome, TxnState, find_commit_in_history, resolve_lock
 from percolator.records import Kind, WriteRecord
 from percolator.store import Store
@@ -232,6 +234,36 @@ def test_reads_pick_the_version_the_commit_points_at(h: ProtocolHarness) -> None
         b"orphan",
     )
     h.must_get(K, C, h.ts(30), b"committed")
+
+
+def test_reads_in_parts_pick_the_versions_the_commits_point_at(
+    h: ProtocolHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three cells whose newest data is a rolled-back orphan, read with one cell per store
+    read: the reads of the committed versions are split too, and each finds its own."""
+    columns = ("a", "b", "c")
+    for n, column in enumerate(columns):
+        h.must_prewrite([(K, column, column.encode())], primary=(K, column), start_ts=h.ts(n))
+        h.must_commit_primary((K, column), h.ts(n), h.ts(n + 5))
+    orphans = [(K, column, b"orphan") for column in columns]
+    h.must_prewrite(orphans, primary=(K, "a"), start_ts=h.ts(20), ttl_ms=10)
+    h.clock_ms = h.base_ms + 1000
+    for column in columns:
+        h.must_rollback((K, column), h.ts(20))
+    monkeypatch.setattr(cells_module, "CELLS_PER_READ", 3)  # one cell: lock, write, data
+    reads = []
+    real_read_cells = h.store.read_cells
+
+    def counted(*args: object, **kwargs: object) -> object:
+        reads.append(args[1])
+        return real_read_cells(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(h.store, "read_cells", counted)
+    keys = [h.key(K, column) for column in columns]
+    found = read_cells(h.store, h.resolver, keys, h.ts(30))
+    assert found == {key: key.column.encode() for key in keys}
+    # three reads of the cells' newest state, then three of the data at the commits
+    assert [len(cells) for cells in reads] == [3, 3, 3, 1, 1, 1], reads
 
 
 def test_delete_hides_older_value(h: ProtocolHarness) -> None:

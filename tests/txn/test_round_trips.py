@@ -253,15 +253,13 @@ def test_a_read_of_many_cells_is_split_and_each_row_comes_whole(
     cell's lock cell, write record and data in the same one), so a wide row is never asked
     of the store in one piece; the reader still gets every value, and a scan each row whole."""
     from percolator.protocol import cells as cells_module
-    from percolator.protocol import read as read_module
 
     columns = [f"c{i}" for i in range(7)]
     with client.transaction() as txn:
         for row in (b"a", b"b"):
             for column in columns:
                 txn.set("t", row, column, row + column.encode())
-    for module in (cells_module, read_module):
-        monkeypatch.setattr(module, "CELLS_PER_READ", 6)  # 2 cells with their 3 families
+    monkeypatch.setattr(cells_module, "CELLS_PER_READ", 6)  # 2 cells with their 3 families
     before = reads_and_writes(client)
     with client.snapshot() as snap:
         assert snap.get_row("t", b"a", columns) == {c: b"a" + c.encode() for c in columns}
