@@ -8,7 +8,7 @@ holds everywhere.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from percolator.layout import DATA, LOCK, WRITE
@@ -123,8 +123,7 @@ def fetch_cells(
     families = (LOCK, WRITE, DATA) if with_data else (LOCK, WRITE)
     per_read = max(1, CELLS_PER_READ // len(families))
     for table, all_keys in group_by_table(keys).items():
-        for first in range(0, len(all_keys), per_read):
-            table_keys = all_keys[first : first + per_read]
+        for table_keys in in_parts(all_keys, per_read):
             # Exactly these cells, not every column of every row: a transaction writing a
             # different column in each of many rows reads as many cells as it writes.
             wanted = [
@@ -133,6 +132,12 @@ def fetch_cells(
             fetched = store.read_cells(table, wanted, before=before)
             _decode_fetched(table_keys, fetched, result)
     return result
+
+
+def in_parts(keys: Sequence[CellKey], size: int) -> Iterator[Sequence[CellKey]]:
+    """``keys`` in order, in consecutive parts of at most ``size`` (one store read each)."""
+    for first in range(0, len(keys), size):
+        yield keys[first : first + size]
 
 
 def _decode_fetched(

@@ -3,8 +3,8 @@
 One Get per row fetches the lock cell, the newest write record ``<= read_ts`` and the newest
 data version ``<= read_ts`` (exclusive bound ``read_ts + 1``); a read of more than
 :data:`~percolator.protocol.cells.CELLS_PER_READ` cells takes several, each cell's own cells
-in one of them.  In the common case (no lock,
-newest data version is the committed one) that is the whole read: **one round trip**.
+in one of them.  In the common case (no lock, newest data version is the committed one)
+that is the whole read: **one round trip**.
 
 * A lock with ``start_ts <= read_ts`` may belong to a transaction that commits below
   ``read_ts``: it must be resolved before the read can answer.  Dead transactions are rolled
@@ -124,16 +124,15 @@ def _fetch_data_at(store: Store, wanted: list[tuple[CellKey, int]]) -> dict[Cell
     for key, start_ts in wanted:
         groups[(key.table, start_ts)].append(key)
     out: dict[CellKey, bytes] = {}
+    per_read = cells.CELLS_PER_READ  # read at call time: one setting for every read
     for (table, start_ts), group in groups.items():
-        per_read = cells.CELLS_PER_READ  # read at call time: one setting for every read
-        for first in range(0, len(group), per_read):
-            keys = group[first : first + per_read]
+        for keys in cells.in_parts(group, per_read):
             _fetch_data_group(store, table, start_ts, keys, out)
     return out
 
 
 def _fetch_data_group(
-    store: Store, table: str, start_ts: int, keys: list[CellKey], out: dict[CellKey, bytes]
+    store: Store, table: str, start_ts: int, keys: Sequence[CellKey], out: dict[CellKey, bytes]
 ) -> None:
     """The data at ``start_ts`` of ``keys`` (of ``table``), in one read, into ``out``."""
     # Exactly these cells: a cross product of their rows and columns could name far more.
