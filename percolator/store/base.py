@@ -74,6 +74,11 @@ MAX_VERSION = (1 << 63) - 2
 # usable limit is a little lower (its region lookup key adds the table name and 16 bytes);
 # the HBase backend refuses longer rows up front.
 MAX_ROW_LENGTH = 32767
+#: The most cells (rows x columns) one read of :meth:`Store.read_cells` through a cross
+#: product asks for: the server answers every named column of every named row that exists,
+#: and HBase's Thrift gateway holds a whole answer in its heap, so a read of rows that each
+#: name other columns is split (each row whole in one part) rather than sent as one product.
+CROSS_PRODUCT_CELLS = 30_000
 
 
 @dataclass(frozen=True)
@@ -287,9 +292,10 @@ class Store(abc.ABC):
         each a different column, reads as many cells as it writes, not rows x columns.
         This default (HBase without a Thrift-2 gateway) sends that cross product in one
         :meth:`read_rows` (one round trip; the server finds only what exists) and keeps the
-        cells asked for; the other stores read exactly the cells.  An empty ``cells`` reads
-        nothing (no round trip).  Raises InvalidArgumentError for a malformed cell, before
-        anything is read."""
+        cells asked for; a product of more than :data:`CROSS_PRODUCT_CELLS` is sent in parts
+        of consecutive rows, each at most that (or one row), one round trip each.  The other
+        stores read exactly the cells.  An empty ``cells`` reads nothing (no round trip).
+        Raises InvalidArgumentError for a malformed cell, before anything is read."""
         rows, columns = split_cells(cells)
         if not rows:
             return {}
@@ -303,15 +309,23 @@ class Store(abc.ABC):
         columns: list[Column],
         before: int | None,
     ) -> dict[bytes, RowCells]:
-        """:meth:`read_cells` as one :meth:`read_rows` of ``rows`` x ``columns`` (those of
-        ``cells``, checked by :func:`split_cells`), keeping the cells named."""
-        found = self.read_rows(table, rows, columns=columns, before=before)
+        """:meth:`read_cells` as :meth:`read_rows` of ``rows`` x ``columns`` (those of
+        ``cells``, checked by :func:`split_cells`), keeping the cells named: one read when
+        the product is at most :data:`CROSS_PRODUCT_CELLS`, else one per part of
+        :func:`cross_product_parts`."""
+        parts = (
+            [(rows, columns)]
+            if len(rows) * len(columns) <= CROSS_PRODUCT_CELLS
+            else cross_product_parts(cells, CROSS_PRODUCT_CELLS)
+        )
         wanted = set(cells)
         result: dict[bytes, RowCells] = {}
-        for row, row_cells in found.items():
-            kept = {column: v for column, v in row_cells.items() if (row, column) in wanted}
-            if kept:
-                result[row] = kept
+        for part_rows, part_columns in parts:
+            found = self.read_rows(table, part_rows, columns=part_columns, before=before)
+            for row, row_cells in found.items():
+                kept = {column: v for column, v in row_cells.items() if (row, column) in wanted}
+                if kept:
+                    result[row] = kept
         return result
 
     @abc.abstractmethod
@@ -434,6 +448,30 @@ def split_cells(cells: object) -> tuple[list[bytes], list[Column]]:
         rows[row] = None
         columns[column] = None
     return list(rows), list(columns)
+
+
+def cross_product_parts(
+    cells: Sequence[tuple[bytes, Column]], limit: int
+) -> list[tuple[list[bytes], list[Column]]]:
+    """``cells`` (already checked) as parts of consecutive distinct rows, in order, each
+    with the columns its rows name: a part's rows x columns is at most ``limit`` unless it
+    is a single row (whose product is exactly its own cells).  Every row is in one part."""
+    by_row: dict[bytes, dict[Column, None]] = {}
+    for row, column in cells:
+        by_row.setdefault(row, {})[column] = None
+    parts: list[tuple[list[bytes], list[Column]]] = []
+    part_rows: list[bytes] = []
+    part_columns: dict[Column, None] = {}
+    for row, row_columns in by_row.items():
+        added = sum(1 for column in row_columns if column not in part_columns)
+        if part_rows and (len(part_rows) + 1) * (len(part_columns) + added) > limit:
+            parts.append((part_rows, list(part_columns)))
+            part_rows, part_columns = [], {}
+        part_rows.append(row)
+        part_columns.update(row_columns)
+    if part_rows:
+        parts.append((part_rows, list(part_columns)))
+    return parts
 
 
 def check_cell_args(

@@ -1228,12 +1228,14 @@ class HBaseStore(Store):
         """Exactly the cells named; see :class:`Store`.
 
         Thrift-1 takes one column list for all rows, so it reads the cross product of the
-        rows and columns named (:meth:`Store.read_cells`) and keeps the cells asked for.
+        rows and columns named (:meth:`Store.read_cells`: in parts of consecutive rows once
+        it exceeds :data:`~percolator.store.base.CROSS_PRODUCT_CELLS`) and keeps the cells
+        asked for.
         Where that asks for at least :data:`_EXACT_READ_FACTOR` times more cells than named
         and a Thrift-2 gateway is given (``thrift2_port``), the read is one ``getMultiple``
         instead: a ``TGet`` per row naming that row's cells, with the time range
         ``[0, before)``.  (Below that the two cost the same: bench/read_cells_bench.py.)
-        Either way one round trip, each row one HBase ``Get``
+        Either way one round trip (per part), each row one HBase ``Get``
         (a snapshot of the row), counted as ``read_rows``."""
         check_table_name(table)
         rows, columns = split_cells(cells)

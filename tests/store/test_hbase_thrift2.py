@@ -18,7 +18,8 @@ import pytest
 
 import percolator
 from percolator.errors import ConfigError, StoreUnavailableError, TableNotFoundError
-from percolator.store.base import CompareAndSet, Delete, FamilySpec, Put
+from percolator.store import base as store_base
+from percolator.store.base import CompareAndSet, Delete, FamilySpec, Put, cross_product_parts
 from percolator.store.hbase import HBaseStore
 from percolator.store.url import open_store, parse_store_url
 from percolator.testing import ManualOracle
@@ -314,6 +315,75 @@ def test_read_cells_of_many_rows_name_exactly_each_rows_cells_and_agree_with_thr
         assert exact.read_cells("t", few) == crossed.read_cells("t", few)
         assert exact.read_cells("t", few)[b"r4"] == {("d", b"q4"): [(5, b"4/q4/5")]}
         assert sent == ["getRowsWithColumns"] * 2
+
+
+def test_cross_product_parts_bound_each_part_and_keep_rows_whole() -> None:
+    # A diagonal (each row its own column): a part of n rows asks n x n cells.
+    diagonal = [(b"r%02d" % i, ("d", b"q%02d" % i)) for i in range(10)]
+    parts = cross_product_parts(diagonal, 9)
+    assert [rows for rows, _ in parts] == [
+        [b"r00", b"r01", b"r02"],
+        [b"r03", b"r04", b"r05"],
+        [b"r06", b"r07", b"r08"],
+        [b"r09"],
+    ]
+    assert all(len(rows) * len(columns) <= 9 for rows, columns in parts)
+    # Rows sharing their columns pack up to the bound; a row wider than it goes alone; a
+    # row named twice stays in one part.
+    shared = [(b"s%d" % i, ("d", b"a")) for i in range(5)] + [
+        (b"s%d" % i, ("w", b"a")) for i in range(5)
+    ]
+    wide = [(b"wide", ("d", b"c%d" % i)) for i in range(20)]
+    parts = cross_product_parts(shared + wide + [(b"s0", ("l", b"a"))], 9)
+    assert parts[0] == ([b"s0", b"s1", b"s2"], [("d", b"a"), ("w", b"a"), ("l", b"a")])
+    assert parts[1] == ([b"s3", b"s4"], [("d", b"a"), ("w", b"a")])
+    assert parts[2] == ([b"wide"], [("d", b"c%d" % i) for i in range(20)])
+    assert cross_product_parts([], 9) == []
+
+
+@pytest.mark.hbase
+def test_a_wide_cross_product_on_thrift1_is_read_in_bounded_parts(
+    hbase_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without Thrift-2 a read of cells in many rows is a rows x columns product; above the
+    # bound it goes in parts of whole rows, and answers as the exact read does.
+    port, thrift2 = _ports(hbase_url)
+    with (
+        HBaseStore("127.0.0.1", port, prefix=prefix, thrift2_port=thrift2) as exact,
+        HBaseStore("127.0.0.1", port, prefix=prefix) as crossed,
+    ):
+        exact.create_table("t", FAMILIES)
+        # Every row has every column, so an unbounded product would answer 40 x 40 cells.
+        exact.put(
+            "t",
+            [
+                Put(b"r%02d" % i, "d", b"q%02d" % j, 3, b"%d/%d" % (i, j))
+                for i in range(40)
+                for j in range(40)
+            ],
+        )
+        cells = [(b"r%02d" % i, ("d", b"q%02d" % i)) for i in range(40)]
+        cells += [(b"r05", ("w", b"q05")), (b"gone", ("d", b"q00"))]
+        sent: list[tuple[int, int]] = []
+        read_rows = crossed.read_rows
+
+        def recording(table: str, rows: Any, columns: Any = None, **kwargs: Any) -> Any:
+            sent.append((len(rows), len(columns)))
+            return read_rows(table, rows, columns, **kwargs)
+
+        crossed.read_rows = recording  # type: ignore[method-assign]
+        monkeypatch.setattr(store_base, "CROSS_PRODUCT_CELLS", 100)
+        got = crossed.read_cells("t", cells, before=4)
+        assert got == exact.read_cells("t", cells, before=4)
+        assert got == {
+            b"r%02d" % i: {("d", b"q%02d" % i): [(3, b"%d/%d" % (i, i))]} for i in range(40)
+        }
+        assert [rows for rows, _ in sent] == [9, 10, 10, 10, 2]  # r05 names two columns
+        assert all(rows * columns <= 100 for rows, columns in sent), sent
+        sent.clear()
+        monkeypatch.setattr(store_base, "CROSS_PRODUCT_CELLS", 30_000)
+        assert crossed.read_cells("t", cells, before=4) == got
+        assert sent == [(41, 41)]  # under the bound: one read
 
 
 @pytest.mark.hbase
