@@ -18,7 +18,10 @@ function raises, or that adds no command of its name is left out with one line n
 working; running the broken command itself is an error with that line and exit code 2.
 
 Errors of the project's own tree are printed as one clear line (``percolator: error: ...``)
-with exit code 2; anything else is a bug and shows its traceback.
+with exit code 2; anything else raised by one of the engine's commands is a bug and shows
+its traceback.  A command of another package that fails with an exception that is not the
+engine's is reported in one line naming its plugin, with exit code 1 (its traceback at
+``--log-level debug``): the failure is that package's, not the engine's.
 
 Options come from flags, the environment and a config file, in that order of precedence
 (see :mod:`percolator.config`).  ``--config PATH`` is accepted before the command and after
@@ -43,6 +46,7 @@ import json
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -101,6 +105,8 @@ class Commands:
 
     parser: argparse.ArgumentParser
     errors: list[CommandPluginError] = field(default_factory=list)
+    #: the entry point of each command that loaded, by command name
+    sources: dict[str, importlib.metadata.EntryPoint] = field(default_factory=dict)
 
 
 def find_commands(
@@ -168,6 +174,8 @@ def load_commands(
         except CommandPluginError as exc:
             commands.errors.append(exc)
             _forget_new_commands(subparsers, before)
+        else:
+            commands.sources[entry_point.name] = entry_point
     for path, child in _all_parsers(parser):
         if path and "--config" not in child._option_string_actions:
             # SUPPRESS: a command's parser must not overwrite a --config given before the
@@ -338,13 +346,18 @@ def _setup_logging(args: argparse.Namespace, argv: Sequence[str]) -> None:
     configure_logging(level, log_format)
 
 
+#: the options before the command that take a value in the next token
+_GLOBAL_OPTIONS_WITH_VALUE = ("--config", "--log-level", "--log-format")
+
+
 def _command_name(argv: Sequence[str]) -> str | None:
-    """The first token naming a command (skipping ``--config PATH``), if any."""
+    """The first token naming a command (skipping the values of the global options, as in
+    ``--log-level debug``), if any."""
     skip = False
     for token in argv:
         if skip:
             skip = False
-        elif token == "--config":
+        elif token in _GLOBAL_OPTIONS_WITH_VALUE:
             skip = True
         elif not token.startswith("-"):
             return token
@@ -354,6 +367,27 @@ def _command_name(argv: Sequence[str]) -> str | None:
 def _error(exc: PercolatorError) -> int:
     print(f"percolator: error: {exc}", file=sys.stderr)
     return 2
+
+
+def is_engine_command(entry_point: importlib.metadata.EntryPoint) -> bool:
+    """Whether a command plugin is one of the engine's own (its code is in ``percolator``)."""
+    return entry_point.value.partition(":")[0].partition(".")[0] == "percolator"
+
+
+def _plugin_failed(entry_point: importlib.metadata.EntryPoint, exc: Exception) -> int:
+    """Report a command of another package that raised: one line naming the plugin (and
+    its traceback when debug logging is on); exit code 1."""
+    if logging.getLogger().isEnabledFor(logging.DEBUG):
+        traceback.print_exception(exc, file=sys.stderr)
+        hint = ""
+    else:
+        hint = " (--log-level debug shows the traceback)"
+    print(
+        f"percolator: error: command {entry_point.name!r} of plugin {entry_point.value} "
+        f"failed: {describe_plugin_error(exc)}{hint}",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def _complete(parser: argparse.ArgumentParser) -> None:
@@ -434,6 +468,11 @@ def _main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("percolator: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        source = commands.sources.get(chosen or "")
+        if source is None or is_engine_command(source):
+            raise  # a bug of the engine: its traceback is what a report needs
+        return _plugin_failed(source, exc)
     finally:
         # A command run in-process (tests, an embedding program) leaves logging as it was.
         if _handler is not None:

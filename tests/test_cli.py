@@ -3,16 +3,19 @@ found through the ``percolator.commands`` entry points, ``--version``."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import percolator
 from percolator import cli
+from percolator.errors import ConfigError
 from tests.cli_process import run_percolator
 
 # The engine's own commands and those of the packages installed with it.
@@ -125,6 +128,54 @@ def test_main_reports_a_broken_plugin_in_one_line(
     ]
 
 
+def register_failing(subparsers: Any) -> None:
+    """A third-party command plugin whose commands fail when run."""
+    boom = subparsers.add_parser("boom")
+    boom.add_argument("--engine-error", action="store_true")
+    boom.set_defaults(func=_run_boom)
+
+
+def _run_boom(args: argparse.Namespace) -> int:
+    if args.engine_error:
+        raise ConfigError("a setting of the plugin is wrong")
+    raise ValueError("the plugin's own bug")
+
+
+def test_a_failing_command_of_another_package_is_one_line_naming_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    points = [entry_point("boom", "tests.test_cli:register_failing")]
+    monkeypatch.setattr(cli, "find_commands", lambda entry_points=None: points)
+    assert cli.main(["boom"]) == 1
+    assert capsys.readouterr().err == (
+        "percolator: error: command 'boom' of plugin tests.test_cli:register_failing failed: "
+        "ValueError: the plugin's own bug (--log-level debug shows the traceback)\n"
+    )
+    assert cli.main(["--log-level", "debug", "boom"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):")
+    assert "in _run_boom" in err
+    assert err.endswith("failed: ValueError: the plugin's own bug\n")
+    # The engine's errors raised by plugin code are reported as ever.
+    assert cli.main(["boom", "--engine-error"]) == 2
+    assert capsys.readouterr().err == "percolator: error: a setting of the plugin is wrong\n"
+
+
+def test_an_engine_command_that_fails_unexpectedly_shows_its_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The same failure in one of the engine's own commands is a bug of the engine.
+    points = [entry_point("boom", "percolator.commands.gc:register")]
+    assert cli.is_engine_command(points[0])
+    assert not cli.is_engine_command(entry_point("boom", "percolator_extra.cli:register"))
+    monkeypatch.setattr(cli, "find_commands", lambda entry_points=None: points)
+    monkeypatch.setattr(
+        cli, "_register", lambda entry_point, subparsers: register_failing(subparsers)
+    )
+    with pytest.raises(ValueError, match="the plugin's own bug"):
+        cli.main(["boom"])
+
+
 def test_a_broken_plugin_of_another_distribution(tmp_path: Path) -> None:
     """Real discovery through package metadata (a dist-info directory on the path)."""
     info = tmp_path / "broken_commands-0.0.dist-info"
@@ -174,6 +225,7 @@ def test_config_option_is_found_before_and_after_the_command() -> None:
     assert cli._explicit_config(["--config=a.toml", "gc", "--config=b.toml"]) == "b.toml"
     assert cli._explicit_config(["gc", "--", "--config", "c.toml"]) is None
     assert cli._command_name(["--config", "a.toml", "worker", "--threads", "2"]) == "worker"
+    assert cli._command_name(["--log-level", "debug", "--log-format", "json", "gc"]) == "gc"
 
 
 def test_shell_completion_through_argcomplete(tmp_path: Path) -> None:
