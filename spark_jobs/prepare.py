@@ -204,6 +204,7 @@ class BackfillOptions:
         if self.progress_interval_s <= 0:
             raise ConfigError("progress_interval_s must be > 0")
         percolator.ClientOptions(**self.client_options)  # validates names and values
+        check_targets(self.columns)  # the rest of the mapping needs the input's schema
 
 
 def check_job_id(job_id: str) -> str:
@@ -560,20 +561,13 @@ def plan_mapping(
     mappings = list(columns) or [ColumnMapping(n) for n in names if n not in (key, CORRUPT_COLUMN)]
     if not mappings:
         raise ConfigError(f"the input has no column to store besides the key {key!r}")
-    targets: list[str] = []
+    targets = check_targets(mappings)
     exprs = [key_expr.alias("k")]
     for i, mapping in enumerate(mappings):
         if mapping.source not in types:
             raise ConfigError(
                 f"value column {mapping.source!r} is not in the input; input columns: {names}"
             )
-        try:
-            encode_column(mapping.column)
-        except InvalidArgumentError as exc:
-            raise ConfigError(f"value column {mapping.source!r}: {exc}") from None
-        if mapping.column in targets:
-            raise ConfigError(f"two input columns map to table column {mapping.column!r}")
-        targets.append(mapping.column)
         type_name = _type_name(types[mapping.source])
         column = F.col(f"`{mapping.source}`")
         if type_name in _RAW_TYPES:
@@ -592,6 +586,22 @@ def plan_mapping(
         exprs.append(F.col(CORRUPT_COLUMN).alias("bad"))
     plan = MappingPlan(key, tuple(targets), has_corrupt, max_value_bytes)
     return plan, df.select(*exprs)
+
+
+def check_targets(mappings: Sequence[ColumnMapping]) -> list[str]:
+    """The table columns ``mappings`` write, in order; ConfigError for one that is not a
+    valid column name (reserved, empty, too long) or that two mappings share.  Needs no
+    input: the job checks the mappings it is given before Spark starts."""
+    targets: list[str] = []
+    for mapping in mappings:
+        try:
+            encode_column(mapping.column)
+        except InvalidArgumentError as exc:
+            raise ConfigError(f"value column {mapping.source!r}: {exc}") from None
+        if mapping.column in targets:
+            raise ConfigError(f"two input columns map to table column {mapping.column!r}")
+        targets.append(mapping.column)
+    return targets
 
 
 Cells = tuple[tuple[str, bytes], ...]

@@ -78,6 +78,41 @@ def test_missing_input_fails_before_spark_starts(tmp_path: Path) -> None:
     assert time.monotonic() - started < 60
 
 
+@pytest.mark.parametrize(
+    ("columns", "message"),
+    [
+        (
+            ["value=!ack"],
+            "value column 'value': column '!ack' is reserved: names starting with '!' belong "
+            "to the engine",
+        ),
+        (["value=x", "id=x"], "two input columns map to table column 'x'"),
+        (["value="], "column mapping 'value=' must look like SOURCE or SOURCE=TARGET"),
+    ],
+)
+def test_bad_target_columns_fail_before_spark_starts(
+    columns: list[str],
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The mapping's own mistakes need no input schema: they are found before the JVM.
+    def no_spark(args: argparse.Namespace, app_name: str) -> Any:
+        raise AssertionError("Spark was started for a mapping that cannot work")
+
+    monkeypatch.setattr("percolator.spark_jobs.cli._session", no_spark)
+    source = tmp_path / "in.jsonl"
+    write_items(source, 3)
+    store = f"embedded:{tmp_path / 'store'}"
+    args = ["backfill", str(source), "--store", store, "--table", ITEMS, "--key", "id"]
+    for column in columns:
+        args += ["--column", column]
+    assert main(args) == 2
+    assert capsys.readouterr().err == f"percolator: error: {message}\n"
+    assert not (tmp_path / "store").exists()
+
+
 def test_register_adds_both_commands() -> None:
     parser = argparse.ArgumentParser()
     subparsers = parser.add_subparsers()
