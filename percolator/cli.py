@@ -350,6 +350,14 @@ def _setup_logging(args: argparse.Namespace, argv: Sequence[str]) -> None:
 _GLOBAL_OPTIONS_WITH_VALUE = ("--config", "--log-level", "--log-format")
 
 
+def _abbreviates_one(token: str) -> bool:
+    """Whether ``token`` is an abbreviation argparse takes for one global option with a
+    value (``--log-f json``)."""
+    if not token.startswith("--") or "=" in token:
+        return False
+    return sum(option.startswith(token) for option in _GLOBAL_OPTIONS_WITH_VALUE) == 1
+
+
 def _command_name(argv: Sequence[str]) -> str | None:
     """The first token naming a command (skipping the values of the global options, as in
     ``--log-level debug``), if any."""
@@ -357,7 +365,7 @@ def _command_name(argv: Sequence[str]) -> str | None:
     for token in argv:
         if skip:
             skip = False
-        elif token in _GLOBAL_OPTIONS_WITH_VALUE:
+        elif token in _GLOBAL_OPTIONS_WITH_VALUE or _abbreviates_one(token):
             skip = True
         elif not token.startswith("-"):
             return token
@@ -367,6 +375,19 @@ def _command_name(argv: Sequence[str]) -> str | None:
 def _error(exc: PercolatorError) -> int:
     print(f"percolator: error: {exc}", file=sys.stderr)
     return 2
+
+
+def _run_command(args: argparse.Namespace, source: importlib.metadata.EntryPoint | None) -> Any:
+    """Run the parsed command (its ``func``); what a command of another package raises that
+    the engine does not report itself is reported here, naming the plugin."""
+    try:
+        return args.func(args)
+    except (PercolatorError, BrokenPipeError):  # reported by the callers, as for any command
+        raise
+    except Exception as exc:
+        if source is None or is_engine_command(source):
+            raise  # a bug of the engine: its traceback is what a report needs
+        return _plugin_failed(source, exc)
 
 
 def is_engine_command(entry_point: importlib.metadata.EntryPoint) -> bool:
@@ -462,17 +483,12 @@ def _main(argv: Sequence[str] | None = None) -> int:
     try:
         _setup_logging(args, argv)
         config.warn_unknown_environment(parser, os.environ)
-        code = args.func(args)
+        code = _run_command(args, commands.sources.get(chosen or ""))
     except PercolatorError as exc:
         return _error(exc)
     except KeyboardInterrupt:
         print("percolator: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:
-        source = commands.sources.get(chosen or "")
-        if source is None or is_engine_command(source):
-            raise  # a bug of the engine: its traceback is what a report needs
-        return _plugin_failed(source, exc)
     finally:
         # A command run in-process (tests, an embedding program) leaves logging as it was.
         if _handler is not None:

@@ -204,6 +204,8 @@ class BackfillOptions:
         if self.progress_interval_s <= 0:
             raise ConfigError("progress_interval_s must be > 0")
         percolator.ClientOptions(**self.client_options)  # validates names and values
+        # A tuple, so that checking it here cannot use up an iterator the job reads later.
+        object.__setattr__(self, "columns", tuple(self.columns))
         check_targets(self.columns)  # the rest of the mapping needs the input's schema
 
 

@@ -132,12 +132,15 @@ def register_failing(subparsers: Any) -> None:
     """A third-party command plugin whose commands fail when run."""
     boom = subparsers.add_parser("boom")
     boom.add_argument("--engine-error", action="store_true")
+    boom.add_argument("--closed-pipe", action="store_true")
     boom.set_defaults(func=_run_boom)
 
 
 def _run_boom(args: argparse.Namespace) -> int:
     if args.engine_error:
         raise ConfigError("a setting of the plugin is wrong")
+    if args.closed_pipe:
+        raise BrokenPipeError(32, "Broken pipe")
     raise ValueError("the plugin's own bug")
 
 
@@ -159,6 +162,9 @@ def test_a_failing_command_of_another_package_is_one_line_naming_it(
     # The engine's errors raised by plugin code are reported as ever.
     assert cli.main(["boom", "--engine-error"]) == 2
     assert capsys.readouterr().err == "percolator: error: a setting of the plugin is wrong\n"
+    # A reader that went away ends any command quietly.
+    assert cli.main(["boom", "--closed-pipe"]) == cli.BROKEN_PIPE_EXIT
+    assert capsys.readouterr().err == ""
 
 
 def test_an_engine_command_that_fails_unexpectedly_shows_its_traceback(
@@ -226,6 +232,8 @@ def test_config_option_is_found_before_and_after_the_command() -> None:
     assert cli._explicit_config(["gc", "--", "--config", "c.toml"]) is None
     assert cli._command_name(["--config", "a.toml", "worker", "--threads", "2"]) == "worker"
     assert cli._command_name(["--log-level", "debug", "--log-format", "json", "gc"]) == "gc"
+    assert cli._command_name(["--log-f", "json", "--conf", "a.toml", "gc"]) == "gc"  # argparse's
+    assert cli._command_name(["--log", "gc"]) == "gc"  # ambiguous: argparse refuses it
 
 
 def test_shell_completion_through_argcomplete(tmp_path: Path) -> None:

@@ -124,7 +124,7 @@ def _fetch_data_at(store: Store, wanted: list[tuple[CellKey, int]]) -> dict[Cell
     for key, start_ts in wanted:
         groups[(key.table, start_ts)].append(key)
     out: dict[CellKey, bytes] = {}
-    per_read = cells.CELLS_PER_READ  # read at call time: one setting for every read
+    per_read = max(1, cells.CELLS_PER_READ)  # read at call time: one setting for every read
     for (table, start_ts), group in groups.items():
         for keys in cells.in_parts(group, per_read):
             _fetch_data_group(store, table, start_ts, keys, out)

@@ -113,6 +113,14 @@ def test_bad_target_columns_fail_before_spark_starts(
     assert not (tmp_path / "store").exists()
 
 
+def test_options_keep_the_column_mappings_they_checked() -> None:
+    from percolator.spark_jobs.prepare import BackfillOptions, ColumnMapping
+
+    mappings = (ColumnMapping(name) for name in ("a", "b"))  # an iterator, read once
+    options = BackfillOptions("embedded:/nowhere", "t", ("in.csv",), "k", columns=mappings)  # type: ignore[arg-type]
+    assert options.columns == (ColumnMapping("a"), ColumnMapping("b"))
+
+
 def test_register_adds_both_commands() -> None:
     parser = argparse.ArgumentParser()
     subparsers = parser.add_subparsers()
