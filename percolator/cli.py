@@ -346,30 +346,30 @@ def _setup_logging(args: argparse.Namespace, argv: Sequence[str]) -> None:
     configure_logging(level, log_format)
 
 
-#: the options before the command that take a value in the next token
-_GLOBAL_OPTIONS_WITH_VALUE = ("--config", "--log-level", "--log-format")
-
-
-def _abbreviates_one(token: str) -> bool:
-    """Whether ``token`` is an abbreviation argparse takes for one global option with a
-    value (``--log-f json``)."""
-    if not token.startswith("--") or "=" in token:
-        return False
-    return sum(option.startswith(token) for option in _GLOBAL_OPTIONS_WITH_VALUE) == 1
-
-
-def _command_name(argv: Sequence[str]) -> str | None:
-    """The first token naming a command (skipping the values of the global options, as in
-    ``--log-level debug``), if any."""
+def _command_name(argv: Sequence[str], parser: argparse.ArgumentParser) -> str | None:
+    """The first token naming a command, if any.  The options before it are ``parser``'s
+    own; the value of one that takes a value (``--log-level debug``, also abbreviated as
+    argparse allows: ``--log-l debug``) is skipped."""
+    options = parser._option_string_actions
     skip = False
     for token in argv:
         if skip:
             skip = False
-        elif token in _GLOBAL_OPTIONS_WITH_VALUE or _abbreviates_one(token):
-            skip = True
         elif not token.startswith("-"):
             return token
+        else:
+            action = options.get(token) or _abbreviated(token, options)
+            skip = action is not None and action.nargs != 0
     return None
+
+
+def _abbreviated(token: str, options: dict[str, argparse.Action]) -> argparse.Action | None:
+    """The one option that ``token`` abbreviates, as argparse takes ``--log-f``; None when
+    it abbreviates none or several."""
+    if not token.startswith("--") or "=" in token:
+        return None
+    matches = {action for option, action in options.items() if option.startswith(token)}
+    return matches.pop() if len(matches) == 1 else None
 
 
 def _error(exc: PercolatorError) -> int:
@@ -459,7 +459,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     commands = load_commands()
     parser = commands.parser
     _complete(parser)
-    chosen = _command_name(argv)
+    chosen = _command_name(argv, parser)
     for plugin_error in commands.errors:
         if plugin_error.plugin == chosen:
             return _error(plugin_error)

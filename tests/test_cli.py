@@ -230,10 +230,12 @@ def test_config_option_is_found_before_and_after_the_command() -> None:
     assert cli._explicit_config(["gc", "--config", "b.toml"]) == "b.toml"
     assert cli._explicit_config(["--config=a.toml", "gc", "--config=b.toml"]) == "b.toml"
     assert cli._explicit_config(["gc", "--", "--config", "c.toml"]) is None
-    assert cli._command_name(["--config", "a.toml", "worker", "--threads", "2"]) == "worker"
-    assert cli._command_name(["--log-level", "debug", "--log-format", "json", "gc"]) == "gc"
-    assert cli._command_name(["--log-f", "json", "--conf", "a.toml", "gc"]) == "gc"  # argparse's
-    assert cli._command_name(["--log", "gc"]) == "gc"  # ambiguous: argparse refuses it
+    parser = cli.build_parser()
+    assert cli._command_name(["--config", "a.toml", "worker", "--threads", "2"], parser) == "worker"
+    assert cli._command_name(["--log-level", "debug", "--log-format", "json", "gc"], parser) == "gc"
+    # argparse's abbreviations; an ambiguous one argparse refuses
+    assert cli._command_name(["--log-f", "json", "--conf", "a.toml", "gc"], parser) == "gc"
+    assert cli._command_name(["--log", "gc"], parser) == "gc"
 
 
 def test_shell_completion_through_argcomplete(tmp_path: Path) -> None:
