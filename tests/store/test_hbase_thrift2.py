@@ -48,6 +48,19 @@ def prefix(hbase_url: str) -> Iterator[str]:
 
 
 @pytest.fixture
+def exact_and_crossed(hbase_url: str, prefix: str) -> Iterator[tuple[HBaseStore, HBaseStore]]:
+    """Two stores on one namespace with table "t": one reading through the Thrift-2
+    gateway where it can (exact reads), one through Thrift-1 alone (cross products)."""
+    port, thrift2 = _ports(hbase_url)
+    with (
+        HBaseStore("127.0.0.1", port, prefix=prefix, thrift2_port=thrift2) as exact,
+        HBaseStore("127.0.0.1", port, prefix=prefix) as crossed,
+    ):
+        exact.create_table("t", FAMILIES)
+        yield exact, crossed
+
+
+@pytest.fixture
 def proxy(hbase_url: str) -> Iterator[FaultyProxy]:
     """A TCP proxy in front of the session HBase's Thrift-2 gateway."""
     _, thrift2 = _ports(hbase_url)
@@ -265,56 +278,51 @@ def test_calls_over_both_gateways_never_wait_for_each_other(hbase_url: str, pref
 
 @pytest.mark.hbase
 def test_read_cells_of_many_rows_name_exactly_each_rows_cells_and_agree_with_thrift1(
-    hbase_url: str, prefix: str
+    exact_and_crossed: tuple[HBaseStore, HBaseStore],
 ) -> None:
     # A read of one column in each of many rows, a different column each (a prewrite's
     # shape): through Thrift-2 one getMultiple asks each row for its own cells only;
     # Thrift-1 asks every row for every column and filters.  Both must give the same
     # answer: versions below ``before``, delete masks and an empty qualifier included.  A
     # small read, whose cross product is no bigger, stays on Thrift-1.
-    port, thrift2 = _ports(hbase_url)
-    with (
-        HBaseStore("127.0.0.1", port, prefix=prefix, thrift2_port=thrift2) as exact,
-        HBaseStore("127.0.0.1", port, prefix=prefix) as crossed,
-    ):
-        exact.create_table("t", FAMILIES)
-        exact.put(
-            "t",
-            [
-                Put(b"r%d" % i, family, qualifier, version, b"%d/%s/%d" % (i, qualifier, version))
-                for i in range(40)
-                for family in ("d", "w")
-                for qualifier in (b"", b"q%d" % i, b"q%d" % (i + 1))
-                for version in (3, 5)
-            ],
-        )
-        exact.delete_versions("t", [Delete(b"r1", "d", b"q1", 5)])  # masks 3 and 5
-        cells = [(b"r%d" % i, ("d", b"q%d" % i)) for i in range(40)]
-        cells += [(b"r%d" % i, ("w", b"")) for i in range(0, 40, 3)]
-        cells += [(b"gone", ("d", b"q0")), (b"r2", ("l", b"q2"))]
-        sent: list[str] = []
-        call = exact._call
+    exact, crossed = exact_and_crossed
+    exact.put(
+        "t",
+        [
+            Put(b"r%d" % i, family, qualifier, version, b"%d/%s/%d" % (i, qualifier, version))
+            for i in range(40)
+            for family in ("d", "w")
+            for qualifier in (b"", b"q%d" % i, b"q%d" % (i + 1))
+            for version in (3, 5)
+        ],
+    )
+    exact.delete_versions("t", [Delete(b"r1", "d", b"q1", 5)])  # masks 3 and 5
+    cells = [(b"r%d" % i, ("d", b"q%d" % i)) for i in range(40)]
+    cells += [(b"r%d" % i, ("w", b"")) for i in range(0, 40, 3)]
+    cells += [(b"gone", ("d", b"q0")), (b"r2", ("l", b"q2"))]
+    sent: list[str] = []
+    call = exact._call
 
-        def recording(op: str, method: str, *args: object, **kwargs: Any) -> Any:
-            sent.append(method)
-            return call(op, method, *args, **kwargs)
+    def recording(op: str, method: str, *args: object, **kwargs: Any) -> Any:
+        sent.append(method)
+        return call(op, method, *args, **kwargs)
 
-        exact._call = recording  # type: ignore[method-assign]
-        for before in (None, 5, 4, 3, 1):
-            got = exact.read_cells("t", cells, before=before)
-            assert got == crossed.read_cells("t", cells, before=before), before
-        assert sent == ["getMultiple"] * 5
-        assert exact.read_cells("t", cells, before=5)[b"r2"] == {("d", b"q2"): [(3, b"2/q2/3")]}
-        assert b"r1" not in exact.read_cells("t", cells)  # masked, and w: not asked for r1
-        assert exact.read_cells("t", cells)[b"r3"] == {
-            ("d", b"q3"): [(5, b"3/q3/5")],
-            ("w", b""): [(5, b"3//5")],
-        }
-        sent.clear()
-        few = [(b"r3", ("d", b"q3")), (b"r3", ("w", b"")), (b"r4", ("d", b"q4"))]
-        assert exact.read_cells("t", few) == crossed.read_cells("t", few)
-        assert exact.read_cells("t", few)[b"r4"] == {("d", b"q4"): [(5, b"4/q4/5")]}
-        assert sent == ["getRowsWithColumns"] * 2
+    exact._call = recording  # type: ignore[method-assign]
+    for before in (None, 5, 4, 3, 1):
+        got = exact.read_cells("t", cells, before=before)
+        assert got == crossed.read_cells("t", cells, before=before), before
+    assert sent == ["getMultiple"] * 5
+    assert exact.read_cells("t", cells, before=5)[b"r2"] == {("d", b"q2"): [(3, b"2/q2/3")]}
+    assert b"r1" not in exact.read_cells("t", cells)  # masked, and w: not asked for r1
+    assert exact.read_cells("t", cells)[b"r3"] == {
+        ("d", b"q3"): [(5, b"3/q3/5")],
+        ("w", b""): [(5, b"3//5")],
+    }
+    sent.clear()
+    few = [(b"r3", ("d", b"q3")), (b"r3", ("w", b"")), (b"r4", ("d", b"q4"))]
+    assert exact.read_cells("t", few) == crossed.read_cells("t", few)
+    assert exact.read_cells("t", few)[b"r4"] == {("d", b"q4"): [(5, b"4/q4/5")]}
+    assert sent == ["getRowsWithColumns"] * 2
 
 
 def test_cross_product_parts_bound_each_part_and_keep_rows_whole() -> None:
@@ -343,47 +351,40 @@ def test_cross_product_parts_bound_each_part_and_keep_rows_whole() -> None:
 
 @pytest.mark.hbase
 def test_a_wide_cross_product_on_thrift1_is_read_in_bounded_parts(
-    hbase_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+    exact_and_crossed: tuple[HBaseStore, HBaseStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Without Thrift-2 a read of cells in many rows is a rows x columns product; above the
     # bound it goes in parts of whole rows, and answers as the exact read does.
-    port, thrift2 = _ports(hbase_url)
-    with (
-        HBaseStore("127.0.0.1", port, prefix=prefix, thrift2_port=thrift2) as exact,
-        HBaseStore("127.0.0.1", port, prefix=prefix) as crossed,
-    ):
-        exact.create_table("t", FAMILIES)
-        # Every row has every column, so an unbounded product would answer 40 x 40 cells.
-        exact.put(
-            "t",
-            [
-                Put(b"r%02d" % i, "d", b"q%02d" % j, 3, b"%d/%d" % (i, j))
-                for i in range(40)
-                for j in range(40)
-            ],
-        )
-        cells = [(b"r%02d" % i, ("d", b"q%02d" % i)) for i in range(40)]
-        cells += [(b"r05", ("w", b"q05")), (b"gone", ("d", b"q00"))]
-        sent: list[tuple[int, int]] = []
-        read_rows = crossed.read_rows
+    exact, crossed = exact_and_crossed
+    # Every row has every column, so an unbounded product would answer 40 x 40 cells.
+    exact.put(
+        "t",
+        [
+            Put(b"r%02d" % i, "d", b"q%02d" % j, 3, b"%d/%d" % (i, j))
+            for i in range(40)
+            for j in range(40)
+        ],
+    )
+    cells = [(b"r%02d" % i, ("d", b"q%02d" % i)) for i in range(40)]
+    cells += [(b"r05", ("w", b"q05")), (b"gone", ("d", b"q00"))]
+    sent: list[tuple[int, int]] = []
+    read_rows = crossed.read_rows
 
-        def recording(table: str, rows: Any, columns: Any = None, **kwargs: Any) -> Any:
-            sent.append((len(rows), len(columns)))
-            return read_rows(table, rows, columns, **kwargs)
+    def recording(table: str, rows: Any, columns: Any = None, **kwargs: Any) -> Any:
+        sent.append((len(rows), len(columns)))
+        return read_rows(table, rows, columns, **kwargs)
 
-        crossed.read_rows = recording  # type: ignore[method-assign]
-        monkeypatch.setattr(store_base, "CROSS_PRODUCT_CELLS", 100)
-        got = crossed.read_cells("t", cells, before=4)
-        assert got == exact.read_cells("t", cells, before=4)
-        assert got == {
-            b"r%02d" % i: {("d", b"q%02d" % i): [(3, b"%d/%d" % (i, i))]} for i in range(40)
-        }
-        assert [rows for rows, _ in sent] == [9, 10, 10, 10, 2]  # r05 names two columns
-        assert all(rows * columns <= 100 for rows, columns in sent), sent
-        sent.clear()
-        monkeypatch.setattr(store_base, "CROSS_PRODUCT_CELLS", 30_000)
-        assert crossed.read_cells("t", cells, before=4) == got
-        assert sent == [(41, 41)]  # under the bound: one read
+    crossed.read_rows = recording  # type: ignore[method-assign]
+    monkeypatch.setattr(store_base, "CROSS_PRODUCT_CELLS", 100)
+    got = crossed.read_cells("t", cells, before=4)
+    assert got == exact.read_cells("t", cells, before=4)
+    assert got == {b"r%02d" % i: {("d", b"q%02d" % i): [(3, b"%d/%d" % (i, i))]} for i in range(40)}
+    assert [rows for rows, _ in sent] == [9, 10, 10, 10, 2]  # r05 names two columns
+    assert all(rows * columns <= 100 for rows, columns in sent), sent
+    sent.clear()
+    monkeypatch.setattr(store_base, "CROSS_PRODUCT_CELLS", 30_000)
+    assert crossed.read_cells("t", cells, before=4) == got
+    assert sent == [(41, 41)]  # under the bound: one read
 
 
 @pytest.mark.hbase
