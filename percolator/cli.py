@@ -228,24 +228,6 @@ def build_parser() -> argparse.ArgumentParser:
     return load_commands().parser
 
 
-def _explicit_option(argv: Sequence[str], flag: str) -> str | None:
-    """The value of the last ``flag`` given, before or after the command."""
-    found = None
-    for index, token in enumerate(argv):
-        if token == "--":
-            break
-        if token == flag and index + 1 < len(argv):
-            found = argv[index + 1]
-        elif token.startswith(flag + "="):
-            found = token.split("=", 1)[1]
-    return found
-
-
-def _explicit_config(argv: Sequence[str]) -> str | None:
-    """The value of the last ``--config`` given, before or after the command."""
-    return _explicit_option(argv, "--config")
-
-
 # ---------------------------------------------------------------------------- logging
 
 #: attributes every LogRecord has; anything else on a record came from ``extra=``
@@ -330,46 +312,18 @@ def configure_logging(level: str, log_format: str = "text") -> None:
     root.setLevel(level)
 
 
-def _setup_logging(args: argparse.Namespace, argv: Sequence[str]) -> None:
+def _setup_logging(args: argparse.Namespace, line: config.CommandLine) -> None:
     # A flag anywhere on the line wins over the environment and the file, even when given
     # before the command (whose parser then holds the setting from the file or environment).
-    flag_level = _explicit_option(argv, "--log-level")
+    flag_level = line.given.get("log_level")
     level = str(
         _log_level(flag_level)
         if flag_level
         else getattr(args, "log_level", None)
         or getattr(args, "default_log_level", DEFAULT_LOG_LEVEL)
     )
-    log_format = str(
-        _explicit_option(argv, "--log-format") or getattr(args, "log_format", None) or "text"
-    )
+    log_format = str(line.given.get("log_format") or getattr(args, "log_format", None) or "text")
     configure_logging(level, log_format)
-
-
-def _command_name(argv: Sequence[str], parser: argparse.ArgumentParser) -> str | None:
-    """The first token naming a command, if any.  The options before it are ``parser``'s
-    own; the value of one that takes a value (``--log-level debug``, also abbreviated as
-    argparse allows: ``--log-l debug``) is skipped."""
-    options = parser._option_string_actions
-    skip = False
-    for token in argv:
-        if skip:
-            skip = False
-        elif not token.startswith("-"):
-            return token
-        else:
-            action = options.get(token) or _abbreviated(token, options)
-            skip = action is not None and action.nargs != 0
-    return None
-
-
-def _abbreviated(token: str, options: dict[str, argparse.Action]) -> argparse.Action | None:
-    """The one option that ``token`` abbreviates, as argparse takes ``--log-f``; None when
-    it abbreviates none or several."""
-    if not token.startswith("--") or "=" in token:
-        return None
-    matches = {action for option, action in options.items() if option.startswith(token)}
-    return matches.pop() if len(matches) == 1 else None
 
 
 def _error(exc: PercolatorError) -> int:
@@ -459,7 +413,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
     commands = load_commands()
     parser = commands.parser
     _complete(parser)
-    chosen = _command_name(argv, parser)
+    line = config.read_command_line(parser, argv)
+    chosen = line.command_name
     for plugin_error in commands.errors:
         if plugin_error.plugin == chosen:
             return _error(plugin_error)
@@ -467,10 +422,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
     try:
         # Settings from the environment and the config file become the chosen command's
         # defaults before parsing, so flags still win and errors name their source.
-        config_path = config.find_config_file(_explicit_config(argv), os.environ)
-        command = config.command_path(parser, argv)
-        settings = config.resolve(parser, command, config_path=config_path, environ=os.environ)
-        fill = config.apply(parser, command, settings)
+        config_path = config.find_config_file(line.given.get("config"), os.environ)
+        settings = config.resolve(parser, line.path, config_path=config_path, environ=os.environ)
+        fill = config.apply(parser, line.path, settings)
     except PercolatorError as exc:
         return _error(exc)
     args = parser.parse_args(argv)
@@ -481,7 +435,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     root = logging.getLogger()
     level_before = root.level
     try:
-        _setup_logging(args, argv)
+        _setup_logging(args, line)
         config.warn_unknown_environment(parser, os.environ)
         code = _run_command(args, commands.sources.get(chosen or ""))
     except PercolatorError as exc:

@@ -431,31 +431,85 @@ def resolve(
     return list(settings.values())
 
 
-def command_path(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[str, ...]:
-    """The sub-command path ``argv`` selects, e.g. ``("oracle", "serve")``, found by walking
-    the sub-parsers over the non-option tokens (options taking a value are skipped with it)."""
+@dataclass(frozen=True)
+class CommandLine:
+    """What a command line names before argparse parses it: the sub-command path and the
+    values of the options given on it, by destination (``config``, ``log_level``)."""
+
+    #: e.g. ``("oracle", "serve")``; empty when no command is named
+    path: tuple[str, ...]
+    #: the last value given for each option that takes one, by its ``dest``
+    given: Mapping[str, str]
+    #: the token where a command was expected but none has that name (a typo, or the
+    #: command of a plugin that failed to load)
+    unknown_command: str | None = None
+
+    @property
+    def command_name(self) -> str | None:
+        """The top-level command named, known or not."""
+        return self.path[0] if self.path else self.unknown_command
+
+
+def read_command_line(parser: argparse.ArgumentParser, argv: Sequence[str]) -> CommandLine:
+    """Walk ``argv`` the way argparse will: each token belongs to the parser of the command
+    reached so far (the top-level parser, a command group, then the command), so an option
+    is looked up, and abbreviated (``--conf`` for ``--config``, ``--log-l=debug``), in the
+    same parser that will parse it.  An option's value is skipped with it, so a value is
+    never taken for a command name.  Nothing after ``--`` is an option.
+
+    Only options that take a value are recorded; a token that is no option of its parser
+    (argparse will refuse it) or an ambiguous abbreviation is passed over."""
     path: list[str] = []
+    given: dict[str, str] = {}
+    unknown = None
     current = parser
     tokens = list(argv)
     index = 0
     while index < len(tokens):
-        subparsers = _subparsers_action(current)
-        if subparsers is None:
-            break
         token = tokens[index]
         index += 1
         if token == "--":
             break
-        if token.startswith("-"):
-            action = current._option_string_actions.get(token.split("=", 1)[0])
-            if action is not None and action.nargs != 0 and "=" not in token:
+        if token.startswith("-") and len(token) > 1:
+            name, has_value, value = token.partition("=")
+            action = _option_action(current, name)
+            if action is None or action.nargs == 0:
+                continue
+            if not has_value:
+                optional = action.nargs in ("?", "*")
+                if index >= len(tokens) or (optional and tokens[index].startswith("-")):
+                    continue
+                value = tokens[index]
                 index += 1
+            given[action.dest] = value
             continue
+        subparsers = _subparsers_action(current)
+        if subparsers is None:
+            continue  # a positional argument of the command
         if token not in subparsers.choices:
+            unknown = token  # argparse will refuse it
             break
         path.append(token)
         current = subparsers.choices[token]
-    return tuple(path)
+    return CommandLine(tuple(path), given, unknown)
+
+
+def _option_action(parser: argparse.ArgumentParser, name: str) -> argparse.Action | None:
+    """The action ``parser`` runs for the option token ``name``: exact, or the one long
+    option it abbreviates as argparse allows; None when it names none or several."""
+    options = parser._option_string_actions
+    if name in options:
+        return options[name]
+    if not name.startswith("--") or not parser.allow_abbrev:
+        return None
+    matches = {action for flag, action in options.items() if flag.startswith(name)}
+    return matches.pop() if len(matches) == 1 else None
+
+
+def command_path(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[str, ...]:
+    """The sub-command path ``argv`` selects, e.g. ``("oracle", "serve")`` (see
+    :func:`read_command_line`)."""
+    return read_command_line(parser, argv).path
 
 
 class _Unset:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import percolator
-from percolator import cli
+from percolator import cli, config
 from percolator.errors import ConfigError
 from tests.cli_process import run_percolator
 
@@ -226,16 +226,54 @@ def test_version_comes_from_the_package_metadata() -> None:
 
 
 def test_config_option_is_found_before_and_after_the_command() -> None:
-    assert cli._explicit_config(["--config", "a.toml", "gc"]) == "a.toml"
-    assert cli._explicit_config(["gc", "--config", "b.toml"]) == "b.toml"
-    assert cli._explicit_config(["--config=a.toml", "gc", "--config=b.toml"]) == "b.toml"
-    assert cli._explicit_config(["gc", "--", "--config", "c.toml"]) is None
     parser = cli.build_parser()
-    assert cli._command_name(["--config", "a.toml", "worker", "--threads", "2"], parser) == "worker"
-    assert cli._command_name(["--log-level", "debug", "--log-format", "json", "gc"], parser) == "gc"
+
+    def given_config(argv: list[str]) -> str | None:
+        return config.read_command_line(parser, argv).given.get("config")
+
+    assert given_config(["--config", "a.toml", "gc"]) == "a.toml"
+    assert given_config(["gc", "--config", "b.toml"]) == "b.toml"
+    assert given_config(["--config=a.toml", "gc", "--config=b.toml"]) == "b.toml"
+    assert given_config(["gc", "--", "--config", "c.toml"]) is None
+    # argparse's abbreviations, in the parser the token belongs to
+    assert given_config(["--conf", "a.toml", "gc"]) == "a.toml"
+    assert given_config(["gc", "--con=b.toml"]) == "b.toml"
+    assert given_config(["oracle", "serve", "--conf", "c.toml"]) == "c.toml"
+    # a value is not an option: the value of --store here is "--config"-free
+    assert given_config(["gc", "--store", "embedded:x", "--table", "t"]) is None
+
+
+def test_command_name_skips_global_options_and_their_values() -> None:
+    parser = cli.build_parser()
+
+    def name(argv: list[str]) -> str | None:
+        return config.read_command_line(parser, argv).command_name
+
+    assert name(["--config", "a.toml", "worker", "--threads", "2"]) == "worker"
+    assert name(["--log-level", "debug", "--log-format", "json", "gc"]) == "gc"
     # argparse's abbreviations; an ambiguous one argparse refuses
-    assert cli._command_name(["--log-f", "json", "--conf", "a.toml", "gc"], parser) == "gc"
-    assert cli._command_name(["--log", "gc"], parser) == "gc"
+    assert name(["--log-f", "json", "--conf", "a.toml", "gc"]) == "gc"
+    assert name(["--log-l=debug", "gc"]) == "gc"
+    assert name(["--log", "gc"]) == "gc"
+    # a command nobody provides (a typo, a plugin that failed to load) is still named
+    assert name(["--log-level", "debug", "no-such-command", "x"]) == "no-such-command"
+    assert name(["--log-level", "debug"]) is None
+
+
+def test_an_abbreviated_config_option_loads_that_file(tmp_path: Path) -> None:
+    """``--conf`` is ``--config`` to argparse, so it must be to the config lookup as well:
+    the file's store is the one the command uses, not the default one."""
+    named = tmp_path / "named-store"
+    (tmp_path / "x.toml").write_text(f'[defaults]\nstore = "embedded:{named}"\n')
+    for argv in (
+        ["--conf", "x.toml", "status"],
+        ["status", "--conf", "x.toml"],
+        ["--log-l", "error", "status", "--con=x.toml"],
+    ):
+        result = run_percolator(argv, cwd=tmp_path)
+        assert result.returncode != 0, argv
+        assert str(named) in result.stderr, (argv, result.stderr)
+        assert "percolator-data" not in result.stderr, (argv, result.stderr)
 
 
 def test_shell_completion_through_argcomplete(tmp_path: Path) -> None:

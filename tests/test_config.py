@@ -144,6 +144,15 @@ def test_command_path_skips_option_values() -> None:
     )
     assert config.command_path(parser, ["worker", "--threads", "3"]) == ("worker",)
     assert config.command_path(parser, ["nonsense"]) == ()
+    # abbreviated global options and their values, before and between the commands
+    assert config.command_path(parser, ["--log-l", "debug", "oracle", "serve"]) == (
+        "oracle",
+        "serve",
+    )
+    assert config.command_path(parser, ["oracle", "--conf=x.toml", "serve"]) == (
+        "oracle",
+        "serve",
+    )
 
 
 def run_cli(args: list[str], cwd: Path, env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
