@@ -17,7 +17,12 @@ from typing import Any
 import pytest
 
 import percolator
-from percolator.errors import ConfigError, StoreUnavailableError, TableNotFoundError
+from percolator.errors import (
+    ConfigError,
+    InvalidArgumentError,
+    StoreUnavailableError,
+    TableNotFoundError,
+)
 from percolator.store import base as store_base
 from percolator.store.base import CompareAndSet, Delete, FamilySpec, Put, cross_product_parts
 from percolator.store.hbase import HBaseStore
@@ -382,6 +387,13 @@ def test_a_wide_cross_product_on_thrift1_is_read_in_bounded_parts(
     assert [rows for rows, _ in sent] == [9, 10, 10, 10, 2]  # r05 names two columns
     assert all(rows * columns <= 100 for rows, columns in sent), sent
     sent.clear()
+    # A bad family or an over-long row in the last part is refused before the first part
+    # is read: nothing is sent.
+    too_long = b"x" * (crossed.max_row_length("t") + 1)  # passes the generic checks
+    for bad in [(b"r39", ("nope", b"q")), (too_long, ("d", b"q00"))]:
+        with pytest.raises(InvalidArgumentError):
+            crossed.read_cells("t", [*cells, bad], before=4)
+        assert sent == []
     monkeypatch.setattr(store_base, "CROSS_PRODUCT_CELLS", 30_000)
     assert crossed.read_cells("t", cells, before=4) == got
     assert sent == [(41, 41)]  # under the bound: one read
