@@ -59,6 +59,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import logging
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -454,15 +455,20 @@ def read_command_line(parser: argparse.ArgumentParser, argv: Sequence[str]) -> C
     """Walk ``argv`` the way argparse will: each token belongs to the parser of the command
     reached so far (the top-level parser, a command group, then the command), so an option
     is looked up, and abbreviated (``--conf`` for ``--config``, ``--log-l=debug``), in the
-    same parser that will parse it.  An option's value is skipped with it, so a value is
-    never taken for a command name.  Nothing after ``--`` is an option.
+    same parser that will parse it.  An option takes its values as argparse gives them
+    (one, ``nargs`` of them, or every token up to the next option), a group's positional
+    arguments take theirs before its command, so a value is never taken for a command
+    name, and a ``nargs=REMAINDER`` argument takes the rest of the line.  Nothing after
+    ``--`` is an option.
 
-    Only options that take a value are recorded; a token that is no option of its parser
-    (argparse will refuse it) or an ambiguous abbreviation is passed over."""
+    Only the first value of an option is recorded; a token that is no option of its parser
+    (argparse will refuse it) or an ambiguous abbreviation is passed over.  Prefix
+    characters other than ``-`` are not followed."""
     path: list[str] = []
     given: dict[str, str] = {}
     unknown = None
     current = parser
+    positionals = _positionals(current)
     tokens = list(argv)
     index = 0
     while index < len(tokens):
@@ -470,28 +476,105 @@ def read_command_line(parser: argparse.ArgumentParser, argv: Sequence[str]) -> C
         index += 1
         if token == "--":
             break
-        if token.startswith("-") and len(token) > 1:
-            name, has_value, value = token.partition("=")
-            action = _option_action(current, name)
-            if action is None or action.nargs == 0:
+        if _is_option(current, token):
+            found = _option_with_value(current, token)
+            if found is None:
                 continue
-            if not has_value:
-                optional = action.nargs in ("?", "*")
-                if index >= len(tokens) or (optional and tokens[index].startswith("-")):
-                    continue
-                value = tokens[index]
-                index += 1
-            given[action.dest] = value
+            action, value = found
+            if value is None:
+                taken = _values_taken(current, action, tokens, index)
+                if taken:
+                    value = tokens[index]
+                index += taken
+            if value is not None:
+                given[action.dest] = value
+            continue
+        if positionals:
+            if positionals[0].nargs == argparse.REMAINDER:
+                break  # the rest of the line is that argument's, options included
+            index += _values_taken(current, positionals.pop(0), tokens, index - 1) - 1
+            if positionals and positionals[0].nargs == argparse.REMAINDER:
+                break  # taken together with the arguments before it (argparse's match)
             continue
         subparsers = _subparsers_action(current)
         if subparsers is None:
-            continue  # a positional argument of the command
+            continue  # more positional arguments than the command takes: argparse's error
         if token not in subparsers.choices:
             unknown = token  # argparse will refuse it
             break
         path.append(token)
         current = subparsers.choices[token]
+        positionals = _positionals(current)
     return CommandLine(tuple(path), given, unknown)
+
+
+#: what argparse reads as a negative number, a value rather than an option
+_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+
+
+def _is_option(parser: argparse.ArgumentParser, token: str) -> bool:
+    """Whether argparse reads ``token`` as an option (of ``parser``, or an unknown one)
+    rather than as a value: its rules for ``-1``, ``-`` and tokens with a space."""
+    if not token.startswith("-") or len(token) < 2:
+        return False
+    if _option_action(parser, token.partition("=")[0]) is not None:
+        return True
+    if _NEGATIVE_NUMBER.match(token) and not parser._has_negative_number_optionals:
+        return False
+    return " " not in token
+
+
+def _positionals(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """The positional arguments ``parser`` fills in order (a group's: before its command)."""
+    subparsers = _subparsers_action(parser)
+    actions = parser._actions
+    if subparsers is not None:
+        actions = actions[: actions.index(subparsers)]
+    return [action for action in actions if not action.option_strings]
+
+
+def _values_taken(
+    parser: argparse.ArgumentParser, action: argparse.Action, tokens: Sequence[str], index: int
+) -> int:
+    """How many of ``tokens[index:]`` argparse gives ``action`` (of ``parser``) as values."""
+    following = 0
+    while index + following < len(tokens) and not _is_option(parser, tokens[index + following]):
+        if tokens[index + following] == "--":
+            break
+        following += 1
+    nargs = action.nargs
+    if nargs == argparse.REMAINDER:
+        return len(tokens) - index
+    if nargs in ("*", "+"):
+        return following
+    if isinstance(nargs, int):
+        return min(nargs, following)
+    return min(1, following)  # None or "?"
+
+
+def _option_with_value(
+    parser: argparse.ArgumentParser, token: str
+) -> tuple[argparse.Action, str | None] | None:
+    """The action of the option ``token`` that takes a value, and the value attached to the
+    token (``--config=x``, ``-cx``, ``-vcx``) or None; None for an option that takes no
+    value, or that ``parser`` does not know."""
+    name, has_value, attached = token.partition("=")
+    action = _option_action(parser, name)
+    if action is not None:
+        if action.nargs == 0:
+            return None
+        return action, attached if has_value else None
+    if token.startswith("--"):
+        return None
+    # A cluster of short options: flags, then perhaps one that takes the rest as its value.
+    for position in range(1, len(token)):
+        action = parser._option_string_actions.get("-" + token[position])
+        if action is None:
+            return None
+        if action.nargs != 0:
+            rest = token[position + 1 :]
+            return action, (rest[1:] if rest.startswith("=") else rest) or None
+    return None
 
 
 def _option_action(parser: argparse.ArgumentParser, name: str) -> argparse.Action | None:

@@ -355,3 +355,63 @@ def test_the_operations_guide_lists_every_variable_read_outside_the_options() ->
     guide = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
     assert [name for name in config.OTHER_ENVIRONMENT if f"`{name}`" not in guide] == []
     assert "did you mean PERCOLATOR_STORE?" in guide
+
+
+def _plugin_shaped_parser() -> argparse.ArgumentParser:
+    """A command line with the argument shapes a command plugin may use."""
+    parser = argparse.ArgumentParser(prog="percolator")
+    parser.add_argument("--config")
+    parser.add_argument("--log-level")
+    commands = parser.add_subparsers(dest="command", required=True)
+    group = commands.add_parser("grp")
+    group.add_argument("--tags", nargs="*")
+    group.add_argument("--pair", nargs=2)
+    group.add_argument("--opt", nargs="?", const="C")
+    group_commands = group.add_subparsers(dest="grp_command", required=True)
+    subparsers = [group, group_commands.add_parser("run"), group_commands.add_parser("stop")]
+    named = commands.add_parser("gpos")
+    named.add_argument("name")
+    subparsers += [named, named.add_subparsers(dest="gpos_command").add_parser("run")]
+    wrapper = commands.add_parser("rem")
+    wrapper.add_argument("prog")
+    wrapper.add_argument("rest", nargs=argparse.REMAINDER)
+    subparsers.append(wrapper)
+    short = commands.add_parser("shortc")  # a command with a -c/--config of its own
+    short.add_argument("-c", "--config", default=argparse.SUPPRESS)
+    short.add_argument("-v", action="store_true")
+    # As the command line does: the global options on every parser below the top.
+    for subparser in subparsers:
+        subparser.add_argument("--config", default=argparse.SUPPRESS)
+        subparser.add_argument("--log-level", default=argparse.SUPPRESS)
+    return parser
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["grp", "--tags", "a", "b", "--config", "x.toml", "run"],
+        ["grp", "--tags", "a", "b", "--log-level", "debug", "run"],
+        ["grp", "--pair", "a", "stop", "run"],
+        ["grp", "--opt", "--conf=y.toml", "stop"],
+        ["gpos", "N", "run", "--config", "x.toml"],
+        ["rem", "prog", "--config", "x.toml"],
+        ["--config", "a.toml", "rem", "prog", "--log-level", "debug"],
+        ["shortc", "-cx.toml"],
+        ["shortc", "-vc", "x.toml"],
+        ["grp", "--config", "-1", "run"],  # a negative number is a value
+    ],
+)
+def test_the_command_line_is_read_as_argparse_parses_it(argv: list[str]) -> None:
+    # Options with several values, a group's positional, a REMAINDER argument and short
+    # option clusters: the path and the settings found agree with argparse's own parse.
+    parser = _plugin_shaped_parser()
+    args = parser.parse_args(argv)
+    line = config.read_command_line(parser, argv)
+    expected_path = tuple(
+        value
+        for dest in ("command", "grp_command", "gpos_command")
+        if (value := getattr(args, dest, None)) is not None
+    )
+    assert line.path == expected_path
+    assert line.given.get("config") == args.config
+    assert line.given.get("log_level") == args.log_level
