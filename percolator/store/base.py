@@ -312,12 +312,13 @@ class Store(abc.ABC):
         """:meth:`read_cells` as :meth:`read_rows` of ``rows`` x ``columns`` (those of
         ``cells``, checked by :func:`split_cells`), keeping the cells named: one read when
         the product is at most :data:`CROSS_PRODUCT_CELLS`, else one per part of
-        :func:`cross_product_parts`."""
-        parts = (
-            [(rows, columns)]
-            if len(rows) * len(columns) <= CROSS_PRODUCT_CELLS
-            else cross_product_parts(cells, CROSS_PRODUCT_CELLS)
-        )
+        :func:`cross_product_parts`, after :meth:`_check_cells` of the whole read (so a
+        bad row or column of a later part is refused before the first part is read)."""
+        if len(rows) * len(columns) <= CROSS_PRODUCT_CELLS:
+            parts = [(rows, columns)]  # read_rows checks it
+        else:
+            self._check_cells(table, rows, columns, before)
+            parts = cross_product_parts(cells, CROSS_PRODUCT_CELLS)
         wanted = set(cells)
         result: dict[bytes, RowCells] = {}
         for part_rows, part_columns in parts:
@@ -327,6 +328,13 @@ class Store(abc.ABC):
                 if kept:
                     result[row] = kept
         return result
+
+    def _check_cells(  # noqa: B027 - optional for stores that cannot check without a read
+        self, table: str, rows: list[bytes], columns: list[Column], before: int | None
+    ) -> None:
+        """Raise InvalidArgumentError unless every row and column of a read of ``rows`` x
+        ``columns`` can be read, without reading.  The default checks nothing: each part's
+        :meth:`read_rows` then checks its own part."""
 
     @abc.abstractmethod
     def scan(

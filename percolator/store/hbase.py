@@ -123,7 +123,6 @@ from percolator.errors import (
     TableNotFoundError,
 )
 from percolator.hostnames import encodable_host
-from percolator.store import base as store_base
 from percolator.store import thrift2
 from percolator.store.base import (
     MAX_ROW_LENGTH,
@@ -1243,11 +1242,7 @@ class HBaseStore(Store):
         if not rows:
             return {}
         named = len(set(cells))
-        product = len(rows) * len(columns)
-        if self._pool2 is None or product < _EXACT_READ_FACTOR * named:
-            if product > store_base.CROSS_PRODUCT_CELLS:
-                # read in parts: refuse a bad family or row of a later part before the first
-                self._check_cells(table, rows, columns, before)
+        if self._pool2 is None or len(rows) * len(columns) < _EXACT_READ_FACTOR * named:
             return self._read_cross_product(table, cells, rows, columns, before)
         self._check_cells(table, rows, columns, before)
         upper = MAX_BEFORE if before is None else before
@@ -1258,7 +1253,7 @@ class HBaseStore(Store):
     def _check_cells(
         self, table: str, rows: list[bytes], columns: list[Column], before: int | None
     ) -> None:
-        """Raise InvalidArgumentError unless every row and column of a read can be read."""
+        """See :meth:`Store._check_cells`: the table's families (cached) and row lengths."""
         self._validate(
             table, lambda known: check_read_args(rows, columns, None, before, 0, 1, known)
         )
